@@ -1,0 +1,190 @@
+"""``flash_attn_func`` and ``trace``: argument checks, policy resolution, dispatch.
+
+The signature follows upstream's ``flydsl_flash_attn_func`` ([B, S, H, D] tensors, causal by
+default, softmax scale fixed at 1/sqrt(D), fp8 selected by float8_e4m3fn inputs), so a
+repro written against FlyDSL runs unchanged after
+``from fa_lab import flash_attn_func as flydsl_flash_attn_func``. Everything is checked
+before any work, and errors name the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import policies
+from .models import swp_bf16, swp_fp8
+from .trace import Trace, TraceRecorder, normalize_rows
+
+FP8 = torch.float8_e4m3fn
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+BACKENDS = ("auto", "emulator")
+
+
+@dataclass(frozen=True)
+class Call:
+    """A checked call: what every backend receives."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    policy: policies.RescalePolicy
+    fp8: bool
+    descales: tuple[float, float, float] | None
+    fp8_saturate: bool
+    backend: str
+
+
+def _descale(name, x) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{name} must be a per-tensor scale (one element), got shape {tuple(x.shape)}")
+        if x.is_floating_point() is False:
+            raise TypeError(f"{name} must be a floating-point scale, got {x.dtype}")
+        x = float(x.reshape(()).item())
+    elif isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(x).__name__}")
+    x = float(x)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    return x
+
+
+def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
+               v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
+               rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
+               backend="auto") -> Call:
+    """Validate everything and resolve the policy; raises ValueError/TypeError naming the
+    argument. Does no work on the tensors' data."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if q.dtype not in (*HALF_DTYPES, FP8):
+        raise TypeError(f"q has dtype {q.dtype}; expected bfloat16, float16 or float8_e4m3fn")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    B, Sq, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != B:
+        raise ValueError(f"k has batch {k.shape[0]} but q has {B}")
+    if k.shape[3] != D:
+        raise ValueError(f"k has head dim {k.shape[3]} but q has {D}")
+    if Sq < 1 or k.shape[1] < 1:
+        raise ValueError(f"sequence lengths must be >= 1 (q: {Sq}, k: {k.shape[1]})")
+    if B < 1:
+        raise ValueError("batch size must be >= 1")
+    Hkv = k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA/MQA)")
+    if num_kv_heads is not None:
+        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
+            raise TypeError(f"num_kv_heads must be an int, got {type(num_kv_heads).__name__}")
+        if num_kv_heads != Hkv:
+            raise ValueError(f"num_kv_heads={num_kv_heads} but k and v have {Hkv} heads")
+    fp8 = q.dtype == FP8
+    if D not in HEAD_DIMS or (fp8 and D != 128):
+        allowed = "128" if fp8 else "64 or 128"
+        raise ValueError(f"head dim D={D} is not supported; the kernel takes D = {allowed}")
+    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8:
+        missing = [n for n, x in given.items() if x is None]
+        if missing:
+            raise ValueError(f"fp8 inputs need per-tensor descales; missing {', '.join(missing)}")
+        descales = tuple(_descale(n, x) for n, x in given.items())
+    else:
+        extra = [n for n, x in given.items() if x is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} apply to float8_e4m3fn inputs only, got {q.dtype}")
+        descales = None
+    if fp8_saturate is None:
+        fp8_saturate = True
+    elif not fp8:
+        raise ValueError("fp8_saturate applies to float8_e4m3fn inputs only")
+    elif not isinstance(fp8_saturate, bool):
+        raise TypeError(f"fp8_saturate must be a bool, got {type(fp8_saturate).__name__}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
+    policy = policies.resolve(
+        fp8=fp8, seqlen_kv=k.shape[1], rescale=rescale,
+        dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale,
+        rescale_threshold=rescale_threshold, rebase_bound=rebase_bound, p_headroom=p_headroom)
+    return Call(q=q, k=k, v=v, causal=causal, policy=policy, fp8=fp8, descales=descales,
+                fp8_saturate=fp8_saturate, backend=backend)
+
+
+def _run_emulator(call: Call, recorder=None):
+    if call.fp8:
+        qd, kd, vd = call.descales
+        return swp_fp8.forward(call.q, call.k, call.v, q_descale=qd, k_descale=kd, v_descale=vd,
+                               causal=call.causal, policy=call.policy,
+                               saturate=call.fp8_saturate, recorder=recorder)
+    return swp_bf16.forward(call.q, call.k, call.v, causal=call.causal, policy=call.policy,
+                            recorder=recorder)
+
+
+def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
+                    v_descale=None, return_lse=False, dualwave_swp_lazy_rescale=True,
+                    rescale=None, rescale_threshold=None, rebase_bound=None, p_headroom=None,
+                    fp8_saturate=None, backend="auto"):
+    """Forward attention with the gfx950 kernels' semantics.
+
+    q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
+    ``*_descale``. ``rescale`` names a policy (``eager``, ``lazy``, ``lazy_unfixed``; fp8
+    also ``lazy_capped``); None takes ``lazy`` or ``eager`` from
+    ``dualwave_swp_lazy_rescale`` as upstream. ``rescale_threshold`` (log2 units, default 8;
+    fp8 also ``"by_kv_len"``), ``rebase_bound`` (``lazy_capped``, default 16) and
+    ``p_headroom`` (fp8: True for PR #1020's lift, or a number) tune it.
+    ``backend``: ``"emulator"`` runs the exact model; ``"auto"`` picks it.
+    Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    call = check_call(q, k, v, causal=causal, num_kv_heads=num_kv_heads, q_descale=q_descale,
+                      k_descale=k_descale, v_descale=v_descale,
+                      dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
+                      rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
+                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend)
+    out, lse = _run_emulator(call)
+    return (out, lse) if return_lse else out
+
+
+def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
+          k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
+          rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
+          backend="auto") -> Trace:
+    """Run ``flash_attn_func`` with the same arguments and record, for the chosen lanes,
+    every step's running max, tile max, vote, wave decision, drag, correction, l and
+    finiteness (see ``fa_lab.trace.Trace``).
+
+    ``rows``: query rows of (``batch``, ``head``) — an int, a range or a list — or
+    (batch, head, row) tuples.
+    """
+    call = check_call(q, k, v, causal=causal, num_kv_heads=num_kv_heads, q_descale=q_descale,
+                      k_descale=k_descale, v_descale=v_descale,
+                      dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
+                      rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
+                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend)
+    B, Sq, H, _ = q.shape
+    triples = normalize_rows(rows, batch, head, (B, H, Sq))
+    recorder = TraceRecorder(triples, group_size=H // k.shape[2])
+    _run_emulator(call, recorder)
+    if call.fp8:
+        ls = swp_fp8.log2_scale(call.descales[0], call.descales[1])
+        kernel, per_unit = swp_fp8.KERNEL, ls
+    else:
+        kernel, per_unit = swp_bf16.KERNEL, 1.0
+    thr = call.policy.threshold / per_unit if call.policy.lazy else float("nan")
+    return recorder.build(kernel=kernel, policy=call.policy, log2_per_unit=per_unit,
+                          threshold_units=thr)

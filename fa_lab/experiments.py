@@ -1,0 +1,260 @@
+"""The seed's tables as runnable experiments, and the plumbing to keep their results.
+
+``bf16_table`` reruns PR #1033's bf16 table (rel-L2 against fp32 and NaN fractions of the
+unfixed lazy, fixed lazy and eager rescale over K scales); ``fp8_table`` reruns its fp8
+table (mean |o - 1| with V = ones and NaN counts per rebase rule). Both take their sizes as
+arguments: the defaults run in seconds on 2 CPU cores, ``SEED_SIZES`` are the seed's.
+``save_result`` writes a JSON with provenance to data/results/ atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import metrics, reference
+from .api import flash_attn_func
+from .numerics import E4M3_MAX, e4m3
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_DIR = ROOT / "data" / "seed"
+RESULTS_DIR = ROOT / "data" / "results"
+
+BF16_K_SCALES = (8, 16, 24, 32, 48, 64)
+BF16_POLICIES = ("lazy_unfixed", "lazy", "eager")
+FP8_K_SCALES = (1000, 5000, 20000)
+#: (label, rescale, rebase_bound) for the fp8 table's columns.
+FP8_VARIANTS = (
+    ("unfixed", "lazy_unfixed", None),
+    ("bound 8", "lazy_capped", 8.0),
+    ("bound 16", "lazy_capped", 16.0),
+    ("bound 32", "lazy_capped", 32.0),
+    ("monotonic", "lazy", None),
+    ("eager", "eager", None),
+)
+SEED_SIZES = {"bf16": dict(B=2, S=8192, H=32, D=128), "fp8": dict(B=2, S=12288, H=8)}
+CPU_SIZES = {"bf16": dict(B=1, S=2048, H=4, D=128), "fp8": dict(B=1, S=2048, H=2)}
+
+
+def seed_table(name: str) -> dict:
+    """The seed's own figures (data/seed/pr1033_<name>.json)."""
+    with open(SEED_DIR / f"pr1033_{name}.json") as f:
+        return json.load(f)
+
+
+def _generator(device, seed: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def bf16_inputs(B, S, H, D, k_scale, *, seed=0, device="cpu", dtype=torch.bfloat16):
+    """The seed's repro inputs: q, v ~ N(0,1), k = round(N(0,1) * K)."""
+    g = _generator(device, seed)
+    shape = (B, S, H, D)
+    q = torch.randn(shape, generator=g, device=device).to(dtype)
+    k = (torch.randn(shape, generator=g, device=device) * k_scale).to(dtype)
+    v = torch.randn(shape, generator=g, device=device).to(dtype)
+    return q, k, v
+
+
+def quantize_e4m3(x: torch.Tensor):
+    """Per-tensor quantisation: descale = amax / 448, x8 = e4m3(x / descale)."""
+    descale = float(x.abs().max()) / E4M3_MAX
+    return e4m3(x.float() / descale).to(torch.float8_e4m3fn), descale
+
+
+def fp8_inputs(B, S, H, k_scale, *, seed=0, device="cpu", D=128):
+    """The seed's fp8 inputs: q = 0.1 N(0,1), k = 0.1 K N(0,1), V = ones, quantised."""
+    g = _generator(device, seed)
+    shape = (B, S, H, D)
+    q8, qd = quantize_e4m3(0.1 * torch.randn(shape, generator=g, device=device))
+    k8, kd = quantize_e4m3(0.1 * k_scale * torch.randn(shape, generator=g, device=device))
+    v8, vd = quantize_e4m3(torch.ones(shape, device=device))
+    return (q8, k8, v8), (qd, kd, vd)
+
+
+def _check_sizes(**sizes):
+    for name, x in sizes.items():
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+
+
+def bf16_table(k_scales=BF16_K_SCALES, *, B=1, S=2048, H=4, D=128, causal=False, seed=0,
+               device="cpu", policies=BF16_POLICIES, threshold=None, backend="auto",
+               progress=True) -> pd.DataFrame:
+    """One row per (K scale, policy): rel_l2 against fp32, NaN/inf fractions and rows, and
+    the LSE read-out on the NaN rows."""
+    _check_sizes(B=B, S=S, H=H, D=D, seed=seed + 1)
+    if not k_scales:
+        raise ValueError("k_scales is empty")
+    rows = []
+    bar = tqdm(total=len(k_scales) * len(policies), desc="bf16 table", disable=not progress)
+    for K in k_scales:
+        q, k, v = bf16_inputs(B, S, H, D, K, seed=seed, device=device)
+        ref, _ = reference.attention(q, k, v, causal=causal)
+        for pol in policies:
+            thr = threshold if pol != "eager" else None
+            out, lse = flash_attn_func(q, k, v, causal=causal, rescale=pol, return_lse=True,
+                                       rescale_threshold=thr, backend=backend)
+            stats = metrics.summarize(out, ref, lse)
+            rows.append({"k_scale": K, "policy": pol, **stats})
+            bar.update()
+        del q, k, v, ref
+    bar.close()
+    return pd.DataFrame(rows)
+
+
+def fp8_table(k_scales=FP8_K_SCALES, *, B=1, S=2048, H=2, causal=False, seed=0, device="cpu",
+              variants=FP8_VARIANTS, threshold=None, p_headroom=None, saturate=None,
+              backend="auto", progress=True) -> pd.DataFrame:
+    """One row per (k scale, variant): mean |o - 1| over finite elements and NaN counts."""
+    _check_sizes(B=B, S=S, H=H, seed=seed + 1)
+    rows = []
+    bar = tqdm(total=len(k_scales) * len(variants), desc="fp8 table", disable=not progress)
+    for K in k_scales:
+        (q8, k8, v8), (qd, kd, vd) = fp8_inputs(B, S, H, K, seed=seed, device=device)
+        for label, pol, bound in variants:
+            thr = threshold if pol != "eager" else None
+            out = flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                  causal=causal, rescale=pol, rebase_bound=bound,
+                                  rescale_threshold=thr, p_headroom=p_headroom,
+                                  fp8_saturate=saturate, backend=backend)
+            fin = metrics.finiteness(out)
+            dev = (out.double() - 1.0).abs()
+            ok = torch.isfinite(dev)  # the seed averages the elements that came back finite
+            mad = float(dev[ok].mean()) if bool(ok.any()) else math.nan
+            rows.append({"k_scale": K, "variant": label, "policy": pol, "bound": bound,
+                         "mean_abs_dev": mad, **fin})
+            bar.update()
+    bar.close()
+    return pd.DataFrame(rows)
+
+
+# ---- seed comparison -------------------------------------------------------------------
+
+def bf16_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
+    """Wide view: per K scale, measured rel-L2 / NaN % beside the seed's."""
+    seed = {r["k_scale"]: r for r in seed_table("bf16")["rows"]}
+    out = []
+    for K, g in table.groupby("k_scale"):
+        row = {"k_scale": K}
+        by = g.set_index("policy")
+        for pol in by.index:
+            row[f"{pol}_rel_l2"] = by.loc[pol, "rel_l2"]
+            row[f"{pol}_nan_pct"] = 100 * by.loc[pol, "nan_frac"]
+        s = seed.get(K)
+        if s is not None:
+            row["seed_unfixed_rel_l2"] = s["lazy_unfixed"]
+            row["seed_unfixed_nan_pct"] = s["lazy_unfixed_nan_pct"]
+            row["seed_lazy_rel_l2"] = s["lazy"]
+            row["seed_eager_rel_l2"] = s["eager"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def fp8_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
+    seed_rows = seed_table("fp8")["rows"]
+
+    def seed_of(K, pol, bound):
+        for r in seed_rows:
+            if r["k_scale"] == K and r["policy"] == pol and r.get("bound") == bound:
+                return r
+        return None
+
+    rows = []
+    for _, r in table.iterrows():
+        bound = None if pd.isna(r["bound"]) else r["bound"]
+        s = seed_of(r["k_scale"], r["policy"], bound)
+        rows.append({"k_scale": r["k_scale"], "variant": r["variant"],
+                     "mean_abs_dev": r["mean_abs_dev"], "nan": r["nan"],
+                     "seed_mean_abs_dev": None if s is None else s["mean_abs_dev"],
+                     "seed_nan": None if s is None else s["nan"]})
+    return pd.DataFrame(rows)
+
+
+# ---- provenance and storage ------------------------------------------------------------
+
+def provenance(device="cpu", **extra) -> dict:
+    """Who made a result: device, versions, date, command, git commit."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    else:
+        name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "git_commit": commit,
+        **extra,
+    }
+
+
+def atomic_write_json(path: Path, obj) -> Path:
+    """Write JSON to a temp file beside ``path`` and rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, default=_json_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _json_default(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"cannot store {type(x).__name__} as JSON")
+
+
+def _clean(records):
+    """NaN/inf floats become null so the JSON stays standard."""
+    def fix(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if hasattr(v, "item"):
+            return fix(v.item())
+        return v
+    return [{k: fix(v) for k, v in r.items()} for r in records]
+
+
+def save_result(name: str, table: pd.DataFrame, *, params: dict, device="cpu",
+                directory: Path | None = None) -> Path:
+    """Store a table as data/results/<name>.json with provenance and parameters."""
+    directory = RESULTS_DIR if directory is None else Path(directory)
+    obj = {"name": name, "provenance": provenance(device), "params": params,
+           "rows": _clean(table.to_dict("records"))}
+    return atomic_write_json(directory / f"{name}.json", obj)

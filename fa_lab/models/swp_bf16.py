@@ -1,0 +1,155 @@
+"""Exact model of the gfx950 DUALWAVE_SWP bf16/f16 forward (semantics doc, section 2).
+
+Plain vectorised PyTorch: every row of a block group advances one KV tile per step, in the
+kernel's order, so each rescale decision, rounding and overflow happens as on the GPU. Runs
+on CPU and CUDA tensors alike. The schedule, per row:
+
+  prologue (tile 0)  m = rowmax(S_0) (causal: floored at -3e38); Pf = exp2(S_0 - m)
+  loop (1..N-4)      l += sum(Pf); Pb = round(Pf); O += Pb[:16] @ V
+                     the rescale decision (eager, or a 32-row wave ballot for lazy)
+                     O += Pb[16:] @ V; Pf = exp2(S_t - m)
+  epilogue (N-3..)   always eager
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exp2, f32, fmax, guarded_rcp,
+                        ieee_fp32_matmul, le, round_to)
+from ..policies import RescalePolicy
+from ..trace import TraceRecorder
+from .geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows, wave_any
+
+KERNEL = "swp_bf16"
+
+
+def softmax_scale_log2(head_dim: int) -> float:
+    """c = f32(1/sqrt(D)) * f32(log2 e), as an fp32 product: scores come out in log2 units."""
+    return f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+            policy: RescalePolicy, recorder: TraceRecorder | None = None):
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (checked by the caller).
+
+    Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
+    """
+    B, Sq, H, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    G = H // Hkv
+    rnd = round_to(q.dtype)
+    dev = q.device
+
+    # Q is pre-scaled into log2 units and rounded once; padding rows read Q = 0.
+    c = softmax_scale_log2(D)
+    qs = rnd(q.float() * c).permute(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
+    qs = torch.nn.functional.pad(qs, (0, 0, 0, padded_rows(Sq) - Sq))
+    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, Skv, D]
+    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+
+    out = torch.empty(B, Hkv, G, padded_rows(Sq), D, device=dev)
+    lse = torch.empty(B, Hkv, G, padded_rows(Sq), device=dev)
+    with ieee_fp32_matmul():
+        for group in block_groups(Sq, Skv, causal, dev):
+            kp, vp = _pad_kv(kf, vf, group.n_tiles)
+            if recorder is not None:
+                recorder.bind_group(group.rows)
+            o_g, lse_g = _run_group(qs[..., group.rows, :], kp, vp, group.rows, group.n_tiles,
+                                    Sq, Skv, causal, policy, rnd, recorder)
+            out[..., group.rows, :] = o_g
+            lse[..., group.rows] = lse_g
+    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(q.dtype)
+    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+
+
+def _pad_kv(kf, vf, n_tiles):
+    """Zero-pad K and V to n_tiles * 64 columns (extra tiles read zeros and are masked)."""
+    extra = n_tiles * BLOCK_N - kf.shape[-2]
+    if extra <= 0:
+        return kf[..., : n_tiles * BLOCK_N, :], vf[..., : n_tiles * BLOCK_N, :]
+    pad = (0, 0, 0, extra)
+    return torch.nn.functional.pad(kf, pad), torch.nn.functional.pad(vf, pad)
+
+
+def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec):
+    """One group of query blocks with the same tile count N; state per row [B, Hkv, G, R]."""
+    inf = float("inf")
+
+    def scores(t):
+        s = qs @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
+        return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
+
+    def v_tile(t, lo=0, hi=BLOCK_N):
+        return vp[..., t * BLOCK_N + lo:t * BLOCK_N + hi, :]
+
+    def record(t, phase, *, mt, vote=None, fire=None, dragged=None, corr=None):
+        if rec is not None and rec.active:
+            false = torch.zeros_like(m, dtype=torch.bool)
+            rec.record(t, t * BLOCK_N, phase, m=m, mt=mt,
+                       vote=false if vote is None else vote, fire=false if fire is None else fire,
+                       dragged=false if dragged is None else dragged,
+                       corr=torch.ones_like(m) if corr is None else corr, l=l, O=O)
+
+    # Prologue: tile 0 sets the first base.
+    s = scores(0)
+    m = s.amax(-1)
+    if causal:
+        m = fmax(m, CAUSAL_FLOOR)
+    pf = exp2(s - m[..., None])
+    l = torch.zeros_like(m)
+    O = torch.zeros(*m.shape, qs.shape[-1], device=qs.device)
+    record(0, "prologue", mt=m)
+
+    # Main loop: the only place a lazy policy decides, per 32-row wave.
+    for t in range(1, N - 3):
+        l = l + pf.sum(-1)
+        pb = rnd(pf)
+        O = O + pb[..., :PV_SPLIT] @ v_tile(t - 1, 0, PV_SPLIT)
+        s = scores(t)
+        mt = s.amax(-1)
+        if policy.name == "eager":
+            target, apply, vote, fire = fmax(m, mt), None, None, None
+        else:
+            vote = ~le(mt - m, policy.threshold)
+            fire = wave_any(vote)
+            apply = fire
+            target = mt if policy.name == "lazy_unfixed" else fmax(m, mt)
+        dragged = None if fire is None else fire & (mt < m)
+        corr = exp2(m - target)
+        if apply is not None:
+            corr = torch.where(apply, corr, torch.ones_like(corr))
+            target = torch.where(apply, target, m)
+        O = O * corr[..., None]
+        pb_rest = rnd(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
+        l = l * corr
+        m = target
+        O = O + pb_rest @ v_tile(t - 1, PV_SPLIT)
+        pf = exp2(s - m[..., None])
+        record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
+
+    # Epilogue: the last three tiles, always eager.
+    for t in range(max(1, N - 3), N):
+        l = l + pf.sum(-1)
+        O = O + rnd(pf) @ v_tile(t - 1)
+        s = scores(t)
+        mt = s.amax(-1)
+        mn = fmax(m, mt)
+        corr = exp2(m - mn)
+        m = mn
+        pf = exp2(s - m[..., None])
+        O = O * corr[..., None]
+        l = l * corr
+        if t < N - 1:
+            record(t, "epilogue", mt=mt, corr=corr)
+    l = l + pf.sum(-1)
+    O = O + rnd(pf) @ v_tile(N - 1)
+    record(N - 1, "epilogue", mt=mt, corr=corr)
+
+    out = rnd(O * guarded_rcp(l)[..., None])
+    lse = torch.where(l == 0, torch.full_like(l, -inf), m * f32(LN2) + torch.log(l))
+    if rec is not None:
+        rec.finish_group(out, lse)
+    return out, lse

@@ -1,0 +1,131 @@
+"""Exact model of the gfx950 fp8 BN128 forward, ``DualwaveFp8SoftmaxHelper``
+(semantics doc, section 3).
+
+Inputs are float8_e4m3fn with fp32 per-tensor descales. Scores stay in the raw fp8-product
+domain (the running max m too); ``ls`` converts a raw difference to log2 units. KV tiles
+of 64 columns are taken in pairs; the rescale is decided once per pair:
+
+  mt = max over the pair (causal: floored at -3e38)
+  eager:  rebase every row to fmax(m, mt)
+  lazy*:  d = (mt - m) * ls; the 32-row wave rescales if any row has d > THR, then every
+          row of it rebases by the policy's rule (own tile max / capped / monotonic)
+  per tile: P = exp2(fma(S, ls, -ls*m + H)); l += sum(P); O += e4m3(P) @ V8
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
+                        guarded_rcp, ieee_fp32_matmul, le, bf16)
+from ..policies import RescalePolicy
+from ..trace import TraceRecorder
+from .geometry import BLOCK_N, block_groups, masked_columns, padded_rows, wave_any
+from .swp_bf16 import _pad_kv
+
+KERNEL = "swp_fp8"
+HEAD_DIM = 128
+
+
+def log2_scale(q_descale: float, k_descale: float, head_dim: int = HEAD_DIM) -> float:
+    """ls = f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale, fp32 products in order."""
+    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
+
+
+def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
+            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            saturate: bool = True, recorder: TraceRecorder | None = None):
+    """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
+
+    ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
+    Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
+    denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
+    """
+    B, Sq, H, D = q8.shape
+    Skv, Hkv = k8.shape[1], k8.shape[2]
+    G = H // Hkv
+    dev = q8.device
+    ls = log2_scale(q_descale, k_descale, D)
+
+    qf = q8.float().permute(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
+    qf = torch.nn.functional.pad(qf, (0, 0, 0, padded_rows(Sq) - Sq))
+    kf = k8.float().permute(0, 2, 1, 3).unsqueeze(2)
+    vf = v8.float().permute(0, 2, 1, 3).unsqueeze(2)
+
+    out = torch.empty(B, Hkv, G, padded_rows(Sq), D, device=dev)
+    lse = torch.empty(B, Hkv, G, padded_rows(Sq), device=dev)
+    with ieee_fp32_matmul():
+        for group in block_groups(Sq, Skv, causal, dev):
+            kp, vp = _pad_kv(kf, vf, group.n_tiles)
+            if recorder is not None:
+                recorder.bind_group(group.rows)
+            o_g, lse_g = _run_group(qf[..., group.rows, :], kp, vp, group.rows, group.n_tiles,
+                                    Sq, Skv, causal, policy, ls, f32(v_descale), saturate, recorder)
+            out[..., group.rows, :] = o_g
+            lse[..., group.rows] = lse_g
+    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(torch.bfloat16)
+    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+
+
+def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):
+    inf = float("inf")
+    shape = (*qf.shape[:-1],)
+    m = torch.full(shape, -inf, device=qf.device)
+    l = torch.zeros(shape, device=qf.device)
+    O = torch.zeros(*shape, qf.shape[-1], device=qf.device)
+    headroom = f32(policy.p_headroom)
+
+    def scores(t):
+        s = qf @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
+        return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
+
+    for p in range(N // 2):
+        tiles = (2 * p, 2 * p + 1)
+        s_pair = [scores(t) for t in tiles]
+        mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
+        if causal:
+            mt = fmax(mt, CAUSAL_FLOOR)
+        vote = fire = dragged = None
+        if policy.name == "eager":
+            mn = fmax(m, mt)
+            corr = exp2((m - mn) * ls)
+        else:
+            d = (mt - m) * ls  # +inf on the first pair
+            vote = ~le(d, policy.threshold)
+            fire = wave_any(vote)
+            dragged = fire & (mt < m)
+            if policy.name == "lazy_unfixed":
+                corr, mn = exp2(-d), mt
+            elif policy.name == "lazy_capped":
+                safe = d >= -policy.rebase_bound  # NaN -> False
+                corr = exp2(-torch.where(safe, d, torch.zeros_like(d)))
+                mn = torch.where(safe, mt, m)
+            else:  # lazy: monotonic
+                mn = fmax(m, mt)
+                corr = exp2((m - mn) * ls)
+            corr = torch.where(fire, corr, torch.ones_like(corr))
+            mn = torch.where(fire, mn, m)
+        O = O * corr[..., None]
+        l = l * corr
+        m = mn
+        bias = (0.0 - ls * m) + headroom  # fp32: the fma's addend
+        for t, s in zip(tiles, s_pair):
+            P = exp2(fma_f32(s, ls, bias[..., None]))
+            l = l + P.sum(-1)
+            O = O + e4m3(P, saturate) @ vp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :]
+        if rec is not None and rec.active:
+            false = torch.zeros_like(m, dtype=torch.bool)
+            rec.record(p, tiles[0] * BLOCK_N, "pair", m=m, mt=mt,
+                       vote=false if vote is None else vote, fire=false if fire is None else fire,
+                       dragged=false if dragged is None else dragged, corr=corr, l=l, O=O)
+
+    out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
+    # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2
+    lse = torch.where(l == 0, torch.full_like(l, -inf),
+                      (m * ls - headroom) * f32(LN2) + torch.log(l))
+    if rec is not None:
+        rec.finish_group(out, lse)
+    return out, lse

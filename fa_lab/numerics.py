@@ -1,0 +1,109 @@
+"""The gfx950 primitives the models are written in (semantics doc, section 1).
+
+Every function takes and returns fp32 tensors (the kernels' accumulators are fp32), so a
+rounding is always explicit: ``bf16(x)`` is an fp32 tensor holding bfloat16 values.
+Shared by the models, the Triton ports' tests and the notebooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+E4M3_MAX = 448.0
+# Causal rows floor their running max here so that a fully masked row keeps a finite base.
+CAUSAL_FLOOR = -3e38
+
+
+def f32(x: float) -> float:
+    """Round a Python float to the nearest fp32 value (what a kernel constant holds)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest even to bfloat16 (``v_cvt_pk_bf16_f32``); inf and NaN pass."""
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+def f16(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest even to float16 (overflow to inf, as the f16 kernel's packs)."""
+    return x.to(torch.float16).to(torch.float32)
+
+
+def bf16_trunc(x: torch.Tensor) -> torch.Tensor:
+    """Drop the low 16 bits of an fp32 value (the generic kernel's P pack)."""
+    bits = x.contiguous().view(torch.int32) & ~0xFFFF
+    return bits.view(torch.float32)
+
+
+def round_to(dtype: torch.dtype):
+    """The P-pack / Q rounding of a kernel whose inputs are ``dtype``."""
+    if dtype == torch.bfloat16:
+        return bf16
+    if dtype == torch.float16:
+        return f16
+    raise TypeError(f"no 16-bit rounding for dtype {dtype}")
+
+
+def e4m3(x: torch.Tensor, saturate: bool = True) -> torch.Tensor:
+    """Round to nearest even to OCP float8_e4m3fn, subnormals down to 2**-9.
+
+    ``saturate=True`` clamps out-of-range values (infinities included) to +-448, as a
+    saturating conversion does; ``saturate=False`` turns every value that rounds past 448
+    (|x| >= 464, the midpoint to the next binade step) into NaN. NaN stays NaN either way.
+    """
+    x = x.to(torch.float32)
+    if saturate:
+        y = x.clamp(-E4M3_MAX, E4M3_MAX)
+    else:
+        y = torch.where(x.abs() >= 464.0, torch.full_like(x, float("nan")), x)
+    # In range, torch's conversion is round-to-nearest-even with subnormals (checked in tests).
+    return y.to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def exp2(x: torch.Tensor) -> torch.Tensor:
+    """IEEE 2**x in fp32: +inf from x >= 128, 0 at -inf, NaN stays NaN."""
+    return torch.exp2(x)
+
+
+def fmax(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """maxNum: the non-NaN operand wins; fmax(-inf, x) = x."""
+    if not isinstance(b, torch.Tensor):
+        b = torch.full_like(a, b)
+    return torch.fmax(a, b)
+
+
+def le(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """a <= b, False when either side is NaN (an ordered compare)."""
+    return a <= b
+
+
+def guarded_rcp(l: torch.Tensor) -> torch.Tensor:
+    """The epilogue's ``rcp(l) if l > 0 else 0``; rcp(inf) = 0, NaN l gives 0."""
+    return torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+
+
+def fma_f32(a: torch.Tensor, b: float | torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 fused multiply-add a*b + c with one rounding.
+
+    The product of two fp32 values is exact in fp64 (48 significant bits); the sum is then
+    rounded twice (fp64, then fp32), which differs from a true fma only when the fp64 sum
+    lands exactly on an fp32 halfway point.
+    """
+    b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else b
+    return (a.to(torch.float64) * b64 + c.to(torch.float64)).to(torch.float32)
+
+
+@contextlib.contextmanager
+def ieee_fp32_matmul():
+    """Disable TF32 for fp32 matmuls inside (CUDA would otherwise be allowed to use it)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

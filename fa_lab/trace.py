@@ -1,0 +1,171 @@
+"""The per-step, per-row record of a forward run, and its tidy pandas view.
+
+A model (or a traced Triton kernel) fills a ``TraceRecorder`` for the rows the user chose;
+``Trace`` is what comes back: one row per (lane, step) in ``Trace.steps`` with the running
+max m, the tile max mt, the row's own vote, whether its wave fired, whether it was dragged
+(its wave fired while its tile max sat below its running max), the correction factor, l,
+and whether O and l are still finite; plus each lane's final output and LSE.
+
+A step is one KV tile of 64 columns for the bf16 kernel and one tile pair (128 columns)
+for the fp8 kernel. m, mt and the threshold are in the kernel's own units: log2 units for
+bf16, raw fp8-product units for fp8 (multiply by ``Trace.log2_per_unit`` for log2 units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+#: Columns of Trace.steps, in order.
+STEP_FIELDS = ("m", "mt", "vote", "fire", "dragged", "corr", "l", "o_finite", "l_finite")
+
+
+def normalize_rows(rows, batch, head, shape_bhs) -> list[tuple[int, int, int]]:
+    """Turn the user's row choice into (batch, head, query row) triples, checked."""
+    B, H, S = shape_bhs
+    if rows is None:
+        raise ValueError("rows must name the query rows to trace (an int, a range or a list)")
+    if isinstance(rows, int):
+        rows = [rows]
+    triples = []
+    for r in rows:
+        if isinstance(r, tuple):
+            if len(r) != 3:
+                raise ValueError(f"rows: a tuple must be (batch, head, row), got {r!r}")
+            b, h, s = (int(x) for x in r)
+        else:
+            b, h, s = int(batch), int(head), int(r)
+        if not (0 <= b < B):
+            raise ValueError(f"rows: batch {b} out of range [0, {B})")
+        if not (0 <= h < H):
+            raise ValueError(f"rows: head {h} out of range [0, {H})")
+        if not (0 <= s < S):
+            raise ValueError(f"rows: query row {s} out of range [0, {S})")
+        triples.append((b, h, s))
+    if not triples:
+        raise ValueError("rows is empty: name at least one query row to trace")
+    return triples
+
+
+class TraceRecorder:
+    """Collects the state of chosen lanes at every step of a model run.
+
+    The model's per-row state lives in tensors of shape [B, Hkv, G, R] for the rows R of
+    the block group it is running; ``bind_group`` tells the recorder which global rows
+    those are, ``record`` gathers the chosen lanes' values once per step.
+    """
+
+    def __init__(self, triples, group_size: int):
+        self.triples = list(triples)
+        self.group_size = group_size  # q heads per kv head
+        self._chunks: list[dict] = []
+        self._final: dict[int, tuple[np.ndarray, float]] = {}
+        self._sel = None
+
+    def bind_group(self, group_rows: torch.Tensor):
+        pos = {int(r): i for i, r in enumerate(group_rows.tolist())}
+        sel = [(k, b, h, pos[s]) for k, (b, h, s) in enumerate(self.triples) if s in pos]
+        if not sel:
+            self._sel = None
+            return
+        dev = group_rows.device
+        lane, b, h, p = zip(*sel)
+        g = self.group_size
+        self._sel = (
+            list(lane),
+            torch.tensor(b, device=dev),
+            torch.tensor([x // g for x in h], device=dev),
+            torch.tensor([x % g for x in h], device=dev),
+            torch.tensor(p, device=dev),
+        )
+
+    @property
+    def active(self) -> bool:
+        return self._sel is not None
+
+    def _pick(self, x: torch.Tensor) -> np.ndarray:
+        _, b, hk, g, p = self._sel
+        if x.dim() == 4:  # [B, Hkv, G, R]
+            return x[b, hk, g, p].detach().float().cpu().numpy()
+        return x[b, hk, g, p].detach().cpu().numpy()  # [B, Hkv, G, R, D]
+
+    def record(self, step: int, col0: int, phase: str, *, m, mt, vote, fire, dragged, corr, l, O):
+        if self._sel is None:
+            return
+        lanes = self._sel[0]
+        o_fin = torch.isfinite(O).all(-1)
+        vals = {
+            "m": m, "mt": mt, "vote": vote, "fire": fire, "dragged": dragged, "corr": corr,
+            "l": l, "o_finite": o_fin, "l_finite": torch.isfinite(l),
+        }
+        chunk = {"lane": lanes, "step": step, "col0": col0, "phase": phase}
+        for k in STEP_FIELDS:
+            chunk[k] = self._pick(vals[k])
+        self._chunks.append(chunk)
+
+    def finish_group(self, out_rows: torch.Tensor, lse_rows: torch.Tensor):
+        """out_rows [B, Hkv, G, R, D] and lse_rows [B, Hkv, G, R] of the bound group."""
+        if self._sel is None:
+            return
+        outs = self._pick(out_rows)
+        lses = self._pick(lse_rows)
+        for i, lane in enumerate(self._sel[0]):
+            self._final[lane] = (outs[i], float(lses[i]))
+
+    def build(self, *, kernel: str, policy, log2_per_unit: float, threshold_units: float) -> "Trace":
+        frames = []
+        for c in self._chunks:
+            n = len(c["lane"])
+            d = {"lane": c["lane"], "step": [c["step"]] * n, "col0": [c["col0"]] * n,
+                 "phase": [c["phase"]] * n}
+            d.update({k: c[k] for k in STEP_FIELDS})
+            frames.append(pd.DataFrame(d))
+        steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+            columns=["lane", "step", "col0", "phase", *STEP_FIELDS])
+        for k in ("vote", "fire", "dragged", "o_finite", "l_finite"):
+            steps[k] = steps[k].astype(bool)
+        lanes = pd.DataFrame(self.triples, columns=["batch", "head", "row"])
+        lanes.index.name = "lane"
+        steps = steps.merge(lanes.reset_index(), on="lane").sort_values(["lane", "step"])
+        steps = steps.reset_index(drop=True)
+        out = np.stack([self._final[i][0] for i in range(len(self.triples))])
+        lanes["lse"] = [self._final[i][1] for i in range(len(self.triples))]
+        bad = steps[~(steps.o_finite & steps.l_finite)]
+        first = bad.groupby("lane").step.min()
+        lanes["first_nonfinite_step"] = first.reindex(lanes.index).astype("Int64")
+        lanes["n_dragged"] = steps.groupby("lane").dragged.sum().reindex(lanes.index).fillna(0).astype(int)
+        lanes["out_finite"] = np.isfinite(out).all(-1)
+        return Trace(kernel=kernel, policy=policy, steps=steps, lanes=lanes,
+                     out=torch.from_numpy(out), log2_per_unit=log2_per_unit,
+                     threshold_units=threshold_units)
+
+
+@dataclass
+class Trace:
+    """What ``fa_lab.trace`` returns. ``steps`` is tidy (one row per lane and step);
+    ``lanes`` has one row per traced lane (batch, head, row, lse, first_nonfinite_step,
+    n_dragged, out_finite); ``out`` is [lanes, D] fp32 (bf16 values)."""
+
+    kernel: str
+    policy: object
+    steps: pd.DataFrame
+    lanes: pd.DataFrame
+    out: torch.Tensor
+    log2_per_unit: float = 1.0
+    threshold_units: float = float("nan")
+    meta: dict = field(default_factory=dict)
+
+    def lane(self, lane: int) -> pd.DataFrame:
+        """The step-by-step record of one traced lane."""
+        return self.steps[self.steps.lane == lane].reset_index(drop=True)
+
+    def matrix(self, column: str) -> pd.DataFrame:
+        """Lanes x steps table of one column (for heatmaps); NaN where a lane has no step."""
+        return self.steps.pivot(index="lane", columns="step", values=column)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.steps.step.max()) + 1 if len(self.steps) else 0
