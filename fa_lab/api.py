@@ -21,7 +21,9 @@ from .trace import Trace, TraceRecorder, normalize_rows
 FP8 = torch.float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
-BACKENDS = ("auto", "emulator")
+#: emulator: the exact PyTorch model (any device). triton: the faithful Triton kernels on a
+#: GPU. interpret: the same Triton kernels on CPU tensors through Triton's interpreter.
+BACKENDS = ("auto", "emulator", "triton", "interpret")
 
 
 @dataclass(frozen=True)
@@ -124,14 +126,36 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
                 fp8_saturate=fp8_saturate, backend=backend)
 
 
-def _run_emulator(call: Call, recorder=None):
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``auto``: Triton on CUDA/ROCm tensors when the kernels are importable, else the model."""
+    if backend != "auto":
+        return backend
+    if device.type == "cuda":
+        from .kernels import available
+        if available():
+            return "triton"
+    return "emulator"
+
+
+def _kernel_module(call: Call, backend: str):
+    """The module that runs ``call``: a model, or its Triton port."""
+    if backend == "emulator":
+        return swp_fp8 if call.fp8 else swp_bf16
+    from .kernels import attention_module
+    return attention_module("swp_fp8" if call.fp8 else "swp_bf16", backend, call.q.device)
+
+
+def _run(call: Call, recorder=None):
+    backend = resolve_backend(call.backend, call.q.device)
+    module = _kernel_module(call, backend)
+    extra = {} if backend == "emulator" else {"interpret": backend == "interpret"}
     if call.fp8:
         qd, kd, vd = call.descales
-        return swp_fp8.forward(call.q, call.k, call.v, q_descale=qd, k_descale=kd, v_descale=vd,
-                               causal=call.causal, policy=call.policy,
-                               saturate=call.fp8_saturate, recorder=recorder)
-    return swp_bf16.forward(call.q, call.k, call.v, causal=call.causal, policy=call.policy,
-                            recorder=recorder)
+        return module.forward(call.q, call.k, call.v, q_descale=qd, k_descale=kd, v_descale=vd,
+                              causal=call.causal, policy=call.policy,
+                              saturate=call.fp8_saturate, recorder=recorder, **extra)
+    return module.forward(call.q, call.k, call.v, causal=call.causal, policy=call.policy,
+                          recorder=recorder, **extra)
 
 
 def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
@@ -146,7 +170,10 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
     ``dualwave_swp_lazy_rescale`` as upstream. ``rescale_threshold`` (log2 units, default 8;
     fp8 also ``"by_kv_len"``), ``rebase_bound`` (``lazy_capped``, default 16) and
     ``p_headroom`` (fp8: True for PR #1020's lift, or a number) tune it.
-    ``backend``: ``"emulator"`` runs the exact model; ``"auto"`` picks it.
+    ``backend``: ``"emulator"`` runs the exact model (CPU or GPU tensors); ``"triton"`` the
+    faithful Triton kernels (GPU tensors); ``"interpret"`` the same kernels on CPU tensors
+    through Triton's interpreter (small sizes); ``"auto"`` picks Triton for GPU tensors and
+    the model for CPU tensors.
     Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
     """
     if not isinstance(return_lse, bool):
@@ -156,7 +183,7 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend)
-    out, lse = _run_emulator(call)
+    out, lse = _run(call)
     return (out, lse) if return_lse else out
 
 
@@ -179,7 +206,7 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_d
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     recorder = TraceRecorder(triples, group_size=H // k.shape[2])
-    _run_emulator(call, recorder)
+    _run(call, recorder)
     if call.fp8:
         ls = swp_fp8.log2_scale(call.descales[0], call.descales[1])
         kernel, per_unit = swp_fp8.KERNEL, ls

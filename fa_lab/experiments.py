@@ -199,8 +199,9 @@ def provenance(device="cpu", **extra) -> dict:
     except ImportError:  # pragma: no cover - triton is a dependency
         triton_version = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=5)
+        commit = r.stdout.strip() if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {

@@ -101,10 +101,23 @@ class TraceRecorder:
             "m": m, "mt": mt, "vote": vote, "fire": fire, "dragged": dragged, "corr": corr,
             "l": l, "o_finite": o_fin, "l_finite": torch.isfinite(l),
         }
-        chunk = {"lane": lanes, "step": step, "col0": col0, "phase": phase}
+        self.add_steps(lanes, step, col0, phase, {k: self._pick(vals[k]) for k in STEP_FIELDS})
+
+    def add_steps(self, lanes, step: int, col0: int, phase: str, values: dict):
+        """Record one step for ``lanes`` (indices into the traced triples); ``values`` maps
+        every name in STEP_FIELDS to an array with one entry per lane. Used by the models
+        through ``record`` and by the traced Triton kernels directly."""
+        missing = set(STEP_FIELDS) - set(values)
+        if missing:
+            raise ValueError(f"add_steps: missing fields {sorted(missing)}")
+        chunk = {"lane": list(lanes), "step": step, "col0": col0, "phase": phase}
         for k in STEP_FIELDS:
-            chunk[k] = self._pick(vals[k])
+            chunk[k] = np.asarray(values[k])
         self._chunks.append(chunk)
+
+    def set_final(self, lane: int, out, lse: float):
+        """A lane's final output row [D] and LSE."""
+        self._final[lane] = (np.asarray(out, dtype=np.float32), float(lse))
 
     def finish_group(self, out_rows: torch.Tensor, lse_rows: torch.Tensor):
         """out_rows [B, Hkv, G, R, D] and lse_rows [B, Hkv, G, R] of the bound group."""
@@ -113,7 +126,7 @@ class TraceRecorder:
         outs = self._pick(out_rows)
         lses = self._pick(lse_rows)
         for i, lane in enumerate(self._sel[0]):
-            self._final[lane] = (outs[i], float(lses[i]))
+            self.set_final(lane, outs[i], lses[i])
 
     def build(self, *, kernel: str, policy, log2_per_unit: float, threshold_units: float) -> "Trace":
         frames = []
