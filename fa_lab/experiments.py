@@ -85,6 +85,33 @@ def fp8_inputs(B, S, H, k_scale, *, seed=0, device="cpu", D=128):
     return (q8, k8, v8), (qd, kd, vd)
 
 
+def drag_case(*, n_tiles=8, rise=10.0, fall=40.0, trigger=True, D=64, dtype=torch.bfloat16,
+              device="cpu"):
+    """A hand-built wave in which one row drags another (bf16 kernel, one 32-row wave).
+
+    Row 0 (the trigger) has a flat tile whose score rises by ``rise`` log2 units per tile
+    (``trigger=False``: stays at 0, so nothing ever fires). Row 1 (the victim) starts at
+    about 100 and its tile max falls by ``fall`` per tile. Rows 2..31 see score 0. V is all
+    ones, so every finite output is exactly 1. Under ``lazy_unfixed`` each loop tile rebases
+    the victim down by ``fall``: its O and l grow by 2**fall per tile until they overflow.
+    Returns q [1, 32, 1, D], k and v [1, 64 * n_tiles, 1, D]."""
+    from .models.swp_bf16 import softmax_scale_log2
+
+    if n_tiles < 4:
+        raise ValueError(f"n_tiles must be >= 4 (the kernel's minimum), got {n_tiles}")
+    qv = 8.0  # exact in bf16; Qs = round(8 * c)
+    qs = float(torch.tensor(qv * softmax_scale_log2(D)).to(dtype))
+    q = torch.zeros(1, 32, 1, D)
+    q[0, 0, 0, 0] = qv
+    q[0, 1, 0, 1] = qv
+    k = torch.zeros(1, 64 * n_tiles, 1, D)
+    for t in range(n_tiles):
+        k[0, 64 * t:64 * (t + 1), 0, 0] = (rise * t if trigger else 0.0) / qs
+        k[0, 64 * t:64 * (t + 1), 0, 1] = (100.0 - fall * t) / qs
+    v = torch.ones(1, 64 * n_tiles, 1, D)
+    return q.to(dtype).to(device), k.to(dtype).to(device), v.to(dtype).to(device)
+
+
 def _check_sizes(**sizes):
     for name, x in sizes.items():
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:

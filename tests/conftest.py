@@ -1,0 +1,26 @@
+"""Shared test fixtures and markers.
+
+GPU tests are marked ``gpu`` and skipped, with that reason, where no CUDA/ROCm device is
+present; everything else runs on the CPU in CI.
+"""
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    g = torch.Generator()
+    g.manual_seed(1234)
+    return g
