@@ -39,6 +39,7 @@ class Call:
     descales: tuple[float, float, float] | None
     fp8_saturate: bool
     backend: str
+    mods: dict  # bias / alibi_slopes / sink that were given (bf16/f16 only)
 
 
 def _descale(name, x) -> float:
@@ -56,10 +57,26 @@ def _descale(name, x) -> float:
     return x
 
 
+def _check_mod(name, x, shapes, q, fp8):
+    """bias / alibi_slopes / sink: a float tensor of one of ``shapes`` on q's device."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if fp8:
+        raise ValueError(f"{name} is not supported with float8_e4m3fn inputs "
+                         "(the fp8 BN128 kernel has no {name} path)".replace("{name}", name))
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if tuple(x.shape) not in shapes:
+        want = " or ".join(str(list(s)) for s in shapes)
+        raise ValueError(f"{name} has shape {list(x.shape)}; expected {want}")
+    if x.device != q.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+
+
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
                v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-               backend="auto") -> Call:
+               backend="auto", bias=None, alibi_slopes=None, sink=None) -> Call:
     """Validate everything and resolve the policy; raises ValueError/TypeError naming the
     argument. Does no work on the tensors' data."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -116,6 +133,14 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         raise ValueError("fp8_saturate applies to float8_e4m3fn inputs only")
     elif not isinstance(fp8_saturate, bool):
         raise TypeError(f"fp8_saturate must be a bool, got {type(fp8_saturate).__name__}")
+    Skv = k.shape[1]
+    mods = {}
+    for name, x, shapes in (("bias", bias, [(Sq, Skv)]),
+                            ("alibi_slopes", alibi_slopes, [(H,), (B, H)]),
+                            ("sink", sink, [(H,)])):
+        if x is not None:
+            _check_mod(name, x, shapes, q, fp8)
+            mods[name] = x
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
     policy = policies.resolve(
@@ -123,14 +148,15 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale,
         rescale_threshold=rescale_threshold, rebase_bound=rebase_bound, p_headroom=p_headroom)
     return Call(q=q, k=k, v=v, causal=causal, policy=policy, fp8=fp8, descales=descales,
-                fp8_saturate=fp8_saturate, backend=backend)
+                fp8_saturate=fp8_saturate, backend=backend, mods=mods)
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``auto``: Triton on CUDA/ROCm tensors when the kernels are importable, else the model."""
+def resolve_backend(backend: str, device: torch.device, features=()) -> str:
+    """``auto``: Triton on CUDA/ROCm tensors when the kernels are importable and port every
+    feature asked for (bias, ALiBi, sink), else the model."""
     if backend != "auto":
         return backend
-    if device.type == "cuda":
+    if device.type == "cuda" and not features:
         from .kernels import available
         if available():
             return "triton"
@@ -146,9 +172,14 @@ def _kernel_module(call: Call, backend: str):
 
 
 def _run(call: Call, recorder=None):
-    backend = resolve_backend(call.backend, call.q.device)
+    backend = resolve_backend(call.backend, call.q.device, tuple(call.mods))
     module = _kernel_module(call, backend)
     extra = {} if backend == "emulator" else {"interpret": backend == "interpret"}
+    if call.mods:
+        if backend != "emulator":
+            raise NotImplementedError(f"{', '.join(call.mods)} not ported to the Triton kernels yet; "
+                                      "use backend='emulator'")
+        extra.update(call.mods)
     if call.fp8:
         qd, kd, vd = call.descales
         return module.forward(call.q, call.k, call.v, q_descale=qd, k_descale=kd, v_descale=vd,
@@ -161,7 +192,7 @@ def _run(call: Call, recorder=None):
 def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
                     v_descale=None, return_lse=False, dualwave_swp_lazy_rescale=True,
                     rescale=None, rescale_threshold=None, rebase_bound=None, p_headroom=None,
-                    fp8_saturate=None, backend="auto"):
+                    fp8_saturate=None, backend="auto", bias=None, alibi_slopes=None, sink=None):
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
@@ -174,6 +205,8 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
     faithful Triton kernels (GPU tensors); ``"interpret"`` the same kernels on CPU tensors
     through Triton's interpreter (small sizes); ``"auto"`` picks Triton for GPU tensors and
     the model for CPU tensors.
+    ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (bf16/f16) modify
+    the scores as upstream's DUALWAVE_SWP path does (natural-log units).
     Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
     """
     if not isinstance(return_lse, bool):
@@ -182,7 +215,8 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
                       k_descale=k_descale, v_descale=v_descale,
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
-                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend)
+                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink)
     out, lse = _run(call)
     return (out, lse) if return_lse else out
 
@@ -190,7 +224,7 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
           k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-          backend="auto") -> Trace:
+          backend="auto", bias=None, alibi_slopes=None, sink=None) -> Trace:
     """Run ``flash_attn_func`` with the same arguments and record, for the chosen lanes,
     every step's running max, tile max, vote, wave decision, drag, correction, l and
     finiteness (see ``fa_lab.trace.Trace``).
@@ -202,7 +236,8 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_d
                       k_descale=k_descale, v_descale=v_descale,
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
-                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend)
+                      p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink)
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     recorder = TraceRecorder(triples, group_size=H // k.shape[2])

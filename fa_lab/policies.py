@@ -23,6 +23,8 @@ POLICIES_BF16 = {
     "eager": "rescale every tile to fmax(m, tile max): the reference online softmax",
     "lazy": "wave ballot, then every row rebases to fmax(m, tile max) (PR #1033, fixed)",
     "lazy_unfixed": "wave ballot, then every row rebases to its own tile max (upstream main before #1033)",
+    "fa4_row": "FlashAttention-4: each row rebases to fmax(m, tile max) only if it jumped past the "
+               "threshold itself; the wave's O multiply is skipped when no row needs it",
 }
 POLICIES_FP8 = {
     "eager": "rescale every pair to fmax(m, tile max) (PR #1020's eager helper)",
@@ -30,7 +32,7 @@ POLICIES_FP8 = {
     "lazy_unfixed": "wave ballot, every row rebases to its own tile max (upstream main)",
     "lazy_capped": "wave ballot, downward rebases larger than rebase_bound skipped (the seed's proposal)",
 }
-LAZY_POLICIES = frozenset({"lazy", "lazy_unfixed", "lazy_capped"})
+LAZY_POLICIES = frozenset({"lazy", "lazy_unfixed", "lazy_capped", "fa4_row"})
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,14 @@ from .numerics import ieee_fp32_matmul
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               softmax_scale: float | None = None, chunk_rows: int = 1024,
-              q_descale=None, k_descale=None, v_descale=None, dtype=torch.float32):
+              q_descale=None, k_descale=None, v_descale=None, dtype=torch.float32,
+              bias=None, alibi_slopes=None, sink=None):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] of any float dtype (fp8 inputs with their
     descales are dequantised first). Returns (out [B, Sq, H, D], lse [B, H, Sq]) in
-    ``dtype`` (fp32 by default; fp64 for a tighter reference on small shapes)."""
+    ``dtype`` (fp32 by default; fp64 for a tighter reference on small shapes).
+
+    ``bias`` [Sq, Skv] and ALiBi (``alibi_slopes`` [H] or [B, H]: -slope * |i + Skv - Sq - j|)
+    add to the scaled scores; ``sink`` [H] adds exp(sink) to each row's denominator."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be [B, S, H, D]")
     B, Sq, H, D = q.shape
@@ -46,10 +50,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         for r0 in range(0, Sq, chunk_rows):
             r1 = min(Sq, r0 + chunk_rows)
             s = (qf[:, :, r0:r1] @ kf.transpose(-1, -2)) * scale
+            rows = torch.arange(r0, r1, device=q.device)
+            if bias is not None:
+                s = s + bias.to(dtype)[r0:r1]
+            if alibi_slopes is not None:
+                dist = (rows[:, None] + (Skv - Sq) - cols[None, :]).abs().to(dtype)
+                s = s - alibi_slopes.to(dtype).reshape(-1, H, 1, 1) * dist
             if causal:
-                rows = torch.arange(r0, r1, device=q.device)
                 s = s.masked_fill(cols[None, :] > rows[:, None] + (Skv - Sq), float("-inf"))
-            row_lse = torch.logsumexp(s, dim=-1)
+            if sink is not None:
+                # one extra logit per head with a zero value row
+                sk = sink.to(dtype).reshape(1, H, 1, 1).expand(B, H, r1 - r0, 1)
+                s_all = torch.cat([s, sk], dim=-1)
+                row_lse = torch.logsumexp(s_all, dim=-1)
+            else:
+                row_lse = torch.logsumexp(s, dim=-1)
             p = torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)[..., None])
             out[:, :, r0:r1] = p @ vf
             lse[:, :, r0:r1] = row_lse

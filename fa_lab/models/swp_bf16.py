@@ -32,9 +32,15 @@ def softmax_scale_log2(head_dim: int) -> float:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: RescalePolicy, recorder: TraceRecorder | None = None):
+            policy: RescalePolicy, recorder: TraceRecorder | None = None,
+            bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+            sink: torch.Tensor | None = None):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (checked by the caller).
 
+    Optional score modifiers, all in natural-log units as upstream takes them: ``bias``
+    [Sq, Skv] (added as bias * log2 e after scaling, before masking), ``alibi_slopes`` [H]
+    or [B, H] (adds -slope * log2 e * |i + Skv - Sq - j|), ``sink`` [H] (one extra logit
+    per head in the denominator, folded in after the last tile).
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
     """
     B, Sq, H, D = q.shape
@@ -50,6 +56,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, Skv, D]
     vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
 
+    mods = ScoreMods.build(bias, alibi_slopes, sink, B, Hkv, G, Sq, Skv, dev)
     out = torch.empty(B, Hkv, G, padded_rows(Sq), D, device=dev)
     lse = torch.empty(B, Hkv, G, padded_rows(Sq), device=dev)
     with ieee_fp32_matmul():
@@ -58,11 +65,48 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             if recorder is not None:
                 recorder.bind_group(group.rows)
             o_g, lse_g = _run_group(qs[..., group.rows, :], kp, vp, group.rows, group.n_tiles,
-                                    Sq, Skv, causal, policy, rnd, recorder)
+                                    Sq, Skv, causal, policy, rnd, recorder, mods)
             out[..., group.rows, :] = o_g
             lse[..., group.rows] = lse_g
     out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(q.dtype)
     return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+
+
+class ScoreMods:
+    """bias / ALiBi / sink in the kernel's log2 domain, laid out for [B, Hkv, G, R, cols]."""
+
+    def __init__(self, bias_log2, alibi_log2, sink_log2, seqlen_q, seqlen_kv):
+        self.bias_log2 = bias_log2    # [Sq_pad, Skv] or None; padding rows read 0
+        self.alibi_log2 = alibi_log2  # [B or 1, Hkv, G, 1, 1] = -slope * log2 e, or None
+        self.sink_log2 = sink_log2    # [1, Hkv, G, 1] = sink * log2 e, or None
+        self.seqlen_q, self.seqlen_kv = seqlen_q, seqlen_kv
+
+    @classmethod
+    def build(cls, bias, alibi_slopes, sink, B, Hkv, G, Sq, Skv, dev):
+        log2e = f32(LOG2E)
+        bias_log2 = alibi_log2 = sink_log2 = None
+        if bias is not None:
+            bias_log2 = torch.zeros(padded_rows(Sq), Skv, device=dev)
+            bias_log2[:Sq] = bias.float() * log2e
+        if alibi_slopes is not None:
+            a = alibi_slopes.float().reshape(-1, Hkv, G, 1, 1)
+            alibi_log2 = -(a * log2e)
+        if sink is not None:
+            sink_log2 = (sink.float() * log2e).reshape(1, Hkv, G, 1)
+        return cls(bias_log2, alibi_log2, sink_log2, Sq, Skv)
+
+    def scores(self, rows: torch.Tensor, col0: int, width: int):
+        """The additive term for rows x [col0, col0 + width), or None."""
+        extra = None
+        if self.bias_log2 is not None:
+            cols = torch.arange(col0, col0 + width, device=rows.device).clamp(max=self.seqlen_kv - 1)
+            extra = self.bias_log2[rows][:, cols]  # padding columns are masked anyway
+        if self.alibi_log2 is not None:
+            cols = torch.arange(col0, col0 + width, device=rows.device)
+            dist = (rows[:, None] + (self.seqlen_kv - self.seqlen_q) - cols[None, :]).abs().float()
+            term = self.alibi_log2 * dist
+            extra = term if extra is None else extra + term
+        return extra
 
 
 def _pad_kv(kf, vf, n_tiles):
@@ -74,12 +118,15 @@ def _pad_kv(kf, vf, n_tiles):
     return torch.nn.functional.pad(kf, pad), torch.nn.functional.pad(vf, pad)
 
 
-def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec):
+def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None):
     """One group of query blocks with the same tile count N; state per row [B, Hkv, G, R]."""
     inf = float("inf")
 
     def scores(t):
         s = qs @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
+        extra = None if mods is None else mods.scores(rows, t * BLOCK_N, BLOCK_N)
+        if extra is not None:
+            s = s + extra
         return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
 
     def v_tile(t, lo=0, hi=BLOCK_N):
@@ -115,7 +162,9 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec):
         else:
             vote = ~le(mt - m, policy.threshold)
             fire = wave_any(vote)
-            apply = fire
+            # FA4 decides per row (the wave only decides whether to skip the O multiply,
+            # which is exact for rows that multiply by 1); FlyDSL's ballot moves every row.
+            apply = vote if policy.name == "fa4_row" else fire
             target = mt if policy.name == "lazy_unfixed" else fmax(m, mt)
         dragged = None if fire is None else fire & (mt < m)
         corr = exp2(m - target)
@@ -146,6 +195,14 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec):
             record(t, "epilogue", mt=mt, corr=corr)
     l = l + pf.sum(-1)
     O = O + rnd(pf) @ v_tile(N - 1)
+    if mods is not None and mods.sink_log2 is not None:
+        # the sink is one more logit in the denominator, with no value row
+        sk = mods.sink_log2.expand_as(m)
+        mn = fmax(m, sk)
+        corr = exp2(m - mn)
+        O = O * corr[..., None]
+        l = l * corr + exp2(sk - mn)
+        m = mn
     record(N - 1, "epilogue", mt=mt, corr=corr)
 
     out = rnd(O * guarded_rcp(l)[..., None])
