@@ -57,15 +57,16 @@ def _descale(name, x) -> float:
     return x
 
 
-def _check_mod(name, x, shapes, q, fp8):
-    """bias / alibi_slopes / sink: a float tensor of one of ``shapes`` on q's device."""
+def _check_mod(name, x, shapes, q, fp8, dtype):
+    """bias / alibi_slopes / sink: a tensor of one of ``shapes`` and of ``dtype`` (as
+    upstream requires: bias in q's dtype, slopes and sink fp32) on q's device."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if fp8:
         raise ValueError(f"{name} is not supported with float8_e4m3fn inputs "
-                         "(the fp8 BN128 kernel has no {name} path)".replace("{name}", name))
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+                         f"(the fp8 BN128 kernel has no {name} path)")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
     if tuple(x.shape) not in shapes:
         want = " or ".join(str(list(s)) for s in shapes)
         raise ValueError(f"{name} has shape {list(x.shape)}; expected {want}")
@@ -135,11 +136,11 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         raise TypeError(f"fp8_saturate must be a bool, got {type(fp8_saturate).__name__}")
     Skv = k.shape[1]
     mods = {}
-    for name, x, shapes in (("bias", bias, [(Sq, Skv)]),
-                            ("alibi_slopes", alibi_slopes, [(H,), (B, H)]),
-                            ("sink", sink, [(H,)])):
+    for name, x, shapes, dtype in (("bias", bias, [(Sq, Skv)], q.dtype),
+                                   ("alibi_slopes", alibi_slopes, [(H,), (B, H)], torch.float32),
+                                   ("sink", sink, [(H,)], torch.float32)):
         if x is not None:
-            _check_mod(name, x, shapes, q, fp8)
+            _check_mod(name, x, shapes, q, fp8, dtype)
             mods[name] = x
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")

@@ -19,7 +19,7 @@ def inputs():
     q, k, v = bf16_inputs(1, 700, 2, 64, 8.0, seed=0)
     g = torch.Generator().manual_seed(1)
     mods = {
-        "bias": {"bias": torch.randn(700, 700, generator=g) * 4},
+        "bias": {"bias": (torch.randn(700, 700, generator=g) * 4).bfloat16()},
         "alibi_h": {"alibi_slopes": torch.tensor([0.5, 0.05])},
         "alibi_bh": {"alibi_slopes": torch.tensor([[0.25, 0.01]])},
         "sink": {"sink": torch.tensor([3.0, 40.0])},
@@ -60,14 +60,14 @@ def test_what_each_modifier_does_to_the_unfixed_nan():
     q, k, v = bf16_inputs(1, 1024, 2, 64, 32.0, seed=0)
     g = torch.Generator().manual_seed(0)
     base = nan_frac(q, k, v, "lazy_unfixed")
-    widened = nan_frac(q, k, v, "lazy_unfixed", bias=torch.randn(1024, 1024, generator=g) * 20)
+    widened = nan_frac(q, k, v, "lazy_unfixed", bias=(torch.randn(1024, 1024, generator=g) * 20).bfloat16())
     alibi = nan_frac(q, k, v, "lazy_unfixed", alibi_slopes=torch.tensor([0.5, 0.05]))
     sink = nan_frac(q, k, v, "lazy_unfixed", sink=torch.tensor([3.0, 200.0]))
     assert 0 < base < widened  # a wider score range: more drags past 2**128
     assert alibi > base  # ALiBi makes tile maxima fall with distance: victims everywhere
     assert sink >= base  # the sink comes too late to help
     for policy in ("lazy", "eager"):
-        for kw in ({"bias": torch.randn(1024, 1024, generator=g) * 20},
+        for kw in ({"bias": (torch.randn(1024, 1024, generator=g) * 20).bfloat16()},
                    {"alibi_slopes": torch.tensor([0.5, 0.05])}, {"sink": torch.tensor([3.0, 200.0])}):
             assert nan_frac(q, k, v, policy, **kw) == 0
 
@@ -89,9 +89,11 @@ def test_fa4_row_policy_never_scales_up_and_stays_accurate():
 
 
 @pytest.mark.parametrize("kw, exc, words", [
-    (dict(bias=torch.zeros(700, 699)), ValueError, r"bias has shape \[700, 699\]"),
+    (dict(bias=torch.zeros(700, 699, dtype=torch.bfloat16)), ValueError, r"bias has shape \[700, 699\]"),
+    (dict(bias=torch.zeros(700, 700)), TypeError, "bias must be torch.bfloat16"),
+    (dict(sink=torch.zeros(2, dtype=torch.float64)), TypeError, "sink must be torch.float32"),
     (dict(bias=[[0.0]]), TypeError, "bias must be a torch.Tensor"),
-    (dict(bias=torch.zeros(700, 700, dtype=torch.int32)), TypeError, "bias must be a floating"),
+    (dict(bias=torch.zeros(700, 700, dtype=torch.int32)), TypeError, "bias must be torch.bfloat16"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, "alibi_slopes has shape"),
     (dict(alibi_slopes=torch.zeros(2, 2)), ValueError, "alibi_slopes has shape"),
     (dict(sink=torch.zeros(1, 2)), ValueError, "sink has shape"),
@@ -110,7 +112,7 @@ def test_modifiers_rejected_on_fp8():
                                sink=torch.zeros(2))
     with pytest.raises(ValueError, match="bias is not supported with float8"):
         fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
-                               bias=torch.zeros(64, 64))
+                               bias=torch.zeros(64, 64, dtype=torch.float8_e4m3fn))
 
 
 def test_modifiers_on_triton_backend_say_what_is_missing(inputs):
