@@ -9,12 +9,13 @@ before any work, and errors name the argument.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from . import policies
+from . import policies, varlen
 from .models import swp_bf16, swp_fp8
 from .trace import Trace, TraceRecorder, normalize_rows
 
@@ -190,10 +191,12 @@ def _run(call: Call, recorder=None):
                           recorder=recorder, **extra)
 
 
-def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
-                    v_descale=None, return_lse=False, dualwave_swp_lazy_rescale=True,
-                    rescale=None, rescale_threshold=None, rebase_bound=None, p_headroom=None,
-                    fp8_saturate=None, backend="auto", bias=None, alibi_slopes=None, sink=None):
+def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
+                    cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, q_descale=None,
+                    k_descale=None, v_descale=None, return_lse=False,
+                    dualwave_swp_lazy_rescale=True, rescale=None, rescale_threshold=None,
+                    rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="auto",
+                    bias=None, alibi_slopes=None, sink=None):
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
@@ -208,10 +211,23 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
     the model for CPU tensors.
     ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (bf16/f16) modify
     the scores as upstream's DUALWAVE_SWP path does (natural-log units).
+    Varlen: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D],
+    k and v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths
+    differ); a bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
     Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    if packing is not None:
+        out, lse = _run_varlen(packing, q, k, v, causal=causal, num_kv_heads=num_kv_heads,
+                               q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                               dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale,
+                               rescale=rescale, rescale_threshold=rescale_threshold,
+                               rebase_bound=rebase_bound, p_headroom=p_headroom,
+                               fp8_saturate=fp8_saturate, backend=backend, bias=bias,
+                               alibi_slopes=alibi_slopes, sink=sink)
+        return (out, lse) if return_lse else out
     call = check_call(q, k, v, causal=causal, num_kv_heads=num_kv_heads, q_descale=q_descale,
                       k_descale=k_descale, v_descale=v_descale,
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
@@ -220,6 +236,25 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, 
                       bias=bias, alibi_slopes=alibi_slopes, sink=sink)
     out, lse = _run(call)
     return (out, lse) if return_lse else out
+
+
+def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
+    """Check a packed call as a whole, then run one dense call per sequence."""
+    if q.dtype == FP8:
+        raise ValueError("varlen (cu_seqlens_q/kv) is not supported with float8_e4m3fn inputs, "
+                         "as upstream's fp8 kernel")
+    B, (total_q, H, _) = packing.batch, q.shape
+    for name, x, shapes, dtype in (
+            ("bias", bias, [(total_q, packing.max_seqlen_kv)], q.dtype),
+            ("alibi_slopes", alibi_slopes, [(H,), (B, H)], torch.float32)):
+        if x is not None:
+            _check_mod(name, x, shapes, q, False, dtype)
+    call = check_call(q[None], k[None], v[None], **kw)  # everything else, checked once
+
+    def dense(qb, kb, vb, **mods):
+        return _run(dataclasses.replace(call, q=qb, k=kb, v=vb, mods={**call.mods, **mods}))
+
+    return varlen.run(packing, q, k, v, dense, bias=bias, alibi_slopes=alibi_slopes)
 
 
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
