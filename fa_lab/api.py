@@ -78,7 +78,7 @@ def _check_mod(name, x, shapes, q, fp8, dtype):
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
                v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-               backend="auto", bias=None, alibi_slopes=None, sink=None) -> Call:
+               backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1) -> Call:
     """Validate everything and resolve the policy; raises ValueError/TypeError naming the
     argument. Does no work on the tensors' data."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -143,6 +143,16 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         if x is not None:
             _check_mod(name, x, shapes, q, fp8, dtype)
             mods[name] = x
+    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int):
+        raise TypeError(f"num_kv_splits must be an int, got {type(num_kv_splits).__name__}")
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    if num_kv_splits > 1:
+        if fp8:
+            raise ValueError("num_kv_splits > 1 (split-K) is not supported with float8_e4m3fn inputs")
+        if Sq < 384:
+            raise ValueError(f"num_kv_splits > 1 (split-K) needs seq_len >= 384 as upstream; got Sq={Sq}")
+        mods["num_kv_splits"] = num_kv_splits
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
     policy = policies.resolve(
@@ -196,7 +206,7 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
                     k_descale=None, v_descale=None, return_lse=False,
                     dualwave_swp_lazy_rescale=True, rescale=None, rescale_threshold=None,
                     rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="auto",
-                    bias=None, alibi_slopes=None, sink=None):
+                    bias=None, alibi_slopes=None, sink=None, num_kv_splits=1):
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
@@ -210,7 +220,8 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     through Triton's interpreter (small sizes); ``"auto"`` picks Triton for GPU tensors and
     the model for CPU tensors.
     ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (bf16/f16) modify
-    the scores as upstream's DUALWAVE_SWP path does (natural-log units).
+    the scores as upstream's DUALWAVE_SWP path does (natural-log units);
+    ``num_kv_splits`` > 1 runs split-K with its combine pass.
     Varlen: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D],
     k and v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths
     differ); a bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
@@ -226,14 +237,14 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
                                rescale=rescale, rescale_threshold=rescale_threshold,
                                rebase_bound=rebase_bound, p_headroom=p_headroom,
                                fp8_saturate=fp8_saturate, backend=backend, bias=bias,
-                               alibi_slopes=alibi_slopes, sink=sink)
+                               alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
         return (out, lse) if return_lse else out
     call = check_call(q, k, v, causal=causal, num_kv_heads=num_kv_heads, q_descale=q_descale,
                       k_descale=k_descale, v_descale=v_descale,
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
-                      bias=bias, alibi_slopes=alibi_slopes, sink=sink)
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
     out, lse = _run(call)
     return (out, lse) if return_lse else out
 
@@ -243,6 +254,8 @@ def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
     if q.dtype == FP8:
         raise ValueError("varlen (cu_seqlens_q/kv) is not supported with float8_e4m3fn inputs, "
                          "as upstream's fp8 kernel")
+    if kw.get("num_kv_splits", 1) != 1:
+        raise ValueError("varlen (cu_seqlens_q/kv) is not supported together with num_kv_splits > 1")
     B, (total_q, H, _) = packing.batch, q.shape
     for name, x, shapes, dtype in (
             ("bias", bias, [(total_q, packing.max_seqlen_kv)], q.dtype),
@@ -260,7 +273,7 @@ def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
           k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-          backend="auto", bias=None, alibi_slopes=None, sink=None) -> Trace:
+          backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1) -> Trace:
     """Run ``flash_attn_func`` with the same arguments and record, for the chosen lanes,
     every step's running max, tile max, vote, wave decision, drag, correction, l and
     finiteness (see ``fa_lab.trace.Trace``).
@@ -273,7 +286,7 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_d
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
-                      bias=bias, alibi_slopes=alibi_slopes, sink=sink)
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     recorder = TraceRecorder(triples, group_size=H // k.shape[2])

@@ -34,13 +34,15 @@ def softmax_scale_log2(head_dim: int) -> float:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             policy: RescalePolicy, recorder: TraceRecorder | None = None,
             bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-            sink: torch.Tensor | None = None):
+            sink: torch.Tensor | None = None, num_kv_splits: int = 1):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (checked by the caller).
 
     Optional score modifiers, all in natural-log units as upstream takes them: ``bias``
     [Sq, Skv] (added as bias * log2 e after scaling, before masking), ``alibi_slopes`` [H]
     or [B, H] (adds -slope * log2 e * |i + Skv - Sq - j|), ``sink`` [H] (one extra logit
     per head in the denominator, folded in after the last tile).
+    ``num_kv_splits`` > 1 runs split-K: each split walks its own tiles with the full
+    schedule and stores a normalised partial, and a combine pass merges them.
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
     """
     B, Sq, H, D = q.shape
@@ -64,8 +66,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             kp, vp = _pad_kv(kf, vf, group.n_tiles)
             if recorder is not None:
                 recorder.bind_group(group.rows)
-            o_g, lse_g = _run_group(qs[..., group.rows, :], kp, vp, group.rows, group.n_tiles,
-                                    Sq, Skv, causal, policy, rnd, recorder, mods)
+            args = (qs[..., group.rows, :], kp, vp, group.rows)
+            if num_kv_splits == 1:
+                o_g, lse_g, _, _ = _run_group(*args, group.n_tiles, Sq, Skv, causal, policy, rnd,
+                                              recorder, mods)
+            else:
+                o_g, lse_g = _split_k(args, group.n_tiles, num_kv_splits, Sq, Skv, causal, policy,
+                                      rnd, recorder, mods)
             out[..., group.rows, :] = o_g
             lse[..., group.rows] = lse_g
     out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(q.dtype)
@@ -109,6 +116,61 @@ class ScoreMods:
         return extra
 
 
+def split_ranges(n_tiles: int, num_splits: int) -> list[tuple[int, int]]:
+    """Each split's [t0, t_end) as upstream cuts a block's N tiles: chunks of
+    ceil(N / splits) rounded up to even, at least 6; a remainder under 4 tiles joins the
+    split before it, and a split that would start with fewer than 4 tiles left is empty
+    (t0 == t_end)."""
+    chunk = max(6, ((n_tiles + num_splits - 1) // num_splits + 1) // 2 * 2)
+    ranges = []
+    for s in range(num_splits):
+        t0 = s * chunk
+        if t0 + 4 > n_tiles:
+            ranges.append((t0, t0))
+            continue
+        t_end = min(t0 + chunk, n_tiles)
+        if n_tiles - t_end < 4:
+            t_end = n_tiles
+        ranges.append((t0, t_end))
+    return ranges
+
+
+def _split_k(args, N, num_splits, Sq, Skv, causal, policy, rnd, rec, mods):
+    """Split-K: per split a bf16 partial O normalised by its own l, with fp32 m and l
+    (an empty split stores m = -1e30, l = 0); the combine weights each split by
+    w_s l_s with w_s = exp2(m_s - m_max), folding the sink in exactly once."""
+    parts = []
+    for t0, t_end in split_ranges(N, num_splits):
+        if t_end > t0:
+            o_s, _, m_s, l_s = _run_group(*args, t_end - t0, Sq, Skv, causal, policy, rnd, rec,
+                                          mods, t0=t0, sink=False)
+            parts.append((o_s.float(), m_s, l_s))
+        else:
+            o_s = parts[0][0]
+            parts.append((torch.zeros_like(o_s), torch.full_like(o_s[..., 0], -1e30),
+                          torch.zeros_like(o_s[..., 0])))
+    m_max = parts[0][1]
+    for _, m_s, _ in parts[1:]:
+        m_max = fmax(m_max, m_s)
+    den = torch.zeros_like(m_max)
+    if mods is not None and mods.sink_log2 is not None:
+        sk = mods.sink_log2.expand_as(m_max)
+        m_max = fmax(m_max, sk)
+        sink_w = exp2(sk - m_max)
+    acc = torch.zeros_like(parts[0][0])
+    for o_s, m_s, l_s in parts:
+        wl = torch.where(l_s > 0, exp2(m_s - m_max) * l_s, torch.zeros_like(l_s))
+        den = den + wl
+        acc = acc + wl[..., None] * o_s
+    if mods is not None and mods.sink_log2 is not None:
+        den = den + sink_w
+    out = rnd(acc * guarded_rcp(den)[..., None])
+    lse = torch.where(den == 0, torch.full_like(den, float("-inf")), m_max * f32(LN2) + torch.log(den))
+    if rec is not None:
+        rec.finish_group(out, lse)
+    return out, lse
+
+
 def _pad_kv(kf, vf, n_tiles):
     """Zero-pad K and V to n_tiles * 64 columns (extra tiles read zeros and are masked)."""
     extra = n_tiles * BLOCK_N - kf.shape[-2]
@@ -118,24 +180,28 @@ def _pad_kv(kf, vf, n_tiles):
     return torch.nn.functional.pad(kf, pad), torch.nn.functional.pad(vf, pad)
 
 
-def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None):
-    """One group of query blocks with the same tile count N; state per row [B, Hkv, G, R]."""
+def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None, t0=0,
+               sink=True):
+    """One group of query blocks walking N tiles from tile t0 (a split-K split starts past
+    0); state per row [B, Hkv, G, R]. Returns (out, lse, m, l)."""
     inf = float("inf")
 
     def scores(t):
-        s = qs @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
-        extra = None if mods is None else mods.scores(rows, t * BLOCK_N, BLOCK_N)
+        c0 = (t0 + t) * BLOCK_N
+        s = qs @ kp[..., c0:c0 + BLOCK_N, :].transpose(-1, -2)
+        extra = None if mods is None else mods.scores(rows, c0, BLOCK_N)
         if extra is not None:
             s = s + extra
-        return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
+        return s.masked_fill(masked_columns(rows, c0, Sq, Skv, causal), -inf)
 
     def v_tile(t, lo=0, hi=BLOCK_N):
-        return vp[..., t * BLOCK_N + lo:t * BLOCK_N + hi, :]
+        c0 = (t0 + t) * BLOCK_N
+        return vp[..., c0 + lo:c0 + hi, :]
 
     def record(t, phase, *, mt, vote=None, fire=None, dragged=None, corr=None):
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)
-            rec.record(t, t * BLOCK_N, phase, m=m, mt=mt,
+            rec.record(t0 + t, (t0 + t) * BLOCK_N, phase, m=m, mt=mt,
                        vote=false if vote is None else vote, fire=false if fire is None else fire,
                        dragged=false if dragged is None else dragged,
                        corr=torch.ones_like(m) if corr is None else corr, l=l, O=O)
@@ -195,7 +261,7 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
             record(t, "epilogue", mt=mt, corr=corr)
     l = l + pf.sum(-1)
     O = O + rnd(pf) @ v_tile(N - 1)
-    if mods is not None and mods.sink_log2 is not None:
+    if sink and mods is not None and mods.sink_log2 is not None:
         # the sink is one more logit in the denominator, with no value row
         sk = mods.sink_log2.expand_as(m)
         mn = fmax(m, sk)
@@ -209,4 +275,4 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
     lse = torch.where(l == 0, torch.full_like(l, -inf), m * f32(LN2) + torch.log(l))
     if rec is not None:
         rec.finish_group(out, lse)
-    return out, lse
+    return out, lse, m, l
