@@ -270,6 +270,19 @@ def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
     return varlen.run(packing, q, k, v, dense, bias=bias, alibi_slopes=alibi_slopes)
 
 
+def count_rescales(q, k, v, **kwargs) -> dict:
+    """Run ``flash_attn_func(q, k, v, **kwargs)`` through the model and count its rescale
+    work over the main loop (see ``fa_lab.counters``); returns the counts and the output."""
+    from .counters import RescaleCounter
+
+    call = check_call(q, k, v, **kwargs)
+    if call.fp8:
+        raise ValueError("count_rescales counts the bf16/f16 kernel's loop; got float8_e4m3fn inputs")
+    counter = RescaleCounter(call.policy)
+    out, lse = _run(dataclasses.replace(call, backend="emulator"), counter)
+    return {**counter.summary(), "out": out, "lse": lse}
+
+
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
           k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
