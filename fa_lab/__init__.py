@@ -8,8 +8,9 @@
 """
 
 from . import metrics, policies, reference
-from .api import flash_attn_func, trace
+from .api import count_rescales, flash_attn_func, swa_attn_func, trace
 from .trace import Trace
 
-__all__ = ["flash_attn_func", "trace", "Trace", "reference", "metrics", "policies"]
+__all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "Trace", "reference",
+           "metrics", "policies"]
 __version__ = "0.1.0"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import policies, varlen
-from .models import swp_bf16, swp_fp8
+from . import policies, routing, varlen
+from .models import generic, swa, swp_bf16, swp_fp8
 from .trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
@@ -40,7 +40,8 @@ class Call:
     descales: tuple[float, float, float] | None
     fp8_saturate: bool
     backend: str
-    mods: dict  # bias / alibi_slopes / sink that were given (bf16/f16 only)
+    mods: dict  # bias / alibi_slopes / sink / num_kv_splits that were given (bf16/f16 only)
+    kernel: str = "swp_bf16"  # the routed kernel: swp_bf16, swp_fp8 or generic
 
 
 def _descale(name, x) -> float:
@@ -76,9 +77,10 @@ def _check_mod(name, x, shapes, q, fp8, dtype):
 
 
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
-               v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
+               v_descale=None, dualwave_swp_lazy_rescale=None, rescale=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-               backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1) -> Call:
+               backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1,
+               kernel=None) -> Call:
     """Validate everything and resolve the policy; raises ValueError/TypeError naming the
     argument. Does no work on the tensors' data."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -155,58 +157,77 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         mods["num_kv_splits"] = num_kv_splits
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
+    # None: upstream's default (lazy), which the generic kernel may ignore as upstream does;
+    # an explicit True/False is a request that routing must honour.
+    lazy_flag = True if dualwave_swp_lazy_rescale is None else dualwave_swp_lazy_rescale
     policy = policies.resolve(
-        fp8=fp8, seqlen_kv=k.shape[1], rescale=rescale,
-        dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale,
+        fp8=fp8, seqlen_kv=k.shape[1], rescale=rescale, dualwave_swp_lazy_rescale=lazy_flag,
         rescale_threshold=rescale_threshold, rebase_bound=rebase_bound, p_headroom=p_headroom)
+    asked = (rescale is not None or rescale_threshold is not None
+             or dualwave_swp_lazy_rescale is not None)
+    chosen = routing.choose_kernel(
+        batch=B, seqlen_q=Sq, fp8=fp8, rescale=policy.name if asked else None, kernel=kernel,
+        has_bias="bias" in mods, has_alibi="alibi_slopes" in mods, has_sink="sink" in mods,
+        head_dim=D)
+    if "num_kv_splits" in mods and chosen == "generic":
+        if kernel == "generic":
+            raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
+        chosen = "swp_bf16"  # split-K is a DUALWAVE_SWP build, whatever the length
+    if chosen == "generic":
+        policy = policies.RescalePolicy("eager")  # the generic kernel is eager only
     return Call(q=q, k=k, v=v, causal=causal, policy=policy, fp8=fp8, descales=descales,
-                fp8_saturate=fp8_saturate, backend=backend, mods=mods)
+                fp8_saturate=fp8_saturate, backend=backend, mods=mods, kernel=chosen)
 
 
-def resolve_backend(backend: str, device: torch.device, features=()) -> str:
-    """``auto``: Triton on CUDA/ROCm tensors when the kernels are importable and port every
-    feature asked for (bias, ALiBi, sink), else the model."""
+MODELS = {"swp_bf16": swp_bf16, "swp_fp8": swp_fp8, "generic": generic}
+#: Kernels with a faithful Triton port (kernels/attention/<name>.py).
+TRITON_PORTS = ("swp_bf16", "swp_fp8")
+
+
+def resolve_backend(backend: str, device: torch.device, kernel: str = "swp_bf16", features=()) -> str:
+    """``auto``: Triton on CUDA/ROCm tensors when the routed kernel has a Triton port that
+    covers every feature asked for (bias, ALiBi, sink, split-K), else the model."""
     if backend != "auto":
         return backend
-    if device.type == "cuda" and not features:
+    if device.type == "cuda" and kernel in TRITON_PORTS and not features:
         from .kernels import available
         if available():
             return "triton"
     return "emulator"
 
 
-def _kernel_module(call: Call, backend: str):
-    """The module that runs ``call``: a model, or its Triton port."""
+def _kernel_module(kernel: str, backend: str, device):
+    """The module that runs a kernel: its model, or its Triton port."""
     if backend == "emulator":
-        return swp_fp8 if call.fp8 else swp_bf16
+        return MODELS[kernel]
     from .kernels import attention_module
-    return attention_module("swp_fp8" if call.fp8 else "swp_bf16", backend, call.q.device)
+    return attention_module(kernel, backend, device)
 
 
 def _run(call: Call, recorder=None):
-    backend = resolve_backend(call.backend, call.q.device, tuple(call.mods))
-    module = _kernel_module(call, backend)
-    extra = {} if backend == "emulator" else {"interpret": backend == "interpret"}
-    if call.mods:
-        if backend != "emulator":
+    backend = resolve_backend(call.backend, call.q.device, call.kernel, tuple(call.mods))
+    module = _kernel_module(call.kernel, backend, call.q.device)
+    kw = {"causal": call.causal, "recorder": recorder}
+    if backend != "emulator":
+        kw["interpret"] = backend == "interpret"
+        if call.mods:
             raise NotImplementedError(f"{', '.join(call.mods)} not ported to the Triton kernels yet; "
                                       "use backend='emulator'")
-        extra.update(call.mods)
+    kw.update(call.mods)
+    if call.kernel != "generic":
+        kw["policy"] = call.policy
     if call.fp8:
         qd, kd, vd = call.descales
-        return module.forward(call.q, call.k, call.v, q_descale=qd, k_descale=kd, v_descale=vd,
-                              causal=call.causal, policy=call.policy,
-                              saturate=call.fp8_saturate, recorder=recorder, **extra)
-    return module.forward(call.q, call.k, call.v, causal=call.causal, policy=call.policy,
-                          recorder=recorder, **extra)
+        kw.update(q_descale=qd, k_descale=kd, v_descale=vd, saturate=call.fp8_saturate)
+    return module.forward(call.q, call.k, call.v, **kw)
 
 
 def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                     cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, q_descale=None,
                     k_descale=None, v_descale=None, return_lse=False,
-                    dualwave_swp_lazy_rescale=True, rescale=None, rescale_threshold=None,
+                    dualwave_swp_lazy_rescale=None, rescale=None, rescale_threshold=None,
                     rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="auto",
-                    bias=None, alibi_slopes=None, sink=None, num_kv_splits=1):
+                    bias=None, alibi_slopes=None, sink=None, num_kv_splits=1, kernel=None):
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
@@ -237,14 +258,16 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
                                rescale=rescale, rescale_threshold=rescale_threshold,
                                rebase_bound=rebase_bound, p_headroom=p_headroom,
                                fp8_saturate=fp8_saturate, backend=backend, bias=bias,
-                               alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
+                               alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits,
+                               kernel=kernel)
         return (out, lse) if return_lse else out
     call = check_call(q, k, v, causal=causal, num_kv_heads=num_kv_heads, q_descale=q_descale,
                       k_descale=k_descale, v_descale=v_descale,
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
-                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits,
+                      kernel=kernel)
     out, lse = _run(call)
     return (out, lse) if return_lse else out
 
@@ -262,6 +285,10 @@ def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
             ("alibi_slopes", alibi_slopes, [(H,), (B, H)], torch.float32)):
         if x is not None:
             _check_mod(name, x, shapes, q, False, dtype)
+    if kw.get("kernel") is None:
+        # every sequence runs DUALWAVE_SWP (upstream's short-sequence "light" varlen build
+        # is not modelled)
+        kw["kernel"] = "swp_bf16"
     call = check_call(q[None], k[None], v[None], **kw)  # everything else, checked once
 
     def dense(qb, kb, vb, **mods):
@@ -284,9 +311,10 @@ def count_rescales(q, k, v, **kwargs) -> dict:
 
 
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_descale=None,
-          k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=True, rescale=None,
+          k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=None, rescale=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
-          backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1) -> Trace:
+          backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1,
+          kernel=None) -> Trace:
     """Run ``flash_attn_func`` with the same arguments and record, for the chosen lanes,
     every step's running max, tile max, vote, wave decision, drag, correction, l and
     finiteness (see ``fa_lab.trace.Trace``).
@@ -299,16 +327,26 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_d
                       dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
                       rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
-                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits)
+                      bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits,
+                      kernel=kernel)
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     recorder = TraceRecorder(triples, group_size=H // k.shape[2])
     _run(call, recorder)
-    if call.fp8:
-        ls = swp_fp8.log2_scale(call.descales[0], call.descales[1])
-        kernel, per_unit = swp_fp8.KERNEL, ls
-    else:
-        kernel, per_unit = swp_bf16.KERNEL, 1.0
+    per_unit = swp_fp8.log2_scale(call.descales[0], call.descales[1]) if call.fp8 else 1.0
     thr = call.policy.threshold / per_unit if call.policy.lazy else float("nan")
-    return recorder.build(kernel=kernel, policy=call.policy, log2_per_unit=per_unit,
+    return recorder.build(kernel=call.kernel, policy=call.policy, log2_per_unit=per_unit,
                           threshold_units=thr)
+
+
+def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale="lazy",
+                  rescale_threshold=8.0, return_lse=False):
+    """The SWA GQA sliding-window kernel (``swa_gfx950.py``), which upstream's
+    ``flydsl_flash_attn_func`` does not route to: row i sees keys i - window_left ...
+    i + window_right. ``rescale``: its own deferred rescale ``"lazy"`` (correct by
+    construction) or the counterfactual ``"lazy_unfixed"``. See ``fa_lab.models.swa``."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    out, lse = swa.forward(q, k, v, window_left=window_left, window_right=window_right,
+                           causal=causal, threshold=rescale_threshold, rescale=rescale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,288 @@
+"""Exact model of the gfx950 GQA sliding-window kernel, ``swa_gfx950.py`` (semantics doc,
+section 5). Not routed by ``flydsl_flash_attn_func``: upstream calls ``build_gqa_attn``
+directly, and so does this model's caller.
+
+Plain vectorised PyTorch, in the kernel's order. References are to
+kernels/attention/swa_gfx950.py in ROCm/FlyDSL ``main`` 11c4174d.
+
+Window (l.48-56, ``_mask_band_half`` l.474-490). ``sliding_window=(LEFT, RIGHT)`` keeps, for
+query row i, keys j with ``i - LEFT <= j <= i + RIGHT`` (tested as one unsigned compare of
+``j - i + LEFT`` against ``LEFT + RIGHT``); Sq must equal Skv, so the window is both top-left
+and bottom-right aligned. There is no separate causal flag: causal is RIGHT = 0, so this
+model's ``causal=True`` demands ``window_right == 0``. ``window_left=None`` is upstream's
+``sliding_window=None``: no mask at all (full non-causal attention) and no floor.
+
+Geometry. A workgroup (CTA) owns 256 query rows, 8 independent waves of 32 rows (the ballot
+is per wave). With a window, each CTA walks its own band of KV tiles (l.443-464):
+``base0 = 64 * floor(max(0, q0 - LEFT) / 64)``, ``right = min(q0 + 255 + RIGHT, Skv - 1)``,
+``nt = clamp(roundup4(floor((right - base0 + 64) / 64)), 4, NT_BAND)`` with
+``NT_BAND = max(4, roundup4(ceil((LEFT + 255 + RIGHT + 64) / 64)))``, and
+``base = max(0, min(base0, Skv - 64 nt))``; tile t covers columns base + 64t ... + 63.
+Without a window nt = Skv // 64 from column 0. The loop advances four tiles per iteration
+(l.857-864) and nothing checks bounds (no masks past Skv, no row guard on the O store), so
+the model requires Sq = Skv, a multiple of 256, D = 128 and bf16, as the kernel assumes
+(the D = 128 MFMA layout is hard-wired; upstream's test uses exactly this).
+
+Domain. ``Qs = bf16(f32(Q) * TS)`` with TS = f32(0.08838834764 * 1.44269504089) for D = 128
+(l.65-68, l.588-590): scores are in log2 units. Masked scores are -inf.
+
+Schedule (the same shape as the DUALWAVE_SWP bf16 kernel, section 2; l.609-1051):
+
+  prologue (tile 0)   m = rowmax(S_0), floored at -30 with a window (NEG_FLOOR, l.101, l.619)
+                      Pf = exp2(S_0 - m); l = 0; O = 0
+  loop (1..nt-4)      l += sum(Pf); Pb = bf16(Pf); O += Pb[:16] @ V   (first PV slice)
+                      rescale_defer (l.655-681): m_cur = fmax(rowmax(S_t), -30 if window)
+                        m_new = fmax(m_cur, m); vote = (m_new - m) > THR (ordered compare)
+                        if any row of the 32-row wave votes, every row of it does
+                        corr = exp2(m - m_new) <= 1; O *= corr; Pb[16:] = bf16(Pb[16:] * corr)
+                        l *= corr (applied at the next finish, before its sum: same order)
+                      O += Pb[16:] @ V; Pf = exp2(S_t - m)
+  epilogue (nt-3..)   ``rescale_uncond`` (l.872-877), always: m_new = fmax(m, m_cur);
+                      O += bf16(Pf) @ V_{t-1}; O *= corr; l *= corr
+  out = bf16(O * rcp(l)), rcp guarded by l > 0 only with a window (l.1039-1042)
+
+Because m_new = fmax(m_cur, m) is taken before the ballot, every correction is <= 1 and
+no row is ever dragged down. ``rescale="lazy_unfixed"`` is a counterfactual, not an
+upstream kernel: the same ballot decided on the row's own (floored) tile max,
+``vote = (m_cur - m) > THR``, with a firing wave rebasing every row to m_cur as upstream
+main's DUALWAVE_SWP did; it shows what the -30 floor does and does not prevent.
+
+Read-outs. The kernel writes no LSE; the model returns ``m * ln 2 + ln(l)`` (-inf when
+l == 0). Consequence of the -30 floor worth knowing: a row whose visible scores all sit
+below about -156 (log2 units) gets P = 0 everywhere, l = 0 and output 0, where softmax
+would give a convex combination of its V rows.
+
+The trace records one step per 64-column tile of the CTA's band; ``col0`` is the tile's
+first global column; ``mt`` is the kernel's m_cur (floored at -30 with a window).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..numerics import LN2, bf16, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
+from ..trace import TraceRecorder
+from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
+
+KERNEL = "swa"
+CTA_ROWS = 8 * WAVE_ROWS  # 256
+HEAD_DIM = 128
+#: RESCALE_THRESHOLD upstream (log2 units).
+DEFAULT_THRESHOLD = 8.0
+#: NEG_FLOOR upstream: the windowed kernel's floor on every tile max (log2 units).
+NEG_FLOOR = -30.0
+RESCALE_POLICIES = {
+    "lazy": "rescale_defer: wave ballot on fmax(tile max, m) - m > THR, monotonic rebase (upstream)",
+    "lazy_unfixed": "counterfactual: ballot on tile max - m > THR, firing waves rebase to their own tile max",
+}
+
+
+def temperature_scale(head_dim: int = HEAD_DIM) -> float:
+    """The kernel's Q pre-scale, a double product of truncated decimals rounded to fp32."""
+    return f32((0.08838834764 if head_dim == 128 else 0.125) * 1.44269504089)
+
+
+def nt_band(window_left: int, window_right: int) -> int:
+    """NT_BAND: the largest band (in 64-column tiles) any CTA may walk."""
+    span = window_left + (CTA_ROWS - 1) + window_right
+    return max(4, math.ceil(math.ceil((span + BLOCK_N) / BLOCK_N) / 4) * 4)
+
+
+def cta_band(q0: int, seqlen_kv: int, window_left: int | None, window_right: int) -> tuple[int, int]:
+    """(first KV column, number of 64-column tiles) walked by the CTA whose first row is q0."""
+    if window_left is None:
+        return 0, seqlen_kv // BLOCK_N
+    left_edge = max(q0 - window_left, 0)
+    right_edge = min(q0 + CTA_ROWS - 1 + window_right, seqlen_kv - 1)
+    base0 = (left_edge // BLOCK_N) * BLOCK_N
+    span_tiles = (right_edge - base0 + BLOCK_N) // BLOCK_N
+    nt = min(max((span_tiles + 3) // 4 * 4, 4), nt_band(window_left, window_right))
+    base = max(min(base0, seqlen_kv - nt * BLOCK_N), 0)
+    return base, nt
+
+
+def _check_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
+    """Every argument against what the kernel supports; raises naming the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} has dtype {t.dtype}; the SWA kernel takes bfloat16 only")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    B, Sq, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != B:
+        raise ValueError(f"k has batch {k.shape[0]} but q has {B}")
+    if D != HEAD_DIM or k.shape[3] != HEAD_DIM:
+        raise ValueError(f"head dim must be {HEAD_DIM} for the SWA kernel, got q {D}, k {k.shape[3]}")
+    if k.shape[1] != Sq:
+        raise ValueError(f"the SWA kernel needs seq_len_q == seq_len_kv, got {Sq} and {k.shape[1]}")
+    if Sq < CTA_ROWS or Sq % CTA_ROWS:
+        raise ValueError(f"sequence length must be a positive multiple of {CTA_ROWS} "
+                         f"(the kernel has no bounds checks), got {Sq}")
+    Hkv = k.shape[2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_int("window_left", window_left, allow_none=True)
+    _check_int("window_right", window_right)
+    if window_left is None:
+        if causal:
+            raise ValueError("window_left=None is the kernel's unwindowed mode, which has no mask: "
+                             "pass causal=False, or a window_left (e.g. the sequence length) for causal")
+        if window_right:
+            raise ValueError(f"window_right={window_right} needs a window_left (None means no window)")
+    elif causal and window_right:
+        raise ValueError(f"causal=True means window_right=0 (keys up to the diagonal), got "
+                         f"window_right={window_right}; pass causal=False for a two-sided window")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+    if not math.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}")
+    if not isinstance(rescale, str) or rescale not in RESCALE_POLICIES:
+        raise ValueError(f"rescale={rescale!r}; the SWA model has {sorted(RESCALE_POLICIES)}")
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: int | None,
+            window_right: int = 0, causal: bool = True, threshold: float = DEFAULT_THRESHOLD,
+            rescale: str = "lazy", recorder: TraceRecorder | None = None):
+    """q [B, S, H, 128], k and v [B, S, Hkv, 128], bf16; S a multiple of 256.
+
+    Query row i attends keys i - window_left ... i + window_right (``window_left=None``:
+    every key, non-causal). Returns (out [B, S, H, 128] bf16, lse [B, H, S] fp32, the
+    model's natural-log read-out).
+    """
+    check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    G = H // Hkv
+    dev = q.device
+
+    qs = bf16(q.float() * temperature_scale(D)).permute(0, 2, 1, 3).reshape(B, Hkv, G, S, D)
+    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, S, D]
+    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+
+    out = torch.empty(B, Hkv, G, S, D, device=dev)
+    lse = torch.empty(B, Hkv, G, S, device=dev)
+    with ieee_fp32_matmul():
+        for (base, nt), rows in _cta_groups(S, window_left, window_right, dev).items():
+            if recorder is not None:
+                recorder.bind_group(rows)
+            o_g, lse_g = _run_group(qs[..., rows, :], kf[..., base:base + nt * BLOCK_N, :],
+                                    vf[..., base:base + nt * BLOCK_N, :], rows, base, nt,
+                                    window_left, window_right, float(threshold), rescale, recorder)
+            out[..., rows, :] = o_g
+            lse[..., rows] = lse_g
+    out = out.reshape(B, H, S, D).permute(0, 2, 1, 3).to(torch.bfloat16)
+    return out.contiguous(), lse.reshape(B, H, S).contiguous()
+
+
+def _cta_groups(S, window_left, window_right, device) -> dict[tuple[int, int], torch.Tensor]:
+    """CTAs that walk the same band run together: {(base, nt): their global rows}."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for q0 in range(0, S, CTA_ROWS):
+        groups.setdefault(cta_band(q0, S, window_left, window_right), []).append(q0)
+    return {key: torch.cat([torch.arange(q0, q0 + CTA_ROWS) for q0 in starts]).to(device)
+            for key, starts in groups.items()}
+
+
+def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, rescale, rec):
+    """State per row [B, Hkv, G, R]; kb, vb hold the band's nt * 64 columns."""
+    inf = float("inf")
+    windowed = window_left is not None
+
+    def scores(t):
+        s = qs @ kb[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
+        if not windowed:
+            return s
+        cols = torch.arange(base + t * BLOCK_N, base + (t + 1) * BLOCK_N, device=rows.device)
+        rel = cols[None, :] - rows[:, None]
+        return s.masked_fill((rel < -window_left) | (rel > window_right), -inf)
+
+    def tile_max(s):
+        mt = s.amax(-1)
+        return fmax(mt, NEG_FLOOR) if windowed else mt
+
+    def v_tile(t, lo=0, hi=BLOCK_N):
+        return vb[..., t * BLOCK_N + lo:t * BLOCK_N + hi, :]
+
+    def record(t, phase, *, mt, vote=None, fire=None, dragged=None, corr=None):
+        if rec is not None and rec.active:
+            false = torch.zeros_like(m, dtype=torch.bool)
+            rec.record(t, base + t * BLOCK_N, phase, m=m, mt=mt,
+                       vote=false if vote is None else vote, fire=false if fire is None else fire,
+                       dragged=false if dragged is None else dragged,
+                       corr=torch.ones_like(m) if corr is None else corr, l=l, O=O)
+
+    # Prologue: tile 0 sets the first base.
+    s = scores(0)
+    m = tile_max(s)
+    pf = exp2(s - m[..., None])
+    l = torch.zeros_like(m)
+    O = torch.zeros(*m.shape, qs.shape[-1], device=qs.device)
+    record(0, "prologue", mt=m)
+
+    # Main loop: rescale_defer, one 32-row wave ballot per tile.
+    for t in range(1, nt - 3):
+        l = l + pf.sum(-1)
+        pb = bf16(pf)
+        O = O + pb[..., :PV_SPLIT] @ v_tile(t - 1, 0, PV_SPLIT)
+        s = scores(t)
+        mt = tile_max(s)
+        if rescale == "lazy":
+            target = fmax(mt, m)
+            vote = (target - m) > thr
+        else:  # lazy_unfixed: the counterfactual own-tile-max rebase
+            target = mt
+            vote = (mt - m) > thr
+        fire = wave_any(vote)
+        dragged = fire & (mt < m)
+        corr = torch.where(fire, exp2(m - target), torch.ones_like(m))
+        O = O * corr[..., None]
+        pb_rest = bf16(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
+        l = l * corr
+        m = torch.where(fire, target, m)
+        O = O + pb_rest @ v_tile(t - 1, PV_SPLIT)
+        pf = exp2(s - m[..., None])
+        record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
+
+    # Epilogue: rescale_uncond on the last three tiles.
+    for t in range(max(1, nt - 3), nt):
+        l = l + pf.sum(-1)
+        O = O + bf16(pf) @ v_tile(t - 1)
+        s = scores(t)
+        mt = tile_max(s)
+        mn = fmax(mt, m)
+        corr = exp2(m - mn)
+        m = mn
+        pf = exp2(s - m[..., None])
+        O = O * corr[..., None]
+        l = l * corr
+        if t < nt - 1:
+            record(t, "epilogue", mt=mt, corr=corr)
+    l = l + pf.sum(-1)
+    O = O + bf16(pf) @ v_tile(nt - 1)
+    record(nt - 1, "epilogue", mt=mt, corr=corr)
+
+    inv = guarded_rcp(l) if windowed else 1.0 / l
+    out = bf16(O * inv[..., None])
+    lse = torch.where(l == 0, torch.full_like(l, -inf), m * f32(LN2) + torch.log(l))
+    if rec is not None:
+        rec.finish_group(out, lse)
+    return out, lse

@@ -1,0 +1,81 @@
+"""flash_attn_func routes as upstream does, and never drops what the caller asked for."""
+
+import pytest
+import torch
+
+import fa_lab
+from fa_lab.experiments import bf16_inputs
+from fa_lab.models import generic, swp_bf16
+from fa_lab.policies import RescalePolicy
+
+
+@pytest.fixture(scope="module")
+def short():
+    return bf16_inputs(1, 128, 2, 64, 8.0, seed=0)  # B < 8 and Sq < 256: the generic route
+
+
+def test_short_sequences_run_the_generic_kernel(short):
+    q, k, v = short
+    out, lse = fa_lab.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    g_out, g_lse = generic.forward(q, k, v, causal=True)
+    assert torch.equal(out, g_out) and torch.equal(lse, g_lse)
+    tr = fa_lab.trace(q, k, v, rows=[5], causal=True)
+    assert tr.kernel == "generic" and tr.policy.name == "eager"
+
+
+def test_explicit_lazy_request_selects_dualwave(short):
+    q, k, v = short
+    want = swp_bf16.forward(q, k, v, causal=True, policy=RescalePolicy("lazy"))[0]
+    for kw in ({"rescale": "lazy"}, {"dualwave_swp_lazy_rescale": True}, {"rescale_threshold": 8.0}):
+        assert torch.equal(fa_lab.flash_attn_func(q, k, v, causal=True, **kw), want), kw
+    assert fa_lab.trace(q, k, v, rows=[5], rescale="lazy").kernel == "swp_bf16"
+
+
+def test_long_sequences_run_dualwave():
+    q, k, v = bf16_inputs(1, 256, 1, 64, 8.0)
+    want = swp_bf16.forward(q, k, v, causal=True, policy=RescalePolicy("lazy"))[0]
+    assert torch.equal(fa_lab.flash_attn_func(q, k, v), want)
+    # B >= 8: 192 rows are enough
+    q, k, v = bf16_inputs(8, 192, 1, 64, 8.0)
+    assert fa_lab.trace(q, k, v, rows=[0]).kernel == "swp_bf16"
+
+
+def test_features_and_split_k_force_dualwave(short):
+    q, k, v = short
+    assert fa_lab.trace(q, k, v, rows=[0], sink=torch.zeros(2)).kernel == "swp_bf16"
+    q, k, v = bf16_inputs(1, 384, 1, 64, 8.0)
+    assert fa_lab.trace(q, k, v, rows=[0], kernel="swp_bf16", num_kv_splits=2).kernel == "swp_bf16"
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(kernel="generic", rescale="lazy"), "kernel='generic' has no rescale='lazy'"),
+    (dict(kernel="generic", sink=torch.zeros(2)), "kernel='generic' folds in no sink"),
+    (dict(kernel="swp_fp8"), "float8_e4m3fn inputs only"),
+    (dict(kernel="fast"), "kernel='fast' is not a kernel"),
+])
+def test_explicit_kernel_that_cannot_do_it_raises(short, kw, words):
+    q, k, v = short
+    with pytest.raises(ValueError, match=words):
+        fa_lab.flash_attn_func(q, k, v, **kw)
+
+
+def test_generic_split_k_raises():
+    q, k, v = bf16_inputs(1, 384, 1, 64, 8.0)
+    with pytest.raises(ValueError, match="generic' has no split-K"):
+        fa_lab.flash_attn_func(q, k, v, kernel="generic", num_kv_splits=2)
+
+
+def test_generic_has_no_triton_port(short):
+    q, k, v = short
+    with pytest.raises(NotImplementedError, match="no Triton port of generic"):
+        fa_lab.flash_attn_func(q, k, v, backend="interpret")
+
+
+def test_swa_entry_point():
+    q, k, v = bf16_inputs(1, 512, 2, 128, 64.0, seed=0)
+    out, lse = fa_lab.swa_attn_func(q, k, v, window_left=128, return_lse=True)
+    assert torch.isfinite(out).all() and lse.shape == (1, 2, 512)
+    with pytest.raises(TypeError, match="return_lse"):
+        fa_lab.swa_attn_func(q, k, v, window_left=128, return_lse=1)
+    with pytest.raises((ValueError, TypeError), match="window_left"):
+        fa_lab.swa_attn_func(q, k, v, window_left=-1)
