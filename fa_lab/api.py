@@ -173,6 +173,10 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
         if kernel == "generic":
             raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
         chosen = "swp_bf16"  # split-K is a DUALWAVE_SWP build, whatever the length
+    if chosen not in TRITON_PORTS and backend in ("triton", "interpret"):
+        if kernel is not None:
+            raise NotImplementedError(f"no Triton port of {kernel} yet; use backend='emulator'")
+        chosen = "swp_bf16"  # the Triton kernels asked for exist for DUALWAVE_SWP only
     if chosen == "generic":
         policy = policies.RescalePolicy("eager")  # the generic kernel is eager only
     return Call(q=q, k=k, v=v, causal=causal, policy=policy, fp8=fp8, descales=descales,

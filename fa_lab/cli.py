@@ -1,6 +1,7 @@
 """``fa-lab``: the lab's command line.
 
     fa-lab table [--which bf16|fp8|both] [--full] [--device cuda] [--B .. --S .. --H ..]
+    fa-lab bench [--shapes 0,1,..] [--impls a,b,..] [--sweep] [--out-dir DIR] [--no-save]
     fa-lab lab                       JupyterLab on notebooks/
 """
 
@@ -84,6 +85,32 @@ def _table(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from . import bench
+
+    shapes = bench.SHAPES
+    if args.shapes:
+        try:
+            shapes = tuple(bench.SHAPES[int(i)] for i in args.shapes.split(","))
+        except (ValueError, IndexError):
+            raise SystemExit(f"--shapes takes indices 0..{len(bench.SHAPES) - 1}, got {args.shapes!r}")
+    impls = tuple(args.impls.split(",")) if args.impls else bench.IMPLS
+    params = {"shapes": [s.name for s in shapes], "impls": list(impls), "warmup_ms": args.warmup,
+              "rep_ms": args.rep, "seed": args.seed}
+    if args.sweep:
+        table = bench.config_sweep(shapes[0], warmup=args.warmup, rep=args.rep, seed=args.seed)
+        print(table.to_string(index=False))
+        name = args.name or "bench_sweep"
+    else:
+        table = bench.run(shapes, impls, warmup=args.warmup, rep=args.rep, seed=args.seed)
+        print(bench.format_table(table))
+        name = args.name or "bench_h200"
+    if not args.no_save:
+        path = bench.save(table, name, directory=args.out_dir, params=params)
+        print(f"saved {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="fa-lab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,10 +129,23 @@ def main(argv=None) -> int:
                    default=None, help="fp8 P cast saturates at 448 (true, default) or gives NaN (false)")
     t.add_argument("--name", help="result file name (data/results/<name>.json)")
     t.add_argument("--no-save", action="store_true")
+    b = sub.add_parser("bench", help="forward TFLOP/s of the fast kernels beside SDPA and flex (CUDA)")
+    b.add_argument("--shapes", help="comma-separated indices into fa_lab.bench.SHAPES (default: all)")
+    b.add_argument("--impls", help="comma-separated implementations (default: all of fa_lab.bench.IMPLS)")
+    b.add_argument("--sweep", action="store_true",
+                   help="time each pinned launch config of the fast kernels at the first shape instead")
+    b.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    b.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--name", help="result file name (default bench_h200, or bench_sweep)")
+    b.add_argument("--out-dir", dest="out_dir", help="directory for the JSON (default data/results)")
+    b.add_argument("--no-save", action="store_true")
     sub.add_parser("lab", help="JupyterLab on notebooks/")
     args = p.parse_args(argv)
     if args.cmd == "table":
         return _table(args)
+    if args.cmd == "bench":
+        return _bench(args)
     if args.cmd == "lab":
         return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ex.ROOT / "notebooks")])
     return 2

@@ -68,7 +68,10 @@ def test_generic_split_k_raises():
 def test_generic_has_no_triton_port(short):
     q, k, v = short
     with pytest.raises(NotImplementedError, match="no Triton port of generic"):
-        fa_lab.flash_attn_func(q, k, v, backend="interpret")
+        fa_lab.flash_attn_func(q, k, v, backend="interpret", kernel="generic")
+    # asking for the Triton kernels without naming one runs the DUALWAVE_SWP port
+    call = fa_lab.api.check_call(q, k, v, backend="interpret")
+    assert call.kernel == "swp_bf16" and call.policy.name == "lazy"
 
 
 def test_swa_entry_point():
