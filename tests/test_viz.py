@@ -1,0 +1,326 @@
+"""fa_lab.viz: what goes in comes out in the figure, colours per policy stay put, values
+that cannot be plotted are marked, bad input is refused, and every figure can travel to
+a FigureWidget (strict JSON, no NaN)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from fa_lab import experiments, flash_attn_func, trace, viz
+
+# S = 512 at K x64 is the smallest bf16 case where the unfixed lazy rescale makes NaN rows.
+S_BF16, K_BF16 = 512, 64
+
+
+@pytest.fixture(scope="module")
+def bf16_case():
+    q, k, v = experiments.bf16_inputs(1, S_BF16, 1, 128, K_BF16)
+    out, lse = flash_attn_func(q, k, v, causal=False, rescale="lazy_unfixed", return_lse=True)
+    bad = (~torch.isfinite(out[0, :, 0]).all(-1)).nonzero().flatten().tolist()
+    assert bad, "the constructed case must have non-finite rows"
+    w0 = bad[0] // 32 * 32
+    tr = trace(q, k, v, rows=range(w0, w0 + 32), causal=False, rescale="lazy_unfixed")
+    return dict(q=q, k=k, v=v, out=out, lse=lse, bad=bad, trace=tr, lane=bad[0] - w0)
+
+
+@pytest.fixture(scope="module")
+def fp8_trace():
+    (q, k, v), (qd, kd, vd) = experiments.fp8_inputs(1, 512, 1, 5000)
+    return trace(q, k, v, rows=range(0, 32), q_descale=qd, k_descale=kd, v_descale=vd,
+                 causal=False, rescale="lazy_unfixed")
+
+
+def by_name(fig, name):
+    hits = [t for t in fig.data if t.name == name]
+    assert len(hits) == 1, [t.name for t in fig.data]
+    return hits[0]
+
+
+def widget_json(fig):
+    """Serialise the figure's traces as a FigureWidget does; strict JSON rejects NaN."""
+    from plotly.serializers import _py_to_js
+
+    def strip_buffers(x):  # 1-D float arrays travel as binary buffers, NaN allowed there
+        if isinstance(x, dict):
+            return {k: ("<buffer>" if isinstance(v, memoryview) else strip_buffers(v))
+                    for k, v in x.items()}
+        if isinstance(x, list):
+            return [strip_buffers(v) for v in x]
+        return x
+
+    data = [t.to_plotly_json() for t in fig.data]
+    return json.dumps(strip_buffers(_py_to_js(data, None)), allow_nan=False)
+
+
+# ---- running_max_heatmap ---------------------------------------------------------------
+
+def test_heatmap_holds_the_trace_matrix(bf16_case):
+    tr = bf16_case["trace"]
+    fig = viz.running_max_heatmap(tr)
+    heat = fig.data[1]
+    want = tr.matrix("m").to_numpy(float)
+    z = np.array(heat.z, dtype=float)
+    assert z.shape == (32, tr.n_steps) == want.shape
+    fin = np.isfinite(want)
+    np.testing.assert_array_equal(z[fin], want[fin])
+    assert list(heat.x) == list(range(tr.n_steps))
+    assert "log2 units" in heat.colorbar.title.text
+    assert fig.layout.xaxis.title.text == "KV step (tile of 64 columns)"
+    # hover names the row, the step and the value
+    r = int(tr.lanes.loc[3, "row"])
+    assert f"row {r} " in heat.text[3][2] and "step 2" in heat.text[3][2]
+    assert f"{want[3, 2]:.4g}" in heat.text[3][2]
+
+
+def test_heatmap_marks_drags_fires_and_first_nonfinite(bf16_case):
+    tr = bf16_case["trace"]
+    st = tr.steps
+    fig = viz.running_max_heatmap(tr)
+    fired = by_name(fig, "wave fired (row not dragged)")
+    dragged = by_name(fig, "dragged (wave fired, tile max < m)")
+    star = by_name(fig, "first non-finite O or l")
+    d = st[st.dragged]
+    f = st[st.fire & ~st.dragged]
+    assert len(d) > 0 and len(f) > 0
+    assert sorted(zip(dragged.x, dragged.y)) == sorted(zip(d.step, d.lane))
+    assert sorted(zip(fired.x, fired.y)) == sorted(zip(f.step, f.lane))
+    first = tr.lanes.first_nonfinite_step.dropna()
+    assert sorted(zip(star.x, star.y)) == sorted((int(s), int(i)) for i, s in first.items())
+    assert bf16_case["lane"] in list(star.y)
+
+
+def test_heatmap_of_l_flags_infinite_cells(bf16_case):
+    tr = bf16_case["trace"]
+    fig = viz.running_max_heatmap(tr, "l")
+    flag = np.array(fig.data[0].z, dtype=float)  # None -> nan
+    l = tr.matrix("l").to_numpy(float)
+    np.testing.assert_array_equal(flag == 1, np.isnan(l) | (l == math.inf))
+    np.testing.assert_array_equal(flag == 0, l == 0)  # log2(0) = -inf: grey
+    assert (flag == 1).any()
+    assert any("+inf or NaN" in a.text for a in fig.layout.annotations)
+
+
+def test_heatmap_converts_fp8_units(fp8_trace):
+    fig = viz.running_max_heatmap(fp8_trace)
+    want = fp8_trace.matrix("m").to_numpy(float) * fp8_trace.log2_per_unit
+    z = np.array(fig.data[1].z, dtype=float)
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(z[fin], want[fin], rtol=1e-12)
+    assert "tile pair of 128 columns" in fig.layout.xaxis.title.text
+    assert "log2_per_unit" in fig.data[1].colorbar.title.text
+
+
+# ---- lane_lines ------------------------------------------------------------------------
+
+def test_lane_lines_values_events_and_lse(bf16_case):
+    tr, lane = bf16_case["trace"], bf16_case["lane"]
+    d = tr.lane(lane)
+    fig = viz.lane_lines(tr, lane)
+    np.testing.assert_array_equal(by_name(fig, "m, running max").y, d.m.to_numpy(float))
+    np.testing.assert_array_equal(by_name(fig, "tile max").y, d.mt.to_numpy(float))
+    with np.errstate(divide="ignore"):
+        log_l = np.log2(d["l"].to_numpy(float))
+    got = np.asarray(by_name(fig, "log2(l)").y, dtype=float)
+    fin = np.isfinite(log_l)
+    np.testing.assert_array_equal(got[fin], log_l[fin])
+    assert np.isnan(got[~fin]).all()
+    assert list(by_name(fig, "dragged (fired, tile max < m)").x) == d.step[d.dragged].tolist()
+    first = int(tr.lanes.loc[lane, "first_nonfinite_step"])
+    vlines = [s for s in fig.layout.shapes if s.x0 == s.x1 == first]
+    assert len(vlines) == 2  # both panels
+    assert any(f"step {first}" in a.text for a in fig.layout.annotations)
+    assert "final LSE = +inf" in fig.layout.title.text
+    assert fig.layout.yaxis.title.text == "m, tile max (log2 units)"
+    # l overflowed: marked at the top edge of the lower panel, with the fp32 ceiling drawn
+    edge = [t for t in fig.data if t.name.startswith("not finite")][1]
+    assert len(edge.x) > 0 and max(edge.y) >= np.nanmax(got)
+    assert any(s.y0 == 128 for s in fig.layout.shapes)
+
+
+def test_lane_lines_of_a_finite_lane_has_no_marks(bf16_case):
+    tr = bf16_case["trace"]
+    ok = tr.lanes.index[tr.lanes.out_finite & tr.lanes.first_nonfinite_step.isna()]
+    fig = viz.lane_lines(tr, int(ok[0]))
+    assert not [s for s in fig.layout.shapes if s.line.dash == "dash"]
+    assert "final LSE = " in fig.layout.title.text and "inf" not in fig.layout.title.text
+
+
+def test_lane_lines_fp8_threshold_in_log2_units(fp8_trace):
+    fig = viz.lane_lines(fp8_trace, 0)
+    vote = [t for t in fig.data if t.name.startswith("vote line")][0]
+    assert vote.name.endswith("+ 8")  # the threshold, 8 log2 units, not raw units
+    d = fp8_trace.lane(0)
+    m = d.m.to_numpy(float) * fp8_trace.log2_per_unit
+    np.testing.assert_allclose(np.asarray(vote.y, float), m[:-1][: len(vote.y)] + 8, rtol=1e-9)
+
+
+# ---- outputs -----------------------------------------------------------------------------
+
+def test_nonfinite_map_categories_and_counts():
+    out = torch.zeros(2, 6, 3, 4)
+    out[1, 0, 0, 1] = math.nan
+    out[1, 1, 2, 0] = math.inf
+    out[1, 2, 1, 3] = -math.inf
+    out[1, 3, 1, 0], out[1, 3, 1, 1] = math.nan, math.inf  # NaN wins
+    fig = viz.nonfinite_map(out, batch=1)
+    want = np.zeros((6, 3), dtype=int)
+    want[0, 0], want[1, 2], want[2, 1], want[3, 1] = 1, 2, 3, 1
+    np.testing.assert_array_equal(np.array(fig.data[0].z), want)
+    ticks = fig.data[0].colorbar.ticktext
+    assert ticks == ("finite (14 rows)", "NaN (2 rows)", "+inf (1 rows)", "-inf (1 rows)")
+    assert "4 of 18" in fig.layout.title.text
+    assert viz.nonfinite_map(out, batch=0).data[0].colorbar.ticktext[0] == "finite (18 rows)"
+
+
+def test_lse_rows_puts_nonfinite_rows_on_the_edges():
+    lse = torch.tensor([[[1.0, 2.0, math.inf, math.nan, -math.inf, 3.0]]])
+    out = torch.ones(1, 6, 1, 2)
+    out[0, 5, 0, 0] = math.nan
+    fig = viz.lse_rows(lse, out)
+    ok = fig.data[0]
+    assert list(ok.x) == [0, 1] and list(ok.y) == [1.0, 2.0]
+    assert list(fig.data[1].x) == [5] and list(fig.data[1].y) == [3.0]
+    top = fig.data[2]
+    assert list(top.x) == [2] and top.y[0] > 3.0
+    assert list(fig.data[3].x) == [3] and fig.data[3].y[0] == top.y[0]
+    assert list(fig.data[4].x) == [4] and fig.data[4].y[0] < 1.0
+    assert fig.data[2].name.startswith("LSE = +inf") and fig.data[2].name.endswith("1 rows")
+
+
+def test_output_difference_rows_against_hand_computed():
+    ref = torch.zeros(1, 4, 2, 3)
+    a = ref.clone()
+    a[0, 1, 1, 2] = 0.5
+    a[0, 2, 1, 0] = -0.25
+    a[0, 0, 1, 0] = 2.0 ** -10
+    b = ref.clone()
+    b[0, 3, 1, 1] = math.nan
+    b[0, 0, 1, 0] = 2.0 ** -9
+    b[0, 1, 0, 0] = 7.0  # head 0: not shown
+    fig = viz.output_difference_rows({"lazy": a, "fp8": b}, ref, head=1)
+    lazy, fp8 = fig.data[0], fig.data[1]
+    y = np.asarray(lazy.y, float)
+    np.testing.assert_array_equal(y[:3], [2.0 ** -10, 0.5, 0.25])
+    assert 0 < y[3] < 2.0 ** -10  # equal to the reference: the bottom edge
+    assert fp8.y[0] == 2.0 ** -9 and np.isnan(fp8.y[3])
+    assert lazy.marker.color == viz.POLICY_COLORS["lazy"]
+    assert fp8.marker.color == viz.POLICY_COLORS["fp8"]
+    bad = fig.data[3]
+    assert list(bad.x) == [3] and bad.y[0] > 0.5
+    assert "1 non-finite rows" in bad.name
+
+
+# ---- tables ------------------------------------------------------------------------------
+
+def bf16_table():
+    rows = []
+    for K, nan in ((8, 0.0), (32, 0.1), (64, 0.8)):
+        for pol, rel in (("lazy_unfixed", 5e-3), ("lazy", 6e-3), ("eager", 6.1e-3)):
+            bad = pol == "lazy_unfixed" and nan > 0
+            rows.append({"k_scale": K, "policy": pol, "rel_l2": math.nan if bad else rel * K / 8,
+                         "nan_frac": nan if pol == "lazy_unfixed" else 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_bf16_table_curves_values_colours_and_seed():
+    seed = experiments.seed_table("bf16")
+    fig = viz.bf16_table_curves(bf16_table(), seed)
+    unfixed = [t for t in fig.data if t.name == "lazy_unfixed"]
+    rel, nan = unfixed[0], unfixed[1]
+    assert list(rel.x) == [8, 32, 64]
+    assert rel.y[0] == 5e-3 and np.isnan(rel.y[1:]).all()  # NaN output: no point
+    assert list(nan.y) == [0.0, 10.0, 80.0]
+    for t in fig.data:
+        pol = t.legendgroup
+        assert t.marker.color == viz.POLICY_COLORS[pol], t.name
+    seed_rel = [t for t in fig.data if t.name.startswith("lazy (seed")][0]
+    assert list(seed_rel.y) == [r["lazy"] for r in seed["rows"]]
+    assert seed_rel.marker.symbol.endswith("-open")
+    seed_nan = [t for t in fig.data if t.name.startswith("lazy_unfixed NaN (seed")][0]
+    assert list(seed_nan.y) == [r["lazy_unfixed_nan_pct"] for r in seed["rows"]]
+    assert fig.layout.yaxis.type == "log"
+
+
+def test_fp8_table_curves_values_zero_edge_and_seed():
+    table = pd.DataFrame([
+        {"k_scale": 1000, "variant": "unfixed", "mean_abs_dev": 1e-4, "nan": 0, "elements": 100},
+        {"k_scale": 5000, "variant": "unfixed", "mean_abs_dev": 0.0, "nan": 50, "elements": 100},
+        {"k_scale": 1000, "variant": "bound 16", "mean_abs_dev": 2e-4, "nan": 0, "elements": 100},
+        {"k_scale": 5000, "variant": "bound 16", "mean_abs_dev": 3e-3, "nan": 0, "elements": 100},
+    ])
+    seed = experiments.seed_table("fp8")
+    fig = viz.fp8_table_curves(table, seed)
+    unfixed = [t for t in fig.data if t.legendgroup == "unfixed" and "seed" not in t.name]
+    mad, zero, nan = unfixed
+    assert mad.y[0] == 1e-4 and np.isnan(mad.y[1])
+    assert list(zero.x) == [5000] and zero.y[0] < 1e-4  # exactly 0: bottom edge
+    assert list(nan.y) == [0.0, 50.0]
+    b16 = [t for t in fig.data if t.name.startswith("bound 16 (seed")][0]
+    want = [r for r in seed["rows"] if r["policy"] == "lazy_capped" and r.get("bound") == 16]
+    assert list(b16.x) == [r["k_scale"] for r in want]
+    assert list(b16.y) == [r["mean_abs_dev"] for r in want]
+    n_seed = 2 * 12288 * 8 * 128
+    seed_nan = [t for t in fig.data if t.name.startswith("unfixed NaN (seed")][0]
+    assert seed_nan.y[1] == pytest.approx(100 * 20.0e6 / n_seed)
+    for t in fig.data:
+        assert t.marker.color == viz.POLICY_COLORS[t.legendgroup]
+    assert fig.layout.xaxis.type == "log"
+
+
+def test_policy_colours_are_distinct_and_shared():
+    c = viz.POLICY_COLORS
+    assert len({c["eager"], c["lazy"], c["lazy_unfixed"], c["lazy_capped"], c["fp8"]}) == 5
+    assert c["unfixed"] == c["lazy_unfixed"] and c["monotonic"] == c["lazy"]
+    assert c["bound 16"] == c["lazy_capped"]  # the default bound
+    assert len({c["bound 8"], c["bound 16"], c["bound 32"]}) == 3
+    assert viz.policy_color("something else") == viz.OTHER_COLOR
+
+
+# ---- widget transport and bad input -------------------------------------------------------
+
+def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
+    tr = bf16_case["trace"]
+    figs = [viz.running_max_heatmap(tr), viz.running_max_heatmap(tr, "l"),
+            viz.lane_lines(tr, bf16_case["lane"]), viz.lane_lines(fp8_trace, 0),
+            viz.nonfinite_map(bf16_case["out"]), viz.lse_rows(bf16_case["lse"], bf16_case["out"]),
+            viz.output_difference_rows({"lazy_unfixed": bf16_case["out"]}, bf16_case["out"].float()),
+            viz.bf16_table_curves(bf16_table(), experiments.seed_table("bf16"))]
+    for fig in figs:
+        widget_json(fig)  # raises ValueError on NaN/inf
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda t: viz.running_max_heatmap("trace"), TypeError, "fa_lab.Trace"),
+    (lambda t: viz.running_max_heatmap(t, "q"), ValueError, "value='q'"),
+    (lambda t: viz.lane_lines(t, 32), ValueError, "lane=32"),
+    (lambda t: viz.lane_lines(t, 1.0), TypeError, "lane must be an int"),
+    (lambda t: viz.nonfinite_map(torch.zeros(2, 3)), ValueError, "out must be 4-D"),
+    (lambda t: viz.nonfinite_map(torch.zeros(1, 2, 3, 4), batch=1), ValueError, "batch=1"),
+    (lambda t: viz.lse_rows(torch.zeros(1, 2, 3), torch.zeros(1, 3, 3, 4)), ValueError, "does not match"),
+    (lambda t: viz.output_difference_rows({}, torch.zeros(1, 2, 1, 4)), ValueError, "non-empty dict"),
+    (lambda t: viz.output_difference_rows({"a": torch.zeros(1, 3, 1, 4)}, torch.zeros(1, 2, 1, 4)),
+     ValueError, "outputs['a']"),
+    (lambda t: viz.bf16_table_curves(pd.DataFrame({"k_scale": [8]})), ValueError, "lacks columns"),
+    (lambda t: viz.fp8_table_curves([1, 2]), TypeError, "DataFrame"),
+    (lambda t: viz.bf16_table_curves(bf16_table(), seed={"no": "rows"}), TypeError, "seed"),
+    (lambda t: viz.to_png(go.Figure(), "/tmp/x.jpg"), ValueError, ".png"),
+])
+def test_bad_input_is_refused(bf16_case, call, err, words):
+    with pytest.raises(err, match=None) as e:
+        call(bf16_case["trace"])
+    assert words in str(e.value)
+
+
+def test_to_png_writes_a_png_in_place(tmp_path):
+    fig = viz.bf16_table_curves(bf16_table())
+    path = viz.to_png(fig, tmp_path / "sub" / "t.png")
+    assert path == tmp_path / "sub" / "t.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["t.png"]  # no temp file left
