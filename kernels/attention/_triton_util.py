@@ -1,0 +1,146 @@
+"""Small Triton helpers shared by the faithful kernels.
+
+One kernel definition runs two ways: compiled on a GPU, or through Triton's CPU interpreter
+in a normal process (no TRITON_INTERPRET needed; it also works when that is set):
+``launch(kernel, grid, interpret, ...)``. The roundings here are explicit because the
+interpreter's fp32 -> bf16 ``.to()`` truncates, and ``fmax`` because ``tl.maximum``'s NaN
+handling differs between the GPU (maxNum) and the interpreter (NaN wins).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import numpy as np
+import triton
+import triton.language as tl
+import triton.runtime.interpreter as _interp
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+# Private, but present from Triton 3.x to 3.9; without it each device call patches itself.
+_patch_lang = getattr(_interp, "_patch_lang", None)
+
+_LOCK = threading.Lock()
+_INTERPRETED: dict = {}
+
+
+def _interpreted(fn) -> InterpretedFunction:
+    if fn not in _INTERPRETED:
+        _INTERPRETED[fn] = InterpretedFunction(fn)
+    return _INTERPRETED[fn]
+
+
+_PATCHED_GLOBALS: set = set()
+
+
+def _interpret_call(self, *args, **kwargs):
+    # A @triton.jit function (our device functions, tl.max, tl.sum, ...) called from an
+    # interpreted kernel: run it through the interpreter too. The interpreter's own device
+    # call re-patches triton.language on every call (most of the run time); patching each
+    # module once per session is enough, as the session restores everything at its end.
+    interp = _interpreted(self.fn)
+    if _patch_lang is None or not hasattr(interp, "rewrite"):
+        return interp(*args, **kwargs)
+    key = id(self.fn.__globals__)
+    if key not in _PATCHED_GLOBALS:
+        _patch_lang(self.fn)
+        _PATCHED_GLOBALS.add(key)
+    return interp.rewrite()(*args, **kwargs)
+
+
+def _language_state():
+    """Everything the interpreter may patch: the triton.language modules and the classes
+    of triton.language.core (tensor, dtype, ...), as {object: copy of its __dict__}."""
+    objs = [m for name, m in list(sys.modules.items())
+            if m is not None and (name == "triton.language" or name.startswith("triton.language."))]
+    objs += [c for c in vars(tl.core).values() if isinstance(c, type)]
+    objs.append(JITFunction)
+    return {id(o): (o, dict(vars(o))) for o in objs}
+
+
+def _restore(state):
+    for obj, saved in state.values():
+        now = vars(obj)
+        if isinstance(obj, type):  # modules keep added names: submodules imported meanwhile,
+            for name in [n for n in now if n not in saved]:  # the interpreter's own globals
+                delattr(obj, name)
+        for name, value in saved.items():
+            if now.get(name, _restore) is not value:
+                setattr(obj, name, value)
+
+
+def _scalar_index(self):
+    return int(np.asarray(self.handle.data).reshape(-1)[0])
+
+
+def _patch_lang_tensor_robust(original):
+    # Triton 3.6's interpreter turns a scalar (a one-element 1-D array) into a loop bound
+    # with int(array), which numpy >= 2.4 refuses; 3.9 squeezes first. Do as 3.9 does.
+    def patch(tensor, *rest):
+        original(tensor, *rest)
+        tensor.__index__ = _scalar_index
+    return patch
+
+
+@contextlib.contextmanager
+def _interpreter_session():
+    """While an interpreted kernel runs: JITFunction calls go to the interpreter, numpy's
+    overflow warnings are off (exp2 overflow and inf - inf are the semantics here), and
+    afterwards triton.language is put back exactly as it was (some Triton versions leave
+    the interpreter's patches in place, which would break later compiled launches)."""
+    with _LOCK:
+        state = _language_state()
+        original_patch_tensor = getattr(_interp, "_patch_lang_tensor", None)
+        if original_patch_tensor is not None:
+            _interp._patch_lang_tensor = _patch_lang_tensor_robust(original_patch_tensor)
+        JITFunction.__call__ = _interpret_call
+        _PATCHED_GLOBALS.clear()
+        try:
+            with np.errstate(all="ignore"):
+                yield
+        finally:
+            _PATCHED_GLOBALS.clear()
+            if original_patch_tensor is not None:
+                _interp._patch_lang_tensor = original_patch_tensor
+            _restore(state)
+
+
+def launch(kernel, grid, interpret: bool, *args, **kwargs):
+    """Launch ``kernel`` (a ``@triton.jit`` function) on ``grid``: compiled, or through the
+    interpreter on CPU tensors when ``interpret`` is True (or TRITON_INTERPRET=1 was set
+    when Triton was imported). Compiler options (num_warps, enable_fp_fusion, ...) pass
+    through; the interpreter ignores them."""
+    if isinstance(kernel, InterpretedFunction):
+        interpret = True
+    if not interpret:
+        kernel[grid](*args, **kwargs)
+        return
+    runner = kernel if isinstance(kernel, InterpretedFunction) else _interpreted(kernel.fn)
+    with _interpreter_session():
+        runner[grid](*args, **kwargs)
+
+
+@triton.jit
+def round_bf16(x):
+    """Round fp32 to the nearest bfloat16 value, ties to even (``v_cvt_pk_bf16_f32``);
+    overflow gives +-inf, inf and NaN pass. Returns fp32 holding the bf16 value."""
+    bits = tl.where(x != x, 0, x.to(tl.uint32, bitcast=True))  # NaN bits could wrap
+    lsb = (bits >> 16) & 1
+    rounded = ((bits + 0x7FFF + lsb) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def round_f16(x):
+    """Round fp32 to the nearest float16 value, ties to even (overflow gives +-inf);
+    both the GPU and the interpreter round this conversion correctly."""
+    return x.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def fmax(a, b):
+    """maxNum: the non-NaN operand wins; fmax(-inf, x) = x."""
+    return tl.where(a != a, b, tl.where(b != b, a, tl.maximum(a, b)))

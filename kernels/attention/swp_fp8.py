@@ -1,0 +1,490 @@
+"""Faithful Triton port of the gfx950 fp8 BN128 forward, ``DualwaveFp8SoftmaxHelper``.
+
+Same decisions as the model ``fa_lab.models.swp_fp8`` (semantics doc, section 3), row for
+row: scores and the running max stay in the raw fp8-product domain, 64-column tiles are
+taken in pairs, the lazy policies vote per 32-row wave, P = exp2(fma(S, ls, -ls*m + H)),
+l sums P in fp32 before P is rounded to e4m3, and O accumulates e4m3(P) @ V8.
+
+Compiled, one program owns one (batch, head, 32-row wave): the vote only involves the
+wave's own rows, so 32 rows per program are exact. The interpreter runs whole 256-row
+blocks per program (each wave still votes alone) because its cost is per operation. The
+tile count N is the model's, per 256-row block (``geometry.tiles_for_block``).
+
+Exactness, and where the GPU and the interpreter would otherwise part ways:
+- fp32 -> e4m3 (P) and fp32 -> bf16 (out) are rounded explicitly on the bit patterns
+  (the interpreter's ``.to()`` neither saturates nor rounds bf16 to nearest);
+- fp8 loads set NaN from the bits (the interpreter decodes 0x7F/0xFF as +-480);
+- dots widen fp8 to fp32 with ``input_precision="ieee"``: fp8 x fp8 products are exact
+  in fp32, so only the fp32 summation order differs from the model;
+- P's fma is ``tl.fma`` (one rounding; the model emulates it in fp64, which can differ
+  only on exact fp32 ties); an interpreter whose tl.fma rounds twice (Triton 3.6) gets
+  the model's fp64 emulation instead;
+- exp2 keeps subnormal results (the GPU's ex2.approx.ftz flushes them), the epilogue
+  divides with IEEE ``div_rn``, fp32 mul+add contraction is off, and tile maxima
+  propagate NaN as torch.amax does.
+What remains approximate on the GPU: ex2 and log are a few ulp from torch's.
+
+``forward(..., interpret=True)`` runs the same kernel source through Triton's interpreter
+on CPU tensors, with or without ``TRITON_INTERPRET=1`` in the environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from fa_lab.models.geometry import BLOCK_M as ROWS_PER_BLOCK
+from fa_lab.models.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
+from fa_lab.models.swp_fp8 import HEAD_DIM, log2_scale
+from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
+from fa_lab.policies import RescalePolicy
+from fa_lab.trace import STEP_FIELDS, TraceRecorder
+
+from ._triton_util import fmax as _fmax
+from ._triton_util import launch, round_bf16
+
+KERNEL = "swp_fp8"
+#: Policy names -> the kernel's constexpr code.
+POLICY_CODES = {"eager": 0, "lazy_unfixed": 1, "lazy_capped": 2, "lazy": 3}
+_FP8 = torch.float8_e4m3fn
+_N_FIELDS = len(STEP_FIELDS)
+_BOOL_FIELDS = frozenset({"vote", "fire", "dragged", "o_finite", "l_finite"})
+_GRID_Y_MAX = 65535
+
+
+# ---- explicit roundings (bit manipulation on fp32) -------------------------------------
+# Integer adds here wrap on purpose; sanitize_overflow=False also spares the interpreter
+# an overflow check per operation.
+
+@triton.jit
+def _round_e4m3(x, SATURATE: tl.constexpr):
+    """fp32 -> the nearest-even float8_e4m3fn value, as fp32 (subnormals down to 2**-9).
+
+    SATURATE clamps to +-448 (infinities included); otherwise |x| >= 464 becomes NaN.
+    NaN stays NaN.
+    """
+    a = tl.abs(x)
+    if SATURATE:
+        a = tl.where(a < 448.0, a, 448.0)  # inf and NaN -> 448 here; NaN is restored below
+    else:
+        a = tl.where(a < 464.0, a, 0.0)  # the NaN results are put back below
+    bits = a.to(tl.int32, bitcast=True)
+    # Normal e4m3 (a >= 2**-6): keep 3 of fp32's 23 mantissa bits, ties to even; a carry
+    # into the exponent is the right answer.
+    half = tl.add(0x7FFFF, (bits >> 20) & 1, sanitize_overflow=False)
+    normal = (tl.add(bits, half, sanitize_overflow=False) >> 20) << 20
+    # Subnormal e4m3 (a < 2**-6): a multiple of 2**-9. With a = mant * 2**(e - 23) that
+    # multiple is mant >> (14 - e), rounded to nearest even (shifts capped at 31 give 0).
+    sh = tl.minimum(tl.sub(141, bits >> 23, sanitize_overflow=False), 31)  # 14 - e
+    mant = (bits & 0x7FFFFF) | 0x800000
+    half = tl.add((1 << tl.sub(sh, 1, sanitize_overflow=False)) - 1, (mant >> sh) & 1,
+                  sanitize_overflow=False)
+    sub = (tl.add(mant, half, sanitize_overflow=False) >> sh).to(tl.float32) * 0.001953125
+    r = tl.where(bits >= 0x3C800000, normal.to(tl.float32, bitcast=True), sub)
+    sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
+    r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    if not SATURATE:
+        r = tl.where(tl.abs(x) >= 464.0, float("nan"), r)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def _load_e4m3(ptrs, mask):
+    """Load float8_e4m3fn values as fp32 (masked-off elements read 0). The conversion is
+    exact; the interpreter's decodes the NaN codes 0x7F/0xFF as +-480, so NaN is set
+    from the bits (a no-op on the GPU)."""
+    raw = tl.load(ptrs, mask=mask, other=0.0)
+    nan = (raw.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
+    return tl.where(nan, float("nan"), raw.to(tl.float32))
+
+
+@triton.jit
+def _exp2(x):
+    """2**x with IEEE subnormal results. Triton's fp32 exp2 is ex2.approx.ftz on NVIDIA
+    GPUs, which flushes results below 2**-126 to 0 where torch.exp2 (the model) keeps
+    them; e.g. a correction exp2(-d) with d in (126, 149] must stay > 0 (inf * 0 would be
+    NaN). Below -126 the exponent is lifted by 64 and the result scaled back by an
+    IEEE multiply, which keeps subnormals."""
+    small = x < -126.0
+    y = tl.exp2(tl.where(small, x + 64.0, x))
+    return tl.where(small, y * 5.421010862427522e-20, y)  # 2**-64
+
+
+@triton.jit
+def _round_kernel(X, Y, n, SATURATE: tl.constexpr, BLOCK: tl.constexpr):
+    """The P rounding elementwise (for tests and notebooks)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(Y + offs, _round_e4m3(x, SATURATE), mask=offs < n)
+
+
+# ---- the forward kernel ------------------------------------------------------------------
+
+@triton.jit
+def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, CAUSAL: tl.constexpr,
+            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Raw scores of one 64-column tile and its row max (NaN-propagating, as torch.amax);
+    -inf where the model masks (columns past Skv, past the causal diagonal)."""
+    cols = col0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = _load_e4m3(k_base + cols.to(tl.int64)[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+                   (cols < Skv)[:, None])
+    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    masked = (cols >= Skv)[None, :]
+    if CAUSAL:
+        masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
+    s = tl.where(masked, float("-inf"), s)
+    # tl.max skips NaN (maxNum on the GPU, nanmax in the interpreter); torch.amax does not.
+    has_nan = tl.max((s != s).to(tl.int32), axis=1) > 0
+    s_max = tl.where(has_nan, float("nan"), tl.max(s, axis=1))
+    return s, s_max
+
+
+@triton.jit
+def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, SATURATE: tl.constexpr,
+            FMA_VIA_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            HEAD_DIM: tl.constexpr):
+    """One tile's contribution: P = exp2(fma(S, ls, bias)); returns (sum(P) in fp32,
+    e4m3(P) @ V8 with fp32 sums). V rows past Skv read 0."""
+    bias_b = tl.broadcast_to(bias[:, None], (BLOCK_M, BLOCK_N))
+    if FMA_VIA_FP64:
+        # Interpreters whose tl.fma rounds twice in fp32: the product of two fp32 values is
+        # exact in fp64, then the sum is rounded (the model's own emulation).
+        x = (s.to(tl.float64) * ls + bias_b.to(tl.float64)).to(tl.float32)
+    else:
+        x = tl.fma(s, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls, bias_b)
+    p = _exp2(x)
+    p_sum = tl.sum(p, axis=1)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    v = _load_e4m3(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                   (cols < Skv)[:, None])
+    return p_sum, tl.dot(_round_e4m3(p, SATURATE), v, input_precision="ieee")
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, Out, Lse, NTiles, Slot, Trace,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    H, GROUP, Sq, Skv, max_steps,
+    ls, threshold, neg_bound, headroom, v_descale, ln2, causal_floor,
+    CAUSAL: tl.constexpr, POLICY: tl.constexpr, SATURATE: tl.constexpr,
+    TRACE: tl.constexpr, FMA_VIA_FP64: tl.constexpr, N_FIELDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, WAVE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr,
+):
+    # BLOCK_M rows = BLOCK_M // WAVE whole waves of one 256-row block.
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # global (padded) query rows
+    row_ok = rows < Sq
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows64 = rows.to(tl.int64)
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    # Rows past Sq read Q = 0 and still vote, as in the kernel's last block.
+    q = _load_e4m3(q_base + rows64[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                   row_ok[:, None])
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+
+    n_pairs = tl.load(NTiles + (pid * BLOCK_M) // ROWS_PER_BLOCK) // 2
+    if TRACE:
+        slot = tl.load(Slot + bh.to(tl.int64) * Sq + rows64, mask=row_ok, other=-1)
+        traced = slot >= 0
+        rec = Trace + slot.to(tl.int64) * (max_steps * N_FIELDS)
+
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.full((BLOCK_M,), 0.0, tl.float32)
+    O = tl.full((BLOCK_M, HEAD_DIM), 0.0, tl.float32)
+    for p in range(0, n_pairs):
+        col_a = 2 * p * BLOCK_N
+        col_b = col_a + BLOCK_N
+        s_a, max_a = _scores(q, k_base, stride_ks, stride_kd, col_a, rows, Sq, Skv, CAUSAL,
+                             BLOCK_N, HEAD_DIM)
+        s_b, max_b = _scores(q, k_base, stride_ks, stride_kd, col_b, rows, Sq, Skv, CAUSAL,
+                             BLOCK_N, HEAD_DIM)
+        mt = _fmax(max_a, max_b)
+        if CAUSAL:
+            mt = _fmax(mt, causal_floor)
+        if POLICY == 0:  # eager
+            mn = _fmax(m, mt)
+            corr = _exp2((m - mn) * ls)
+            vote = tl.full((BLOCK_M,), 0, tl.int1)
+            fire = vote
+            dragged = vote
+        else:
+            d = (mt - m) * ls  # +inf on the first pair
+            vote = ~(d <= threshold)  # NaN votes: an ordered compare fails
+            # The wave ballot: any vote among each wave's 32 rows, for all of them.
+            NW: tl.constexpr = BLOCK_M // WAVE
+            votes = tl.reshape(vote.to(tl.int32), (NW, WAVE))
+            any_vote = tl.max(votes, axis=1) > 0
+            fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
+            dragged = fire & (mt < m)
+            if POLICY == 1:  # lazy_unfixed: every row rebases to its own tile max
+                corr = _exp2(-d)
+                mn = mt
+            elif POLICY == 2:  # lazy_capped: skip downward rebases past the bound
+                safe = d >= neg_bound  # NaN -> False
+                corr = _exp2(-tl.where(safe, d, 0.0))
+                mn = tl.where(safe, mt, m)
+            else:  # lazy: monotonic
+                mn = _fmax(m, mt)
+                corr = _exp2((m - mn) * ls)
+            corr = tl.where(fire, corr, 1.0)
+            mn = tl.where(fire, mn, m)
+        O = O * corr[:, None]
+        l = l * corr
+        m = mn
+        bias = (0.0 - ls * m) + headroom  # the fma's addend, fp32
+        sum_a, pv_a = _p_tile(s_a, ls, bias, v_base, stride_vs, stride_vd, col_a, Skv,
+                              SATURATE, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
+        l = l + sum_a
+        O = O + pv_a
+        sum_b, pv_b = _p_tile(s_b, ls, bias, v_base, stride_vs, stride_vd, col_b, Skv,
+                              SATURATE, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
+        l = l + sum_b
+        O = O + pv_b
+        if TRACE:
+            o_fin = tl.sum((tl.abs(O) < float("inf")).to(tl.int32), axis=1) == HEAD_DIM
+            l_fin = tl.abs(l) < float("inf")
+            at = rec + p * N_FIELDS
+            tl.store(at + 0, m, mask=traced)
+            tl.store(at + 1, mt, mask=traced)
+            tl.store(at + 2, vote.to(tl.float32), mask=traced)
+            tl.store(at + 3, fire.to(tl.float32), mask=traced)
+            tl.store(at + 4, dragged.to(tl.float32), mask=traced)
+            tl.store(at + 5, corr, mask=traced)
+            tl.store(at + 6, l, mask=traced)
+            tl.store(at + 7, o_fin.to(tl.float32), mask=traced)
+            tl.store(at + 8, l_fin.to(tl.float32), mask=traced)
+
+    # Epilogue: rcp(l) if l > 0 else 0 (IEEE division; rcp(inf) = 0, NaN l gives 0).
+    rcp = tl.where(l > 0, tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), l), 0.0)
+    o = (O * rcp[:, None]) * v_descale
+    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    # Round explicitly (the interpreter's fp32 -> bf16 .to() truncates); the cast is exact.
+    tl.store(o_base + rows64[:, None] * stride_os + offs_d[None, :] * stride_od,
+             round_bf16(o).to(tl.bfloat16), mask=row_ok[:, None])
+    # The model's LSE read-out: ln l + (ls*m - H) * ln 2, -inf where l = 0.
+    lse = tl.where(l == 0, float("-inf"), (m * ls - headroom) * ln2 + tl.log(l))
+    tl.store(Lse + bh.to(tl.int64) * Sq + rows64, lse, mask=row_ok)
+
+
+@triton.jit
+def _fma_probe_kernel(A, C, Out):
+    a = tl.load(A + tl.arange(0, 1))
+    tl.store(Out + tl.arange(0, 1), tl.fma(a, a, tl.load(C + tl.arange(0, 1))))
+
+
+# ---- running the kernels: compiled, or through the interpreter ---------------------------
+
+def _runs_interpreted(interpret: bool) -> bool:
+    """interpret=True, or TRITON_INTERPRET=1 made every @triton.jit an interpreted one."""
+    return interpret or isinstance(_fwd_kernel, InterpretedFunction)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_fma_is_exact() -> bool:
+    """Does this Triton's interpreter round tl.fma once? (3.9 does; 3.6 multiplies and
+    adds in fp32.) 1 + 2**-12 squared minus its two-rounding result is 2**-24 only
+    with a single rounding."""
+    a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
+    c = -(a * a)  # fp32: rounds the 2**-24 away
+    out = torch.empty_like(a)
+    launch(_fma_probe_kernel, (1,), True, a, c, out)
+    return float(out) == 2.0 ** -24
+
+
+def round_e4m3(x: torch.Tensor, saturate: bool = True, *, interpret: bool | None = None):
+    """The kernel's fp32 -> e4m3 rounding of P, applied to an fp32 tensor; returns fp32
+    holding e4m3 values. ``interpret`` defaults to True for CPU tensors."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise TypeError("x must be a float32 torch.Tensor")
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    if interpret is None:
+        interpret = x.device.type == "cpu"
+    src = x.contiguous().reshape(-1)
+    out = torch.empty_like(src)
+    n, block = src.numel(), 1024
+    if n:
+        launch(_round_kernel, (triton.cdiv(n, block),), interpret,
+               src, out, n, SATURATE=saturate, BLOCK=block)
+    return out.reshape(x.shape)
+
+
+# ---- host side ---------------------------------------------------------------------------
+
+def _rows_per_program(interpret: bool, rows: int | None) -> int:
+    if rows is None:
+        return ROWS_PER_BLOCK if interpret else WAVE_ROWS
+    allowed = tuple(WAVE_ROWS << i for i in range(4) if WAVE_ROWS << i <= ROWS_PER_BLOCK)
+    if isinstance(rows, bool) or rows not in allowed:
+        raise ValueError(f"rows_per_program must be one of {allowed} (whole waves of one "
+                         f"block), got {rows!r}")
+    return rows
+
+
+def _check_descale(name: str, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
+    x = float(x)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    return x
+
+
+def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
+    """What a direct caller could get wrong (the api checks the rest before dispatch)."""
+    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+        if t.dtype != _FP8:
+            raise TypeError(f"{name} has dtype {t.dtype}; the fp8 kernel takes float8_e4m3fn")
+        if t.device != q8.device:
+            raise ValueError(f"{name} is on {t.device} but q8 is on {q8.device}")
+        if any(st < 0 for st in t.stride()):
+            raise ValueError(f"{name} has a negative stride {t.stride()}")
+    B, Sq, H, D = q8.shape
+    if D != HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported; the fp8 kernel takes D = {HEAD_DIM}")
+    if k8.shape != v8.shape or k8.shape[0] != B or k8.shape[3] != D:
+        raise ValueError(f"k8 {tuple(k8.shape)} and v8 {tuple(v8.shape)} must be "
+                         f"[B={B}, Skv, Hkv, D={D}]")
+    Skv, Hkv = k8.shape[1], k8.shape[2]
+    if min(B, Sq, Skv, H, Hkv) < 1:
+        raise ValueError(f"empty input: q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}")
+    if H % Hkv:
+        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv}")
+    if B * H > _GRID_Y_MAX:
+        raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {_GRID_Y_MAX}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    if not isinstance(policy, RescalePolicy) or policy.name not in POLICY_CODES:
+        raise ValueError(f"policy must be a RescalePolicy named one of {sorted(POLICY_CODES)}, "
+                         f"got {policy!r}")
+    if policy.name == "lazy_capped" and policy.rebase_bound is None:
+        raise ValueError("policy lazy_capped needs a rebase_bound")
+    if recorder is not None and not isinstance(recorder, TraceRecorder):
+        raise TypeError(f"recorder must be a TraceRecorder or None, got {type(recorder).__name__}")
+    if not isinstance(interpret, bool):
+        raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")
+    if interpret and q8.device.type != "cpu":
+        raise ValueError(f"interpret=True runs on CPU tensors, got tensors on {q8.device}")
+    if not interpret and q8.device.type != "cuda":
+        raise ValueError(f"the compiled kernel needs CUDA/ROCm tensors, got tensors on "
+                         f"{q8.device}; pass interpret=True for Triton's CPU interpreter")
+
+
+def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
+            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            saturate: bool = True, recorder: TraceRecorder | None = None,
+            interpret: bool = False, rows_per_program: int | None = None):
+    """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn, any strides.
+
+    Same contract as ``fa_lab.models.swp_fp8.forward``: returns (out [B, Sq, H, 128] bf16,
+    lse [B, H, Sq] fp32, the model's LSE read-out). ``interpret=True`` runs Triton's
+    interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA tensors.
+    ``rows_per_program``: query rows per program, whole waves of one 256-row block (32,
+    64, 128 or 256); default 256 interpreted (fewer, larger steps run faster there), 32
+    compiled. Results do not depend on it: the ballot only reads a wave's own rows.
+    """
+    _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret)
+    qd, kd, vd = (_check_descale(n, x) for n, x in
+                  (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
+    rows = _rows_per_program(interpret, rows_per_program)
+    B, Sq, H, D = q8.shape
+    Skv, Hkv = k8.shape[1], k8.shape[2]
+    dev = q8.device
+    plan = _TracePlan(recorder, B, H, Sq, Skv, causal, dev) if recorder is not None else None
+
+    out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=dev)
+    n_tiles = torch.tensor([tiles_for_block(q0, Sq, Skv, causal)
+                            for q0 in range(0, Sq, ROWS_PER_BLOCK)], dtype=torch.int32, device=dev)
+    slots = plan.slots if plan else torch.empty(1, dtype=torch.int32, device=dev)
+    buf = plan.buf if plan else torch.empty(1, dtype=torch.float32, device=dev)
+    args = (q8, k8, v8, out, lse, n_tiles, slots, buf,
+            *q8.stride(), *k8.stride(), *v8.stride(), *out.stride(),
+            H, H // Hkv, Sq, Skv, plan.n_steps if plan else 1,
+            log2_scale(qd, kd, D), f32(policy.threshold) if policy.lazy else 0.0,
+            -f32(policy.rebase_bound) if policy.name == "lazy_capped" else 0.0,
+            f32(policy.p_headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR))
+    meta = dict(CAUSAL=causal, POLICY=POLICY_CODES[policy.name], SATURATE=saturate,
+                TRACE=plan is not None,
+                FMA_VIA_FP64=_runs_interpreted(interpret) and not _interpreter_fma_is_exact(),
+                N_FIELDS=_N_FIELDS, BLOCK_M=rows, WAVE=WAVE_ROWS, BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM, ROWS_PER_BLOCK=ROWS_PER_BLOCK)
+    grid = (triton.cdiv(Sq, rows), B * H)
+    if interpret:
+        with warnings.catch_warnings():  # numpy on all-NaN rows (NaN inputs): expected
+            warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+            launch(_fwd_kernel, grid, True, *args, **meta)
+    else:
+        with torch.cuda.device(dev):
+            launch(_fwd_kernel, grid, False, *args, **meta, num_warps=4, num_stages=1,
+                   enable_fp_fusion=False)
+    if plan is not None:
+        plan.emit(out, lse)
+    return out, lse
+
+
+class _TracePlan:
+    """Which rows the kernel traces (a buffer slot per distinct traced row, -1 elsewhere)
+    and how its per-pair buffer turns back into the recorder's records."""
+
+    def __init__(self, recorder: TraceRecorder, B, H, Sq, Skv, causal, dev):
+        self.recorder = recorder
+        keys = sorted(set(recorder.triples))
+        for (b, h, s) in keys:
+            if not (0 <= b < B and 0 <= h < H and 0 <= s < Sq):
+                raise ValueError(f"recorder: traced row (batch {b}, head {h}, row {s}) is out of range")
+        self.slot_of = {key: i for i, key in enumerate(keys)}
+        # A row's step count is its 256-row block's pair count (causal blocks stop early).
+        self.n_pairs = {key: tiles_for_block(key[2] // ROWS_PER_BLOCK * ROWS_PER_BLOCK,
+                                             Sq, Skv, causal) // 2 for key in keys}
+        self.n_steps = max(self.n_pairs.values()) if keys else 1
+        slots = torch.full((B, H, Sq), -1, dtype=torch.int32)
+        for key, i in self.slot_of.items():
+            slots[key] = i
+        self.slots = slots.to(dev)
+        self.buf = torch.full((max(1, len(keys)), self.n_steps, _N_FIELDS), float("nan"),
+                              dtype=torch.float32, device=dev)
+
+    def emit(self, out, lse):
+        """Hand the kernel's record to the recorder: one step per tile pair, phase 'pair',
+        col0 = the pair's first column, as the model records it."""
+        rec = self.recorder
+        buf = self.buf.cpu().numpy()
+        lanes = np.arange(len(rec.triples))
+        slot = np.array([self.slot_of[key] for key in rec.triples], dtype=np.int64)
+        n_pairs = np.array([self.n_pairs[key] for key in rec.triples])
+        for p in range(int(n_pairs.max(initial=0))):
+            live = n_pairs > p
+            vals = buf[slot[live], p]  # [lanes, fields]
+            values = {k: (vals[:, i] != 0) if k in _BOOL_FIELDS else vals[:, i]
+                      for i, k in enumerate(STEP_FIELDS)}
+            rec.add_steps(lanes[live].tolist(), p, 2 * p * BLOCK_N, "pair", values)
+        out_rows = out.float().cpu()
+        lse_rows = lse.cpu()
+        for lane, (b, h, s) in enumerate(rec.triples):
+            rec.set_final(lane, out_rows[b, s, h].numpy(), float(lse_rows[b, h, s]))
