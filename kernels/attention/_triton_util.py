@@ -144,3 +144,15 @@ def round_f16(x):
 def fmax(a, b):
     """maxNum: the non-NaN operand wins; fmax(-inf, x) = x."""
     return tl.where(a != a, b, tl.where(b != b, a, tl.maximum(a, b)))
+
+
+@triton.jit
+def exp2_ieee(x):
+    """2**x with IEEE subnormal results. Triton's fp32 exp2 is ex2.approx.ftz on NVIDIA
+    GPUs, which flushes results below 2**-126 to 0 where torch.exp2 (the model) keeps
+    them; a correction exp2(-d) with d in (126, 149] must stay > 0 (inf * 0 would be NaN
+    where the model keeps inf). Below -126 the exponent is lifted by 64 and the result
+    scaled back by an IEEE multiply, which keeps subnormals."""
+    small = x < -126.0
+    y = tl.exp2(tl.where(small, x + 64.0, x))
+    return tl.where(small, y * 5.421010862427522e-20, y)  # 2**-64

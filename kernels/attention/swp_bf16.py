@@ -43,7 +43,7 @@ from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
 from fa_lab.policies import RescalePolicy
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
-from ._triton_util import fmax, launch, round_bf16, round_f16
+from ._triton_util import exp2_ieee, fmax, launch, round_bf16, round_f16
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
@@ -179,7 +179,7 @@ def _swp_bf16_fwd(
     m = tl.max(s, axis=1)
     if CAUSAL:
         m = fmax(m, tl.full([ROWS], FLOOR, tl.float32))
-    pf = tl.exp2(s - m[:, None])
+    pf = exp2_ieee(s - m[:, None])
     l = tl.zeros([ROWS], dtype=tl.float32)
     O = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     ones = l + 1.0
@@ -196,7 +196,7 @@ def _swp_bf16_fwd(
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
         if POLICY == 0:  # eager: every row to fmax(m, mt)
             target = fmax(m, mt)
-            corr = tl.exp2(m - target)
+            corr = exp2_ieee(m - target)
             vote = no
             fire = no
         else:
@@ -211,7 +211,7 @@ def _swp_bf16_fwd(
                 apply = vote
             else:  # FlyDSL: the wave's ballot moves every row of the wave
                 apply = fire
-            corr = tl.where(apply, tl.exp2(m - target), 1.0)
+            corr = tl.where(apply, exp2_ieee(m - target), 1.0)
             target = tl.where(apply, target, m)
         dragged = fire & (mt < m)
         O = O * corr[:, None]
@@ -219,7 +219,7 @@ def _swp_bf16_fwd(
         l = l * corr
         m = target
         O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N)
-        pf = tl.exp2(s - m[:, None])
+        pf = exp2_ieee(s - m[:, None])
         if TRACE:
             _record(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
                     N_FIELDS)
@@ -234,9 +234,9 @@ def _swp_bf16_fwd(
         s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL)
         mt = tl.max(s, axis=1)
         mn = fmax(m, mt)
-        corr = tl.exp2(m - mn)
+        corr = exp2_ieee(m - mn)
         m = mn
-        pf = tl.exp2(s - m[:, None])
+        pf = exp2_ieee(s - m[:, None])
         O = O * corr[:, None]
         l = l * corr
         if TRACE:  # the last tile is recorded after the tail below

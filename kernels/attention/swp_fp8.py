@@ -48,7 +48,7 @@ from fa_lab.policies import RescalePolicy
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
 from ._triton_util import fmax as _fmax
-from ._triton_util import launch, round_bf16
+from ._triton_util import exp2_ieee, launch, round_bf16
 
 KERNEL = "swp_fp8"
 #: Policy names -> the kernel's constexpr code.
@@ -106,18 +106,6 @@ def _load_e4m3(ptrs, mask):
 
 
 @triton.jit
-def _exp2(x):
-    """2**x with IEEE subnormal results. Triton's fp32 exp2 is ex2.approx.ftz on NVIDIA
-    GPUs, which flushes results below 2**-126 to 0 where torch.exp2 (the model) keeps
-    them; e.g. a correction exp2(-d) with d in (126, 149] must stay > 0 (inf * 0 would be
-    NaN). Below -126 the exponent is lifted by 64 and the result scaled back by an
-    IEEE multiply, which keeps subnormals."""
-    small = x < -126.0
-    y = tl.exp2(tl.where(small, x + 64.0, x))
-    return tl.where(small, y * 5.421010862427522e-20, y)  # 2**-64
-
-
-@triton.jit
 def _round_kernel(X, Y, n, SATURATE: tl.constexpr, BLOCK: tl.constexpr):
     """The P rounding elementwise (for tests and notebooks)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -160,7 +148,7 @@ def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, SATURATE: tl.c
         x = (s.to(tl.float64) * ls + bias_b.to(tl.float64)).to(tl.float32)
     else:
         x = tl.fma(s, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls, bias_b)
-    p = _exp2(x)
+    p = exp2_ieee(x)
     p_sum = tl.sum(p, axis=1)
     cols = col0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -222,7 +210,7 @@ def _fwd_kernel(
             mt = _fmax(mt, causal_floor)
         if POLICY == 0:  # eager
             mn = _fmax(m, mt)
-            corr = _exp2((m - mn) * ls)
+            corr = exp2_ieee((m - mn) * ls)
             vote = tl.full((BLOCK_M,), 0, tl.int1)
             fire = vote
             dragged = vote
@@ -236,15 +224,15 @@ def _fwd_kernel(
             fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
             dragged = fire & (mt < m)
             if POLICY == 1:  # lazy_unfixed: every row rebases to its own tile max
-                corr = _exp2(-d)
+                corr = exp2_ieee(-d)
                 mn = mt
             elif POLICY == 2:  # lazy_capped: skip downward rebases past the bound
                 safe = d >= neg_bound  # NaN -> False
-                corr = _exp2(-tl.where(safe, d, 0.0))
+                corr = exp2_ieee(-tl.where(safe, d, 0.0))
                 mn = tl.where(safe, mt, m)
             else:  # lazy: monotonic
                 mn = _fmax(m, mt)
-                corr = _exp2((m - mn) * ls)
+                corr = exp2_ieee((m - mn) * ls)
             corr = tl.where(fire, corr, 1.0)
             mn = tl.where(fire, mn, m)
         O = O * corr[:, None]
