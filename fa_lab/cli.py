@@ -102,9 +102,21 @@ def _bench(args) -> int:
         print(table.to_string(index=False))
         name = args.name or "bench_sweep"
     else:
-        table = bench.run(shapes, impls, warmup=args.warmup, rep=args.rep, seed=args.seed)
-        print(bench.format_table(table))
         name = args.name or "bench_h200"
+        tuning = []
+
+        def save(table):  # after every shape: a cut-short run keeps what it measured
+            if not args.no_save:
+                done = list(dict.fromkeys(table["shape"]))
+                return bench.save(table, name, directory=args.out_dir,
+                                  params={**params, "completed_shapes": done,
+                                          "autotune_timings": tuning})
+        table = bench.run(shapes, impls, warmup=args.warmup, rep=args.rep, seed=args.seed,
+                          on_shape=save, tuning=tuning)
+        print(bench.format_table(table))
+        if not args.no_save:
+            print(f"saved {save(table)}")
+        return 0
     if not args.no_save:
         path = bench.save(table, name, directory=args.out_dir, params=params)
         print(f"saved {path}")

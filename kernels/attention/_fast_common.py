@@ -1,0 +1,220 @@
+"""Pieces shared by the fast forward kernels (``fast_bf16``, ``fast_fp8``).
+
+Device helpers (the 32-row wave vote, the tile loaders, explicit roundings for the
+interpreter) and the host side: argument checks, launch configurations, and a way to run
+a kernel through Triton's CPU interpreter without setting ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from fa_lab.policies import RescalePolicy
+
+from ._triton_util import launch
+
+try:  # host-side TMA descriptors: Triton >= 3.4 on Hopper and newer
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - the project needs triton >= 3.4
+    TensorDescriptor = None
+
+#: Rows that vote together, as one gfx950 wave does (fa_lab.models.geometry.WAVE_ROWS).
+WAVE_ROWS = 32
+#: How a lazy policy rebases the rows of a fired wave (a run-time kernel argument).
+REBASE_RULES = {"lazy": 0, "lazy_unfixed": 1, "lazy_capped": 2}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: tile sizes, warps, pipeline depth, TMA or plain loads,
+    and, for lazy policies, whether the fast path tests row sums instead of row maxes
+    (``row_sum_filter``; same decisions either way, a different amount of work)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool
+    row_sum_filter: bool = True
+
+    def describe(self, lazy: bool = True) -> str:
+        return (f"BM{self.block_m} BN{self.block_n} w{self.num_warps} s{self.num_stages}"
+                f"{' tma' if self.use_tma else ''}{' rowsum' if lazy and self.row_sum_filter else ''}")
+
+    def meta(self, lazy: bool) -> dict:
+        """The kernel's launch keywords for this configuration."""
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, USE_TMA=self.use_tma,
+                    ROW_SUM_FILTER=bool(lazy and self.row_sum_filter),
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def autotuners(kernel, configs, key, pre_hook, row_sum_filters=(True, False)):
+    """{lazy: autotuned kernel}: eager tries each config once; lazy tries each with every
+    setting in ``row_sum_filters``. Both wrap the same JIT function (one compile cache)."""
+    def triton_configs(lazy):
+        out = []
+        for c in configs:
+            for flt in (row_sum_filters if lazy else (False,)):
+                meta = Config(c.block_m, c.block_n, c.num_warps, c.num_stages, c.use_tma, flt).meta(lazy)
+                nw, ns = meta.pop("num_warps"), meta.pop("num_stages")
+                out.append(triton.Config(meta, num_warps=nw, num_stages=ns, pre_hook=pre_hook))
+        return out
+    return {lazy: triton.autotune(configs=triton_configs(lazy), key=key)(kernel) for lazy in (False, True)}
+
+
+def _config_of(cfg) -> Config:
+    kw = cfg.kwargs
+    return Config(kw["BLOCK_M"], kw["BLOCK_N"], cfg.num_warps, cfg.num_stages, kw["USE_TMA"],
+                  kw["ROW_SUM_FILTER"])
+
+
+def tuned_config(tuner, key_prefix: tuple):
+    """The autotuner's pick for a key that starts with ``key_prefix``, or None."""
+    for key, cfg in tuner.cache.items():
+        if tuple(key[:len(key_prefix)]) == key_prefix:
+            return _config_of(cfg)
+    return None
+
+
+def tuning_timings(tuner, lazy: bool) -> list[dict]:
+    """The autotuner's last measurements: one row per config (ms, median of its bench)."""
+    rows = []
+    for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
+        ms = t[0] if isinstance(t, (list, tuple)) else t
+        rows.append({"config": _config_of(cfg).describe(lazy), "ms": float(ms)})
+    return rows
+
+
+# ---- device helpers -----------------------------------------------------------------
+
+@triton.jit
+def wave_any(flags, BLOCK_M: tl.constexpr):
+    """Per row: the max of ``flags`` over its 32-row wave (an int vote, 0 or 1).
+
+    The reshape moves rows across warps (a layout conversion through shared memory):
+    kernels call this only inside the rare branch where some row of the block voted.
+    """
+    waves = tl.max(tl.reshape(flags, (BLOCK_M // 32, 32)), 1)
+    return tl.reshape(tl.broadcast_to(waves[:, None], (BLOCK_M // 32, 32)), (BLOCK_M,))
+
+
+@triton.jit
+def round_bf16_bits(x):
+    """fp32 -> nearest-even bfloat16 value, kept in fp32, by bit manipulation (the
+    interpreter's fp32 -> bf16 cast truncates). inf stays inf; NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def round_e4m3_bits(x):
+    """fp32 >= 0 -> nearest-even float8_e4m3fn value (subnormals down to 2**-9), kept in
+    fp32, no saturation (callers clamp first). For the interpreter, whose fp32 -> fp8 cast
+    rounds ties away, flushes subnormals and maps inf/NaN to finite values."""
+    bits = x.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20 << 20).to(tl.float32, bitcast=True)
+    # Below 2**-6 the step is 2**-9: scale up, round to an integer (fp32 magic number), back.
+    subnormal = ((x * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
+    r = tl.where(x < 0.015625, subnormal, normal)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def load_tile(desc, base, stride_s, row0, col0, n0, seqlen, BLOCK: tl.constexpr,
+              WIDTH: tl.constexpr, USE_TMA: tl.constexpr, MASKED: tl.constexpr):
+    """A [BLOCK, WIDTH] tile of a [.., S, .., WIDTH] tensor starting at sequence row n0.
+
+    TMA: ``desc`` views the tensor as 2-D [rows, cols]; the tile sits at (row0 + n0, col0).
+    Plain loads: ``base`` points at sequence row 0 of this (batch, head), rows ``stride_s``
+    apart. MASKED tiles read zeros past ``seqlen`` (TMA reads the next batch's rows there;
+    callers mask scores and zero V themselves).
+    """
+    if USE_TMA:
+        tile = desc.load([row0 + n0, col0])
+    else:
+        offs = n0 + tl.arange(0, BLOCK)
+        ptrs = base + offs[:, None] * stride_s + tl.arange(0, WIDTH)[None, :]
+        if MASKED:
+            tile = tl.load(ptrs, mask=(offs < seqlen)[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+# ---- host side ----------------------------------------------------------------------
+
+def run_interpreted(kernel, grid, *args, **kwargs):
+    """Launch ``kernel`` (a @triton.jit function) on CPU tensors through Triton's
+    interpreter, in this process, with no TRITON_INTERPRET needed (the faithful kernels'
+    launcher: it also restores triton.language afterwards)."""
+    launch(kernel, grid, True, *args, **kwargs)
+
+
+def make_descriptor(t2d: torch.Tensor, block_shape):
+    """A TMA descriptor over a 2-D view (zero fill past its edges)."""
+    if TensorDescriptor is None:
+        raise RuntimeError("TMA descriptors need triton >= 3.4 (triton.tools.tensor_descriptor)")
+    return TensorDescriptor.from_tensor(t2d, list(block_shape))
+
+
+def check_policy(policy, allowed: dict, kernel: str) -> None:
+    if not isinstance(policy, RescalePolicy):
+        raise TypeError(f"policy must be a fa_lab.policies.RescalePolicy, got {type(policy).__name__}")
+    if policy.name not in allowed:
+        raise ValueError(f"policy {policy.name!r} is not a {kernel} policy; choose one of {sorted(allowed)}")
+
+
+def check_device(q: torch.Tensor, interpret: bool) -> None:
+    if not isinstance(interpret, bool):
+        raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")
+    if interpret and q.device.type != "cpu":
+        raise ValueError(f"interpret=True runs on CPU tensors, got tensors on {q.device}")
+    if not interpret and q.device.type != "cuda":
+        raise ValueError(f"the compiled kernel needs CUDA tensors, got tensors on {q.device}; "
+                         "pass interpret=True for Triton's CPU interpreter")
+
+
+def check_qkv(q, k, v, dtypes, head_dims) -> None:
+    """Shapes, dtypes and devices of [B, S, H, D] inputs; errors name the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; this kernel takes {', '.join(map(str, dtypes))}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    B, Sq, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head dim")
+    if D not in head_dims:
+        raise ValueError(f"head dim D={D} is not supported; this kernel takes D in {head_dims}")
+    if Sq < 1 or k.shape[1] < 1 or B < 1:
+        raise ValueError(f"batch and sequence lengths must be >= 1 (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if k.shape[2] < 1 or H % k.shape[2]:
+        raise ValueError(f"q heads H={H} must be a multiple of the kv heads {k.shape[2]} (GQA/MQA)")
+
+
+def check_config(config, fp8: bool):
+    if config is None:
+        return None
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, got {type(config).__name__}")
+    if config.block_m % WAVE_ROWS or config.block_m < WAVE_ROWS:
+        raise ValueError(f"config.block_m must be a multiple of {WAVE_ROWS} (whole waves), got {config.block_m}")
+    if config.block_n not in (16, 32, 64, 128, 256):
+        raise ValueError(f"config.block_n must be a power of two in 16..256, got {config.block_n}")
+    if fp8 and config.block_n != 128:
+        raise ValueError("the fp8 kernel decides its rescale per 128 columns (a pair of 64-column "
+                         f"tiles, as the model); config.block_n must be 128, got {config.block_n}")
+    return config

@@ -1,0 +1,342 @@
+"""Fast Triton fp8 (float8_e4m3fn) flash-attention forward with the fp8 rescale policies.
+
+For throughput, not for reproducing the faithful model bit for bit. What it keeps from
+``fa_lab.models.swp_fp8`` (the policy semantics):
+
+- fp8 Q, K, V with fp32 per-tensor descales, D = 128, bf16 output. Scores and the running
+  max m stay in the raw fp8-product domain; ``ls = c * q_descale * k_descale`` converts a
+  raw difference to log2 units.
+- One rescale decision per 128 KV columns (the model's pair of 64-column tiles):
+  ``mt`` = the 128 columns' row max (floored at -3e38 when causal); ``eager`` rebases
+  every row to ``fmax(m, mt)``; lazy policies vote per 32-row wave on
+  ``not (d <= threshold)`` with ``d = (mt - m) * ls`` and, in a fired wave, rebase every
+  row by the policy's rule: ``lazy`` (monotonic, PR #1033) to ``fmax(m, mt)``,
+  ``lazy_unfixed`` to ``mt``, ``lazy_capped`` to ``mt`` unless that moves the base down by
+  more than ``rebase_bound`` (log2 units).
+- ``P = exp2(fma(S, ls, -ls*m + H))`` with the P headroom H; l sums P before the e4m3
+  cast; the cast saturates at 448 (``saturate=True``) or gives NaN past it (False);
+  ``out = bf16(O * (1/l if l > 0 else 0) * v_descale)``.
+
+What is its own: the tile height (BLOCK_M rows, a multiple of the 32-row wave), the order
+of the tensor cores' fp32 sums, and V is first copied to a [B, Hkv, D, Skv] layout
+(Hopper's fp8 tensor-core instructions read both operands K-major; the copy is part of
+``forward`` and of its timing). When no row of a block voted, the O and l rescale is
+skipped (one block-wide max of the votes; the per-wave vote runs only in that branch);
+with ``row_sum_filter`` the fast path tests the row sums of P against 2**(threshold + H)
+instead of taking row maxes (as in ``fast_bf16``; the same decisions).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fa_lab.models.swp_fp8 import log2_scale
+from fa_lab.policies import POLICIES_FP8, RescalePolicy
+
+from . import _fast_common as common
+from ._fast_common import Config, load_tile, round_bf16_bits, round_e4m3_bits, wave_any
+
+KERNEL = "fast_fp8"
+HEAD_DIM = 128
+FP8 = torch.float8_e4m3fn
+
+CANDIDATE_CONFIGS = (
+    Config(128, 128, 8, 3, True),
+    Config(64, 128, 4, 3, True),
+    Config(64, 128, 4, 2, True),
+    Config(128, 128, 8, 3, False),
+)
+#: On an H200 (B2 S8192 H32, non-causal; data/results/bench_h200.json) BLOCK_M 64 / 4
+#: warps / TMA led (two blocks per SM: 2.83 ms eager, kernel alone), then BLOCK_M 128 /
+#: 8 warps with plain loads (3.05 ms). The row-sum filter won five of six lazy
+#: comparisons (not the first), so lazy autotunes with and without it.
+CONFIGS = (
+    Config(64, 128, 4, 3, True),
+    Config(128, 128, 8, 3, False),
+)
+INTERPRET_CONFIG = Config(64, 128, 4, 1, False)
+#: Skv of the transposed V copy is padded to this many columns (TMA: 16-byte row strides).
+V_PAD = 16
+
+
+@triton.jit
+def _load_vt(desc, base, row0, n0, seqlen_pad, BLOCK_N: tl.constexpr, D: tl.constexpr,
+             USE_TMA: tl.constexpr, MASKED: tl.constexpr):
+    """A [D, BLOCK_N] tile of the transposed V (zeros past the padded length)."""
+    if USE_TMA:
+        tile = desc.load([row0, n0])
+    else:
+        cols = n0 + tl.arange(0, BLOCK_N)
+        ptrs = base + tl.arange(0, D)[:, None] * seqlen_pad + cols[None, :]
+        if MASKED:
+            tile = tl.load(ptrs, mask=(cols < seqlen_pad)[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _scores(q, k, n0, rows, seqlen_kv, diag, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """Raw fp8-product scores, -inf past Skv and beyond the causal diagonal. ``zero``
+    (0.0, as a run-time value) starts the accumulator, so that a second call is a product
+    of its own that the compiler cannot merge with the first."""
+    s = tl.dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32) + zero)
+    if MASKED:
+        cols = n0 + tl.arange(0, BLOCK_N)
+        valid = (cols < seqlen_kv)[None, :]
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + diag)
+        s = tl.where(valid, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    """The exact decision: d = (mt - m) * ls; a wave fires if any row has not d <= THR;
+    its rows rebase by the policy's rule (0 monotonic, 1 own tile max, 2 capped)."""
+    mt = tl.max(s, 1)
+    if CAUSAL:
+        mt = tl.maximum(mt, -3e38)
+    d = (mt - m) * ls  # +inf on the first tile (m = -inf)
+    vote = tl.where(d <= threshold, 0, 1)  # NaN votes yes
+    if tl.max(vote, 0) > 0:  # block-uniform: the O rescale is skipped otherwise
+        fire = wave_any(vote, BLOCK_M) > 0
+        mono = tl.maximum(m, mt)
+        safe = d >= -bound  # lazy_capped; NaN -> not safe
+        m_new = tl.where(rebase == 1, mt, tl.where(rebase == 2, tl.where(safe, mt, m), mono))
+        corr = tl.where(rebase == 1, tl.math.exp2(-d),
+                        tl.where(rebase == 2, tl.math.exp2(-tl.where(safe, d, 0.0)),
+                                 tl.math.exp2((m - mono) * ls)))
+        corr = tl.where(fire, corr, 1.0)
+        acc = acc * corr[:, None]
+        l = l * corr
+        m = tl.where(fire, m_new, m)
+    return acc, l, m
+
+
+@triton.jit
+def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv_col0,
+          vt_row0, seqlen_vpad, n0, rows, seqlen_kv, diag, ls, threshold, vote_limit, rebase,
+          bound, headroom, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          CAUSAL: tl.constexpr, LAZY: tl.constexpr, SATURATE: tl.constexpr,
+          MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr,
+          ROW_SUM_FILTER: tl.constexpr):
+    """128 KV columns: raw scores, the rescale decision, P, and O += e4m3(P) V."""
+    k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
+                  USE_TMA, MASKED)
+    s = _scores(q, k, n0, rows, seqlen_kv, diag, 0.0, BLOCK_M, BLOCK_N, CAUSAL, MASKED)
+    if LAZY:
+        if ROW_SUM_FILTER:
+            # Optimistic: P on the old base. A row votes only if some P exceeds
+            # 2**(threshold + H), so only if its row sum reaches vote_limit (that, less a
+            # margin for the fma's rounding): no row max on the fast path.
+            p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
+            row_sum = tl.sum(p, 1)
+            maybe = tl.where(row_sum < vote_limit, 0, 1)  # NaN: maybe
+            if tl.max(maybe, 0) > 0:  # rare (always on the first tile): decide exactly
+                # on the scores again (the same product; keeping them live costs registers)
+                s = _scores(q, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
+                            CAUSAL, MASKED)
+                acc, l, m = _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M, CAUSAL)
+                p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
+                row_sum = tl.sum(p, 1)
+        else:
+            acc, l, m = _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M, CAUSAL)
+            p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
+            row_sum = tl.sum(p, 1)
+    else:
+        mt = tl.max(s, 1)
+        if CAUSAL:
+            mt = tl.maximum(mt, -3e38)
+        m_new = tl.maximum(m, mt)
+        corr = tl.math.exp2((m - m_new) * ls)
+        acc = acc * corr[:, None]
+        l = l * corr
+        m = m_new
+        p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
+        row_sum = tl.sum(p, 1)
+    l = l + row_sum
+    if SATURATE:
+        if INTERPRET:  # the GPU's cast saturates by itself (satfinite); NaN stays NaN
+            p = tl.where(p > 448.0, 448.0, p)
+    else:
+        p = tl.where(p >= 464.0, float("nan"), p)  # rounds past 448: NaN, as the model
+    vt = _load_vt(desc_vt, vt_base, vt_row0, n0, seqlen_vpad, BLOCK_N, D, USE_TMA, MASKED)
+    if INTERPRET:  # the interpreter's fp8 cast is unusable: round by hand, multiply in fp32
+        acc = tl.dot(round_e4m3_bits(p), tl.trans(vt.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
+    return acc, l, m
+
+
+# seqlen_vpad stays specialised (a multiple of 16: aligned V^T rows).
+@triton.jit(do_not_specialize=["H", "GROUP", "HKV", "seqlen_q", "seqlen_kv", "rebase"])
+def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
+                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                  stride_ob, stride_os, stride_oh,
+                  H, GROUP, HKV, seqlen_q, seqlen_kv, seqlen_vpad, ls, v_descale, threshold,
+                  vote_limit, rebase, bound, headroom,
+                  D: tl.constexpr, CAUSAL: tl.constexpr, LAZY: tl.constexpr,
+                  SATURATE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # heaviest (bottom) blocks first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    row_ok = rows < seqlen_q
+
+    q_ptrs = (Q + b.to(tl.int64) * stride_qb + h * stride_qh
+              + rows.to(tl.int64)[:, None] * stride_qs + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+
+    k_base = K + b.to(tl.int64) * stride_kb + hk * stride_kh
+    vt_row0 = (b * HKV + hk) * D
+    vt_base = Vt + vt_row0.to(tl.int64) * seqlen_vpad
+    kv_row0 = b * seqlen_kv
+    kv_col0 = hk * D
+
+    n_tiles = tl.cdiv(seqlen_kv, BLOCK_N)
+    n_full = seqlen_kv // BLOCK_N
+    diag = seqlen_kv - seqlen_q
+    n_end = n_tiles
+    if CAUSAL:
+        last = m0 + BLOCK_M - 1 + diag
+        n_end = tl.minimum(n_tiles, tl.where(last >= 0, last // BLOCK_N + 1, 0))
+        first = m0 + diag + 1
+        n_full = tl.minimum(n_full, tl.where(first >= 0, first // BLOCK_N, 0))
+    n_end = tl.maximum(n_end, 1)
+
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for t in range(0, n_full):
+        acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
+                          kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
+                          threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
+                          CAUSAL, LAZY, SATURATE, False, USE_TMA, INTERPRET, ROW_SUM_FILTER)
+    for t in range(n_full, n_end):
+        acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
+                          kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
+                          threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
+                          CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER)
+
+    inv = tl.where(l > 0, 1.0 / l, 0.0)
+    out = acc * inv[:, None] * v_descale
+    if INTERPRET:  # the interpreter's fp32 -> bf16 cast truncates
+        out = round_bf16_bits(out)
+    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h * stride_oh
+              + rows.to(tl.int64)[:, None] * stride_os + offs_d[None, :])
+    tl.store(o_ptrs, out.to(tl.bfloat16), mask=row_ok[:, None])
+    lse = tl.where(l == 0, float("-inf"), (m * ls - headroom) * 0.6931471805599453 + tl.log(l))
+    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, lse, mask=row_ok)
+
+
+def _set_block_shapes(nargs):
+    if common.TensorDescriptor is not None and isinstance(nargs["desc_k"], common.TensorDescriptor):
+        nargs["desc_k"].block_shape = [nargs["BLOCK_N"], nargs["D"]]
+        nargs["desc_vt"].block_shape = [nargs["D"], nargs["BLOCK_N"]]
+
+
+_TUNED = common.autotuners(_attn_fwd_fp8, CONFIGS, ["seqlen_q", "seqlen_kv", "H", "GROUP", "CAUSAL"],
+                           _set_block_shapes)
+
+
+def vote_limit(threshold: float, headroom: float) -> float:
+    """The row-sum filter's bound: 2**(threshold + H) less 2**-8 relative (the fma and exp2
+    round differently from the exact test), capped at the largest fp32."""
+    try:
+        limit = 2.0 ** (threshold + headroom) * (1.0 - 2.0 ** -8)
+    except OverflowError:
+        limit = float("inf")
+    return min(limit, 3.4028234663852886e38)
+
+
+def transpose_v(v8: torch.Tensor) -> torch.Tensor:
+    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv."""
+    B, Skv, Hkv, D = v8.shape
+    pad = -Skv % V_PAD
+    vt = torch.zeros(B, Hkv, D, Skv + pad, dtype=v8.dtype, device=v8.device)
+    vt[..., :Skv] = v8.permute(0, 2, 3, 1)
+    return vt
+
+
+def _descale(name, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
+    if not (x > 0 and x < float("inf")):
+        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    return float(x)
+
+
+def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
+            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            saturate: bool = True, interpret: bool = False, config: Config | None = None):
+    """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
+
+    ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
+    ``interpret=True`` runs CPU tensors through Triton's interpreter; ``config`` pins a
+    launch configuration (default: autotuned on the GPU).
+    Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32: natural log of the scaled
+    softmax denominator, as the model's read-out).
+    """
+    common.check_qkv(q8, k8, v8, (FP8,), (HEAD_DIM,))
+    qd, kd, vd = (_descale(n, x) for n, x in
+                  (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
+    for name, x in (("causal", causal), ("saturate", saturate)):
+        if not isinstance(x, bool):
+            raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+    common.check_policy(policy, POLICIES_FP8, "fp8")
+    common.check_device(q8, interpret)
+    config = common.check_config(config, fp8=True)
+    if config is None and interpret:
+        config = INTERPRET_CONFIG
+
+    q8, k8 = q8.contiguous(), k8.contiguous()
+    B, Sq, H, D = q8.shape
+    Skv, Hkv = k8.shape[1], k8.shape[2]
+    vt = transpose_v(v8)
+    out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=q8.device)
+    lse = torch.empty(B, H, Sq, device=q8.device, dtype=torch.float32)
+    block_n = 128
+    desc_k = common.make_descriptor(k8.view(B * Skv, Hkv * D), [block_n, D])
+    desc_vt = common.make_descriptor(vt.view(B * Hkv * D, vt.shape[-1]), [D, block_n])
+    bound = policy.rebase_bound if policy.rebase_bound is not None else 0.0
+    args = (q8, k8, vt, out, lse, desc_k, desc_vt,
+            q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            H, H // Hkv, Hkv, Sq, Skv, vt.shape[-1], log2_scale(qd, kd, D), vd,
+            float(policy.threshold), vote_limit(policy.threshold, policy.p_headroom),
+            common.REBASE_RULES.get(policy.name, 0), float(bound), float(policy.p_headroom))
+    lazy = policy.name != "eager"
+    meta = dict(D=D, CAUSAL=causal, LAZY=lazy, SATURATE=saturate, INTERPRET=interpret)
+    if config is None:
+        grid = lambda nargs: (triton.cdiv(Sq, nargs["BLOCK_M"]), B * H)  # noqa: E731
+        _TUNED[lazy][grid](*args, **meta)
+        return out, lse
+    grid = (triton.cdiv(Sq, config.block_m), B * H)
+    launch = config.meta(lazy)
+    if interpret:
+        common.run_interpreted(_attn_fwd_fp8, grid, *args, **meta, **launch)
+    else:
+        _attn_fwd_fp8[grid](*args, **meta, **launch)
+    return out, lse
+
+
+def best_config(q8, k8, causal: bool, lazy: bool):
+    """The autotuner's pick for these shapes (after a forward ran), or None."""
+    B, Sq, H, D = q8.shape
+    return common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal))
+
+
+def tuning_timings(lazy: bool) -> list[dict]:
+    return common.tuning_timings(_TUNED[lazy], lazy)
