@@ -22,8 +22,11 @@ test: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
 
+# Jupyter refuses to run as root without --allow-root (containers, CI machines).
+LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 table: setup
 	$(VENV)/bin/fa-lab table

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
     if args.cmd == "bench":
         return _bench(args)
     if args.cmd == "lab":
-        return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ex.ROOT / "notebooks")])
+        root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        return subprocess.call([sys.executable, "-m", "jupyter", "lab", *root, str(ex.ROOT / "notebooks")])
     return 2
 
 
