@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from . import policies, routing, varlen
+from .checks import check_qkv
 from .models import generic, swa, swp_bf16, swp_fp8
 from .trace import Trace, TraceRecorder, normalize_rows
 
@@ -83,43 +84,17 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
                kernel=None) -> Call:
     """Validate everything and resolve the policy; raises ValueError/TypeError naming the
     argument. Does no work on the tensors' data."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    B, Sq, H, D, _, Hkv = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if q.dtype not in (*HALF_DTYPES, FP8):
-        raise TypeError(f"q has dtype {q.dtype}; expected bfloat16, float16 or float8_e4m3fn")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    B, Sq, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if k.shape[0] != B:
-        raise ValueError(f"k has batch {k.shape[0]} but q has {B}")
-    if k.shape[3] != D:
-        raise ValueError(f"k has head dim {k.shape[3]} but q has {D}")
-    if Sq < 1 or k.shape[1] < 1:
-        raise ValueError(f"sequence lengths must be >= 1 (q: {Sq}, k: {k.shape[1]})")
-    if B < 1:
-        raise ValueError("batch size must be >= 1")
-    Hkv = k.shape[2]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA/MQA)")
     if num_kv_heads is not None:
         if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
             raise TypeError(f"num_kv_heads must be an int, got {type(num_kv_heads).__name__}")
         if num_kv_heads != Hkv:
             raise ValueError(f"num_kv_heads={num_kv_heads} but k and v have {Hkv} heads")
     fp8 = q.dtype == FP8
-    if D not in HEAD_DIMS or (fp8 and D != 128):
-        allowed = "128" if fp8 else "64 or 128"
-        raise ValueError(f"head dim D={D} is not supported; the kernel takes D = {allowed}")
+    if fp8 and D != 128:
+        raise ValueError(f"head dim D={D} is not supported; the fp8 kernel takes D = 128")
     given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8:
         missing = [n for n, x in given.items() if x is None]

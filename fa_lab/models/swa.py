@@ -62,6 +62,7 @@ import math
 
 import torch
 
+from ..checks import check_qkv
 from ..numerics import LN2, bf16, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
 from ..trace import TraceRecorder
 from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
@@ -114,30 +115,13 @@ def _check_int(name, value, allow_none=False):
 
 def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
     """Every argument against what the kernel supports; raises naming the argument."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
-        if t.dtype != torch.bfloat16:
-            raise TypeError(f"{name} has dtype {t.dtype}; the SWA kernel takes bfloat16 only")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    B, Sq, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if k.shape[0] != B:
-        raise ValueError(f"k has batch {k.shape[0]} but q has {B}")
-    if D != HEAD_DIM or k.shape[3] != HEAD_DIM:
-        raise ValueError(f"head dim must be {HEAD_DIM} for the SWA kernel, got q {D}, k {k.shape[3]}")
-    if k.shape[1] != Sq:
-        raise ValueError(f"the SWA kernel needs seq_len_q == seq_len_kv, got {Sq} and {k.shape[1]}")
-    if Sq < CTA_ROWS or Sq % CTA_ROWS:
+    _, Sq, _, _, Skv, _ = check_qkv(q, k, v, dtypes=(torch.bfloat16,), head_dims=(HEAD_DIM,),
+                                    kernel="the SWA kernel")
+    if Skv != Sq:
+        raise ValueError(f"the SWA kernel needs seq_len_q == seq_len_kv, got {Sq} and {Skv}")
+    if Sq % CTA_ROWS:
         raise ValueError(f"sequence length must be a positive multiple of {CTA_ROWS} "
                          f"(the kernel has no bounds checks), got {Sq}")
-    Hkv = k.shape[2]
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     _check_int("window_left", window_left, allow_none=True)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fa_lab import checks
 from fa_lab.policies import RescalePolicy
 
 from ._triton_util import launch
@@ -181,28 +182,7 @@ def check_device(q: torch.Tensor, interpret: bool) -> None:
 
 def check_qkv(q, k, v, dtypes, head_dims) -> None:
     """Shapes, dtypes and devices of [B, S, H, D] inputs; errors name the argument."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name} has dtype {t.dtype}; this kernel takes {', '.join(map(str, dtypes))}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    B, Sq, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head dim")
-    if D not in head_dims:
-        raise ValueError(f"head dim D={D} is not supported; this kernel takes D in {head_dims}")
-    if Sq < 1 or k.shape[1] < 1 or B < 1:
-        raise ValueError(f"batch and sequence lengths must be >= 1 (q {tuple(q.shape)}, k {tuple(k.shape)})")
-    if k.shape[2] < 1 or H % k.shape[2]:
-        raise ValueError(f"q heads H={H} must be a multiple of the kv heads {k.shape[2]} (GQA/MQA)")
+    checks.check_qkv(q, k, v, dtypes=dtypes, head_dims=head_dims, kernel="this kernel")
 
 
 def check_config(config, fp8: bool):

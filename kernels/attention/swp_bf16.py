@@ -43,6 +43,8 @@ from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
 from fa_lab.policies import RescalePolicy
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
+from fa_lab.checks import check_qkv
+
 from ._triton_util import exp2_ieee, fmax, launch, round_bf16, round_f16
 
 KERNEL = "swp_bf16"
@@ -274,29 +276,11 @@ def _rows_per_program(interpret: bool, rows: int | None) -> int:
 
 def _check_inputs(q, k, v, causal, policy, recorder, interpret):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
+    B, Sq, H, D, Skv, Hkv = check_qkv(q, k, v, dtypes=_DTYPES, head_dims=(64, 128),
+                                      kernel="the swp_bf16 kernel")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the swp_bf16 kernel takes bfloat16 or float16")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
         if any(st < 0 for st in t.stride()):
             raise ValueError(f"{name} has a negative stride {t.stride()}")
-    B, Sq, H, D = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B={B}, Skv, Hkv, D={D}]")
-    Skv, Hkv = k.shape[1], k.shape[2]
-    if min(B, Sq, Skv, H, Hkv) < 1:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if H % Hkv:
-        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv}")
-    if D not in (64, 128):
-        raise ValueError(f"head dim D={D} is not supported; the kernel takes D = 64 or 128")
     if B * H > _GRID_Y_MAX:
         raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {_GRID_Y_MAX}")
     if not isinstance(causal, bool):

@@ -47,6 +47,8 @@ from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
 from fa_lab.policies import RescalePolicy
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
+from fa_lab.checks import check_qkv
+
 from ._triton_util import fmax as _fmax
 from ._triton_util import exp2_ieee, launch, round_bf16
 
@@ -339,28 +341,11 @@ def _check_descale(name: str, x) -> float:
 
 def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
+    B, Sq, H, D, Skv, Hkv = check_qkv(q8, k8, v8, dtypes=(_FP8,), head_dims=(HEAD_DIM,),
+                                      kernel="the fp8 kernel", names=("q8", "k8", "v8"))
     for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
-        if t.dtype != _FP8:
-            raise TypeError(f"{name} has dtype {t.dtype}; the fp8 kernel takes float8_e4m3fn")
-        if t.device != q8.device:
-            raise ValueError(f"{name} is on {t.device} but q8 is on {q8.device}")
         if any(st < 0 for st in t.stride()):
             raise ValueError(f"{name} has a negative stride {t.stride()}")
-    B, Sq, H, D = q8.shape
-    if D != HEAD_DIM:
-        raise ValueError(f"head dim D={D} is not supported; the fp8 kernel takes D = {HEAD_DIM}")
-    if k8.shape != v8.shape or k8.shape[0] != B or k8.shape[3] != D:
-        raise ValueError(f"k8 {tuple(k8.shape)} and v8 {tuple(v8.shape)} must be "
-                         f"[B={B}, Skv, Hkv, D={D}]")
-    Skv, Hkv = k8.shape[1], k8.shape[2]
-    if min(B, Sq, Skv, H, Hkv) < 1:
-        raise ValueError(f"empty input: q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}")
-    if H % Hkv:
-        raise ValueError(f"q heads H={H} must be a multiple of the kv heads Hkv={Hkv}")
     if B * H > _GRID_Y_MAX:
         raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {_GRID_Y_MAX}")
     if not isinstance(causal, bool):

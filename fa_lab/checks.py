@@ -1,0 +1,46 @@
+"""Input checks shared by the api, the models' direct entry points and the Triton ports:
+every error is a ValueError/TypeError that names the argument, raised before any work."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _dtype_names(dtypes) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
+              names=("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]: tensors, rank, dtypes (one of ``dtypes``,
+    all alike), device, shapes, GQA grouping and head dim. ``names`` are what the errors
+    call the three (a kernel taking fp8 says q8, k8, v8). Returns (B, Sq, H, D, Skv, Hkv)."""
+    qn, kn, vn = names
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    for name, t in zip(names, (q, k, v)):
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; {kernel} takes {_dtype_names(dtypes)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {qn} has {q.dtype}; all three must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but {qn} is on {q.device}")
+    B, Sq, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"{kn} {tuple(k.shape)} and {vn} {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"{kn} and {vn} must be [B={B}, Skv, Hkv, D={D}]; {kn} has batch "
+                         f"{k.shape[0]} and head dim {k.shape[3]}")
+    Skv, Hkv = k.shape[1], k.shape[2]
+    if min(B, Sq, Skv, H, Hkv) < 1:
+        raise ValueError(f"empty input: {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}; batch, "
+                         "sequence lengths and heads must be >= 1")
+    if H % Hkv:
+        raise ValueError(f"{qn} heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA/MQA)")
+    if D not in head_dims:
+        raise ValueError(f"head dim D={D} is not supported; {kernel} takes D = "
+                         f"{' or '.join(map(str, head_dims))}")
+    return B, Sq, H, D, Skv, Hkv
