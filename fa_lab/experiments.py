@@ -243,21 +243,28 @@ def provenance(device="cpu", **extra) -> dict:
     }
 
 
-def atomic_write_json(path: Path, obj) -> Path:
-    """Write JSON to a temp file beside ``path`` and rename it into place."""
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a temp file beside ``path`` and rename it into place, so a reader
+    never sees half a file and a failure leaves the old one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, default=_json_default)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_json(path: Path, obj) -> Path:
+    """``obj`` as indented JSON, written atomically (serialised first: a value JSON cannot
+    hold raises before the file is touched)."""
+    text = json.dumps(obj, indent=1, default=_json_default) + "\n"
+    return atomic_write_bytes(path, text.encode())
 
 
 def _json_default(x):

@@ -18,8 +18,6 @@ Conventions kept by every figure:
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -792,14 +790,5 @@ def to_png(fig: go.Figure, path, *, width: int | None = None, height: int | None
         warnings.simplefilter("ignore", DeprecationWarning)
         png = _kaleido_scope().transform(fig, format="png", width=width, height=height,
                                          scale=scale)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(png)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    from .experiments import atomic_write_bytes
+    return atomic_write_bytes(path, png)
