@@ -156,3 +156,36 @@ def exp2_ieee(x):
     small = x < -126.0
     y = tl.exp2(tl.where(small, x + 64.0, x))
     return tl.where(small, y * 5.421010862427522e-20, y)  # 2**-64
+
+
+#: CUDA's limit on the second launch-grid dimension (the kernels put B * H there).
+GRID_Y_MAX = 65535
+
+
+def check_launch(tensors, names, *, batch_heads, causal, policy, policy_codes, recorder,
+                 interpret):
+    """The launch arguments a direct caller of a faithful port could get wrong (q, k, v
+    themselves are checked by ``fa_lab.checks.check_qkv``); errors name the argument."""
+    from fa_lab.policies import RescalePolicy
+    from fa_lab.trace import TraceRecorder
+
+    for name, t in zip(names, tensors):
+        if any(st < 0 for st in t.stride()):
+            raise ValueError(f"{name} has a negative stride {t.stride()}")
+    if batch_heads > GRID_Y_MAX:
+        raise ValueError(f"B * H = {batch_heads} exceeds the launch grid's limit {GRID_Y_MAX}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(policy, RescalePolicy) or policy.name not in policy_codes:
+        raise ValueError(f"policy must be a RescalePolicy named one of {sorted(policy_codes)}, "
+                         f"got {policy!r}")
+    if recorder is not None and not isinstance(recorder, TraceRecorder):
+        raise TypeError(f"recorder must be a TraceRecorder or None, got {type(recorder).__name__}")
+    if not isinstance(interpret, bool):
+        raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")
+    device = tensors[0].device
+    if interpret and device.type != "cpu":
+        raise ValueError(f"interpret=True runs on CPU tensors, got tensors on {device}")
+    if not interpret and device.type != "cuda":
+        raise ValueError(f"the compiled kernel needs CUDA/ROCm tensors, got tensors on {device}; "
+                         "pass interpret=True for Triton's CPU interpreter")

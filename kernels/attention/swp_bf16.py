@@ -45,7 +45,7 @@ from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
 from fa_lab.checks import check_qkv
 
-from ._triton_util import exp2_ieee, fmax, launch, round_bf16, round_f16
+from ._triton_util import check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
@@ -54,7 +54,6 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # Per-step trace fields, in STEP_FIELDS order (m, mt, vote, fire, dragged, corr, l,
 # o_finite, l_finite), stored as fp32.
 _N_FIELDS = len(STEP_FIELDS)
-_GRID_Y_MAX = 65535  # CUDA's limit on the second grid dimension (batch x heads)
 
 
 @triton.jit
@@ -278,25 +277,8 @@ def _check_inputs(q, k, v, causal, policy, recorder, interpret):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
     B, Sq, H, D, Skv, Hkv = check_qkv(q, k, v, dtypes=_DTYPES, head_dims=(64, 128),
                                       kernel="the swp_bf16 kernel")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if any(st < 0 for st in t.stride()):
-            raise ValueError(f"{name} has a negative stride {t.stride()}")
-    if B * H > _GRID_Y_MAX:
-        raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {_GRID_Y_MAX}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(policy, RescalePolicy) or policy.name not in POLICY_CODES:
-        raise ValueError(f"policy must be a RescalePolicy named one of {sorted(POLICY_CODES)}, "
-                         f"got {policy!r}")
-    if recorder is not None and not isinstance(recorder, TraceRecorder):
-        raise TypeError(f"recorder must be a TraceRecorder or None, got {type(recorder).__name__}")
-    if not isinstance(interpret, bool):
-        raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")
-    if interpret and q.device.type != "cpu":
-        raise ValueError(f"interpret=True runs on CPU tensors, got tensors on {q.device}")
-    if not interpret and q.device.type != "cuda":
-        raise ValueError(f"the compiled kernel needs CUDA/ROCm tensors, got tensors on {q.device}; "
-                         "pass interpret=True for Triton's CPU interpreter")
+    check_launch((q, k, v), ("q", "k", "v"), batch_heads=B * H, causal=causal, policy=policy,
+                 policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,

@@ -50,7 +50,7 @@ from fa_lab.trace import STEP_FIELDS, TraceRecorder
 from fa_lab.checks import check_qkv
 
 from ._triton_util import fmax as _fmax
-from ._triton_util import exp2_ieee, launch, round_bf16
+from ._triton_util import check_launch, exp2_ieee, launch, round_bf16
 
 KERNEL = "swp_fp8"
 #: Policy names -> the kernel's constexpr code.
@@ -58,7 +58,6 @@ POLICY_CODES = {"eager": 0, "lazy_unfixed": 1, "lazy_capped": 2, "lazy": 3}
 _FP8 = torch.float8_e4m3fn
 _N_FIELDS = len(STEP_FIELDS)
 _BOOL_FIELDS = frozenset({"vote", "fire", "dragged", "o_finite", "l_finite"})
-_GRID_Y_MAX = 65535
 
 
 # ---- explicit roundings (bit manipulation on fp32) -------------------------------------
@@ -343,29 +342,12 @@ def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
     B, Sq, H, D, Skv, Hkv = check_qkv(q8, k8, v8, dtypes=(_FP8,), head_dims=(HEAD_DIM,),
                                       kernel="the fp8 kernel", names=("q8", "k8", "v8"))
-    for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
-        if any(st < 0 for st in t.stride()):
-            raise ValueError(f"{name} has a negative stride {t.stride()}")
-    if B * H > _GRID_Y_MAX:
-        raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {_GRID_Y_MAX}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_launch((q8, k8, v8), ("q8", "k8", "v8"), batch_heads=B * H, causal=causal,
+                 policy=policy, policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
     if not isinstance(saturate, bool):
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    if not isinstance(policy, RescalePolicy) or policy.name not in POLICY_CODES:
-        raise ValueError(f"policy must be a RescalePolicy named one of {sorted(POLICY_CODES)}, "
-                         f"got {policy!r}")
     if policy.name == "lazy_capped" and policy.rebase_bound is None:
         raise ValueError("policy lazy_capped needs a rebase_bound")
-    if recorder is not None and not isinstance(recorder, TraceRecorder):
-        raise TypeError(f"recorder must be a TraceRecorder or None, got {type(recorder).__name__}")
-    if not isinstance(interpret, bool):
-        raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")
-    if interpret and q8.device.type != "cpu":
-        raise ValueError(f"interpret=True runs on CPU tensors, got tensors on {q8.device}")
-    if not interpret and q8.device.type != "cuda":
-        raise ValueError(f"the compiled kernel needs CUDA/ROCm tensors, got tensors on "
-                         f"{q8.device}; pass interpret=True for Triton's CPU interpreter")
 
 
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
