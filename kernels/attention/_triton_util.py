@@ -189,3 +189,18 @@ def check_launch(tensors, names, *, batch_heads, causal, policy, policy_codes, r
     if not interpret and device.type != "cuda":
         raise ValueError(f"the compiled kernel needs CUDA/ROCm tensors, got tensors on {device}; "
                          "pass interpret=True for Triton's CPU interpreter")
+
+
+def rows_per_program(interpret: bool, rows: int | None) -> int:
+    """Query rows per faithful-kernel program: whole 32-row waves of one 256-row block.
+    Default: one wave compiled (registers), the whole block interpreted (speed). Either is
+    exact, since a wave's vote reads only its own rows."""
+    from fa_lab.models.geometry import BLOCK_M, WAVE_ROWS
+
+    if rows is None:
+        return BLOCK_M if interpret else WAVE_ROWS
+    allowed = tuple(WAVE_ROWS << i for i in range(4) if WAVE_ROWS << i <= BLOCK_M)
+    if isinstance(rows, bool) or rows not in allowed:
+        raise ValueError(f"rows_per_program must be one of {allowed} (whole waves of one block), "
+                         f"got {rows!r}")
+    return rows

@@ -45,7 +45,8 @@ from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
 from fa_lab.checks import check_qkv
 
-from ._triton_util import check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16
+from ._triton_util import (check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
+                           rows_per_program as _rows_per_program)
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
@@ -256,21 +257,6 @@ def _swp_bf16_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     lse = tl.where(l == 0, float("-inf"), m * LN2_F32 + tl.log(l))
     tl.store(Lse + (b * H + h) * Sq + rows64, lse, mask=row_ok)
-
-
-#: Rows per program: compiled, one wave (registers); interpreted, one block (speed).
-COMPILED_ROWS = WAVE_ROWS
-INTERPRETED_ROWS = BLOCK_M
-
-
-def _rows_per_program(interpret: bool, rows: int | None) -> int:
-    if rows is None:
-        return INTERPRETED_ROWS if interpret else COMPILED_ROWS
-    allowed = tuple(WAVE_ROWS << i for i in range(4) if WAVE_ROWS << i <= BLOCK_M)
-    if isinstance(rows, bool) or rows not in allowed:
-        raise ValueError(f"rows_per_program must be one of {allowed} (whole waves of one block), "
-                         f"got {rows!r}")
-    return rows
 
 
 def _check_inputs(q, k, v, causal, policy, recorder, interpret):

@@ -51,6 +51,7 @@ from fa_lab.checks import check_qkv
 
 from ._triton_util import fmax as _fmax
 from ._triton_util import check_launch, exp2_ieee, launch, round_bf16
+from ._triton_util import rows_per_program as _rows_per_program
 
 KERNEL = "swp_fp8"
 #: Policy names -> the kernel's constexpr code.
@@ -318,16 +319,6 @@ def round_e4m3(x: torch.Tensor, saturate: bool = True, *, interpret: bool | None
 
 
 # ---- host side ---------------------------------------------------------------------------
-
-def _rows_per_program(interpret: bool, rows: int | None) -> int:
-    if rows is None:
-        return ROWS_PER_BLOCK if interpret else WAVE_ROWS
-    allowed = tuple(WAVE_ROWS << i for i in range(4) if WAVE_ROWS << i <= ROWS_PER_BLOCK)
-    if isinstance(rows, bool) or rows not in allowed:
-        raise ValueError(f"rows_per_program must be one of {allowed} (whole waves of one "
-                         f"block), got {rows!r}")
-    return rows
-
 
 def _check_descale(name: str, x) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
