@@ -16,9 +16,10 @@ kernel's order:
 Policies (``POLICY_CODES``): eager, lazy (PR #1033), lazy_unfixed (upstream main before
 it), fa4_row (FlashAttention-4's per-row decision); the threshold is a run-time argument.
 
-Numerics: products of 16-bit inputs are exact in fp32, so every dot takes fp32 operands
-holding 16-bit values with input_precision="ieee" (TF32 would round them); sums are fp32
-in the dot's own order. The P split (columns 0..15, then 16..63) zeroes the other part
+Numerics: products of 16-bit inputs are exact in fp32, so every dot is exact products
+summed in fp32 in the dot's own order: compiled, a 16-bit tensor-core dot with fp32
+accumulation; interpreted, fp32 operands holding 16-bit values with input_precision="ieee"
+(TF32 would round them). The P split (columns 0..15, then 16..63) zeroes the other part
 of both P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
 bit manipulation (round to nearest even) because the interpreter's conversion truncates;
 maxima use maxNum; compiled, no a * b + c is fused. Inputs are assumed finite (the
@@ -68,15 +69,39 @@ def _round_pack(x, IS_BF16: tl.constexpr):
 
 
 @triton.jit
+def _dot16(a, b, NATIVE_DOT: tl.constexpr):
+    """a @ b for fp32 operands that hold 16-bit values (bf16 or f16 in ``b``'s dtype when
+    NATIVE_DOT): every product is exact in fp32 either way, the sum is fp32 in the
+    hardware's order. Compiled, the 16-bit tensor-core product is that same computation
+    at full speed; the interpreter takes fp32 operands (its bf16 dot is wrong)."""
+    if NATIVE_DOT:
+        r = tl.dot(a.to(b.dtype), b, out_dtype=tl.float32)
+    else:
+        r = tl.dot(a, b, input_precision="ieee")
+    return r
+
+
+@triton.jit
+def _load16(ptrs, mask, NATIVE_DOT: tl.constexpr):
+    """A K or V tile: kept 16-bit for the tensor cores, widened at once for the
+    interpreter (whose bf16 arithmetic is wrong). Masked entries read 0."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if not NATIVE_DOT:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
-                 HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
+                 NATIVE_DOT: tl.constexpr):
     """S_t = Qs @ K_t^T in log2 units [ROWS, TILE_N], masked columns -inf (padding
     columns >= Skv read K = 0; causal is bottom-right aligned)."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    kt = tl.load(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                 mask=(cols < Skv)[None, :], other=0.0).to(tl.float32)
-    s = tl.dot(qs, kt, input_precision="ieee")
+    kt = _load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                 (cols < Skv)[None, :], NATIVE_DOT)
+    s = _dot16(qs, kt, NATIVE_DOT)
     masked = (cols >= Skv)[None, :] & (rows >= 0)[:, None]  # (the & only broadcasts)
     if CAUSAL:
         masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
@@ -84,23 +109,24 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
 
 
 @triton.jit
-def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr):
-    """V_t [TILE_N, HEAD_DIM] as fp32; padding rows >= Skv read 0."""
+def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
+            NATIVE_DOT: tl.constexpr):
+    """V_t [TILE_N, HEAD_DIM] (see ``_load16``); padding rows >= Skv read 0."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    return tl.load(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                   mask=(cols < Skv)[:, None], other=0.0).to(tl.float32)
+    return _load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                   (cols < Skv)[:, None], NATIVE_DOT)
 
 
 @triton.jit
-def _pv_part(pb, v, lo, hi, TILE_N: tl.constexpr):
+def _pv_part(pb, v, lo, hi, TILE_N: tl.constexpr, NATIVE_DOT: tl.constexpr):
     """Pb[:, lo:hi] @ V[lo:hi] as a full-width dot with the other columns of P and rows of
     V zeroed: a P that is inf or NaN outside the part becomes 0, not inf * 0 = NaN."""
     k = tl.arange(0, TILE_N)
     p_in = (k >= lo) & (k < hi)
     p_part = tl.where(p_in[None, :], pb, 0.0)
-    v_part = tl.where(p_in[:, None], v, 0.0)
-    return tl.dot(p_part, v_part, input_precision="ieee")
+    v_part = tl.where(p_in[:, None], v, tl.zeros_like(v))
+    return _dot16(p_part, v_part, NATIVE_DOT)
 
 
 @triton.jit
@@ -144,6 +170,7 @@ def _swp_bf16_fwd(
     TRACE: tl.constexpr, ROWS: tl.constexpr, WAVE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
+    NATIVE_DOT: tl.constexpr,
 ):
     chunk = tl.program_id(0)  # ROWS consecutive query rows: whole waves of one block
     bh = tl.program_id(1)
@@ -177,7 +204,7 @@ def _swp_bf16_fwd(
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
-    s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, 0, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL)
+    s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, 0, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
     m = tl.max(s, axis=1)
     if CAUSAL:
         m = fmax(m, tl.full([ROWS], FLOOR, tl.float32))
@@ -192,9 +219,9 @@ def _swp_bf16_fwd(
     for t in range(1, N - 3):
         l = l + tl.sum(pf, axis=1)
         pb = _round_pack(pf, IS_BF16)
-        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N)
-        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N)  # first PV step, before the rescale
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL)
+        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
+        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N, NATIVE_DOT)  # first PV step, before the rescale
+        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
         if POLICY == 0:  # eager: every row to fmax(m, mt)
             target = fmax(m, mt)
@@ -220,7 +247,7 @@ def _swp_bf16_fwd(
         pb = _round_pack(pb * corr[:, None], IS_BF16)  # the packs not yet consumed
         l = l * corr
         m = target
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N)
+        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N, NATIVE_DOT)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
             _record(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
@@ -231,9 +258,9 @@ def _swp_bf16_fwd(
     corr = ones
     for t in range(N - 3, N):
         l = l + tl.sum(pf, axis=1)
-        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N)
-        O = O + tl.dot(_round_pack(pf, IS_BF16), v, input_precision="ieee")
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL)
+        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
+        O = O + _dot16(_round_pack(pf, IS_BF16), v, NATIVE_DOT)
+        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
         mt = tl.max(s, axis=1)
         mn = fmax(m, mt)
         corr = exp2_ieee(m - mn)
@@ -245,8 +272,8 @@ def _swp_bf16_fwd(
             _record(TraceBuf, slot, t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no, corr,
                     l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
-    v = _v_tile(v_base, stride_vs, stride_vd, N - 1, Skv, HEAD_DIM, TILE_N)
-    O = O + tl.dot(_round_pack(pf, IS_BF16), v, input_precision="ieee")
+    v = _v_tile(v_base, stride_vs, stride_vd, N - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
+    O = O + _dot16(_round_pack(pf, IS_BF16), v, NATIVE_DOT)
     if TRACE:
         _record(TraceBuf, slot, N - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O, N_FIELDS)
 
@@ -305,7 +332,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             HEAD_DIM=D, CAUSAL=causal, POLICY=POLICY_CODES[policy.name],
             IS_BF16=q.dtype == torch.bfloat16, TRACE=traced is not None, ROWS=rows, WAVE=WAVE_ROWS,
             BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=_N_FIELDS,
-            FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2),
+            FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), NATIVE_DOT=not interpret,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )
