@@ -231,6 +231,8 @@ def provenance(device="cpu", **extra) -> dict:
         commit = r.stdout.strip() if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    # a copy without .git (a GPU machine's snapshot) names its commit in the environment
+    commit = commit or os.environ.get("FA_LAB_GIT_COMMIT")
     return {
         "device": name,
         "torch": torch.__version__,
