@@ -66,8 +66,12 @@ def e4m3(x: torch.Tensor, saturate: bool = True) -> torch.Tensor:
 
 
 def exp2(x: torch.Tensor) -> torch.Tensor:
-    """IEEE 2**x in fp32: +inf from x >= 128, 0 at -inf, NaN stays NaN."""
-    return torch.exp2(x)
+    """2**x of fp32 x, correctly rounded to fp32 (through fp64): +inf from x >= 128,
+    subnormals kept, 0 at -inf, NaN stays NaN. Correct rounding is the one definition that
+    every device reproduces: the CPU's and CUDA's fp32 exp2 each err by up to 1-2 ulps in
+    their own ways, and measured on an H200, Triton's ex2.approx moved 19 non-finite
+    outputs of 1.5M across the overflow boundary (data/results/probe_faithful_h200.json)."""
+    return torch.exp2(x.to(torch.float64)).to(torch.float32)
 
 
 def fmax(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
@@ -96,6 +100,17 @@ def fma_f32(a: torch.Tensor, b: float | torch.Tensor, c: torch.Tensor) -> torch.
     """
     b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else b
     return (a.to(torch.float64) * b64 + c.to(torch.float64)).to(torch.float32)
+
+
+def exact_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for fp32 tensors holding 16-bit values, as the correctly rounded fp32 of the
+    exact dot product: each product of two bf16/f16 values is exact in fp64, their fp64 sum
+    over <= 128 terms is exact (or off by 2**-53 of the largest term), then one rounding to
+    fp32. This is the models' definition of a dot product because it has no summation
+    order: the CPU, cuBLAS and a Triton port all give it bit for bit, where fp32 sums in
+    each one's own order disagree in the last bits and, at an overflow boundary, in the
+    NaN mask. The MFMA's fp32 accumulation approximates it to a few ulps."""
+    return (a.to(torch.float64) @ b.to(torch.float64)).to(torch.float32)
 
 
 @contextlib.contextmanager

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import (CAUSAL_FLOOR, LOG2E, bf16_trunc, exp2, f16, f32, fma_f32, fmax,
+from ..numerics import (CAUSAL_FLOOR, LOG2E, bf16_trunc, exact_dot, exp2, f16, f32, fma_f32, fmax,
                         guarded_rcp, ieee_fp32_matmul, round_to)
 from ..trace import TraceRecorder
 from .geometry import BLOCK_N
@@ -208,7 +208,7 @@ def _run_group(qf, kp, vp, rows, n_sub, Sq, Skv, causal, skip_pad, pack, rnd, re
     O = torch.zeros(*m.shape, qf.shape[-1], device=qf.device)
     for t in range(n_sub):
         cols = slice(t * BLOCK_N, (t + 1) * BLOCK_N)
-        s = qf @ kp[..., cols, :].transpose(-1, -2)  # raw fp32 scores
+        s = exact_dot(qf, kp[..., cols, :].transpose(-1, -2))  # raw fp32 scores
         s = s.masked_fill(_masked(rows, t * BLOCK_N, Sq, Skv, causal, skip_pad), -inf)
         mt = s.amax(-1)
         m_new = fmax(m, mt)
@@ -217,7 +217,7 @@ def _run_group(qf, kp, vp, rows, n_sub, Sq, Skv, causal, skip_pad, pack, rnd, re
         corr = exp2((m - m_new) * c)
         p = exp2(fma_f32(s, c, -(m_new * c)[..., None]))
         l = corr * l + p.sum(-1)
-        O = O * corr[..., None] + pack(p) @ vp[..., cols, :]
+        O = O * corr[..., None] + exact_dot(pack(p), vp[..., cols, :])
         m = m_new
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)

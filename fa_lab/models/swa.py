@@ -63,7 +63,7 @@ import math
 import torch
 
 from ..checks import check_qkv
-from ..numerics import LN2, bf16, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
+from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
 from ..trace import TraceRecorder
 from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
 
@@ -192,7 +192,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, resca
     windowed = window_left is not None
 
     def scores(t):
-        s = qs @ kb[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
+        s = exact_dot(qs, kb[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2))
         if not windowed:
             return s
         cols = torch.arange(base + t * BLOCK_N, base + (t + 1) * BLOCK_N, device=rows.device)
@@ -226,7 +226,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, resca
     for t in range(1, nt - 3):
         l = l + pf.sum(-1)
         pb = bf16(pf)
-        O = O + pb[..., :PV_SPLIT] @ v_tile(t - 1, 0, PV_SPLIT)
+        O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = tile_max(s)
         if rescale == "lazy":
@@ -242,14 +242,14 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, resca
         pb_rest = bf16(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
         l = l * corr
         m = torch.where(fire, target, m)
-        O = O + pb_rest @ v_tile(t - 1, PV_SPLIT)
+        O = O + exact_dot(pb_rest, v_tile(t - 1, PV_SPLIT))
         pf = exp2(s - m[..., None])
         record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
 
     # Epilogue: rescale_uncond on the last three tiles.
     for t in range(max(1, nt - 3), nt):
         l = l + pf.sum(-1)
-        O = O + bf16(pf) @ v_tile(t - 1)
+        O = O + exact_dot(bf16(pf), v_tile(t - 1))
         s = scores(t)
         mt = tile_max(s)
         mn = fmax(mt, m)
@@ -261,7 +261,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, resca
         if t < nt - 1:
             record(t, "epilogue", mt=mt, corr=corr)
     l = l + pf.sum(-1)
-    O = O + bf16(pf) @ v_tile(nt - 1)
+    O = O + exact_dot(bf16(pf), v_tile(nt - 1))
     record(nt - 1, "epilogue", mt=mt, corr=corr)
 
     inv = guarded_rcp(l) if windowed else 1.0 / l

@@ -9,6 +9,10 @@ on CPU and CUDA tensors alike. The schedule, per row:
                      the rescale decision (eager, or a 32-row wave ballot for lazy)
                      O += Pb[16:] @ V; Pf = exp2(S_t - m)
   epilogue (N-3..)   always eager
+
+Every product of 16-bit values (Qs K^T, P V) is ``numerics.exact_dot``: the exact sum,
+rounded once to fp32, which no summation order changes (the hardware's fp32 accumulation
+differs from it by a few ulps).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import math
 
 import torch
 
-from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exp2, f32, fmax, guarded_rcp,
+from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
                         ieee_fp32_matmul, le, round_to)
 from ..policies import RescalePolicy
 from ..trace import TraceRecorder
@@ -188,7 +192,7 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
 
     def scores(t):
         c0 = (t0 + t) * BLOCK_N
-        s = qs @ kp[..., c0:c0 + BLOCK_N, :].transpose(-1, -2)
+        s = exact_dot(qs, kp[..., c0:c0 + BLOCK_N, :].transpose(-1, -2))
         extra = None if mods is None else mods.scores(rows, c0, BLOCK_N)
         if extra is not None:
             s = s + extra
@@ -220,7 +224,7 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
     for t in range(1, N - 3):
         l = l + pf.sum(-1)
         pb = rnd(pf)
-        O = O + pb[..., :PV_SPLIT] @ v_tile(t - 1, 0, PV_SPLIT)
+        O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = s.amax(-1)
         if policy.name == "eager":
@@ -241,14 +245,14 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         pb_rest = rnd(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
         l = l * corr
         m = target
-        O = O + pb_rest @ v_tile(t - 1, PV_SPLIT)
+        O = O + exact_dot(pb_rest, v_tile(t - 1, PV_SPLIT))
         pf = exp2(s - m[..., None])
         record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
 
     # Epilogue: the last three tiles, always eager.
     for t in range(max(1, N - 3), N):
         l = l + pf.sum(-1)
-        O = O + rnd(pf) @ v_tile(t - 1)
+        O = O + exact_dot(rnd(pf), v_tile(t - 1))
         s = scores(t)
         mt = s.amax(-1)
         mn = fmax(m, mt)
@@ -260,7 +264,7 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         if t < N - 1:
             record(t, "epilogue", mt=mt, corr=corr)
     l = l + pf.sum(-1)
-    O = O + rnd(pf) @ v_tile(N - 1)
+    O = O + exact_dot(rnd(pf), v_tile(N - 1))
     if sink and mods is not None and mods.sink_log2 is not None:
         # the sink is one more logit in the denominator, with no value row
         sk = mods.sink_log2.expand_as(m)
