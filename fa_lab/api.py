@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from . import policies, routing, varlen
-from .checks import check_qkv
+from .checks import check_mod, check_qkv
 from .models import generic, swa, swp_bf16, swp_fp8
 from .trace import Trace, TraceRecorder, normalize_rows
 
@@ -25,7 +25,8 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
 #: emulator: the exact PyTorch model (any device). triton: the faithful Triton kernels on a
 #: GPU. interpret: the same Triton kernels on CPU tensors through Triton's interpreter.
-BACKENDS = ("auto", "emulator", "triton", "interpret")
+#: flydsl: upstream's real kernel (FlyDSL on an MI355X, ``fa_lab.flydsl``).
+BACKENDS = ("auto", "emulator", "triton", "interpret", "flydsl")
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,7 @@ def _check_mod(name, x, shapes, q, fp8, dtype):
     if fp8:
         raise ValueError(f"{name} is not supported with float8_e4m3fn inputs "
                          f"(the fp8 BN128 kernel has no {name} path)")
-    if x.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
-    if tuple(x.shape) not in shapes:
-        want = " or ".join(str(list(s)) for s in shapes)
-        raise ValueError(f"{name} has shape {list(x.shape)}; expected {want}")
-    if x.device != q.device:
-        raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+    check_mod(name, x, shapes, dtype, q.device)
 
 
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_descale=None,
@@ -159,8 +154,12 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, q_descale=None, k_des
 
 
 MODELS = {"swp_bf16": swp_bf16, "swp_fp8": swp_fp8, "generic": generic}
-#: Kernels with a faithful Triton port (kernels/attention/<name>.py).
-TRITON_PORTS = ("swp_bf16", "swp_fp8")
+#: Kernels with a faithful Triton port (kernels/attention/<name>.py); "swa" is called
+#: through ``swa_attn_func`` only.
+TRITON_PORTS = ("swp_bf16", "swp_fp8", "generic", "swa")
+#: Ports that take the DUALWAVE_SWP extras (bias, ALiBi, sink, split-K) and a native varlen
+#: entry (``forward_varlen``).
+TRITON_FEATURE_PORTS = ("swp_bf16",)
 
 
 def resolve_backend(backend: str, device: torch.device, kernel: str = "swp_bf16", features=()) -> str:
@@ -168,7 +167,8 @@ def resolve_backend(backend: str, device: torch.device, kernel: str = "swp_bf16"
     covers every feature asked for (bias, ALiBi, sink, split-K), else the model."""
     if backend != "auto":
         return backend
-    if device.type == "cuda" and kernel in TRITON_PORTS and not features:
+    if device.type == "cuda" and kernel in TRITON_PORTS and (
+            not features or kernel in TRITON_FEATURE_PORTS):
         from .kernels import available
         if available():
             return "triton"
@@ -184,14 +184,17 @@ def _kernel_module(kernel: str, backend: str, device):
 
 
 def _run(call: Call, recorder=None):
+    if call.backend == "flydsl":
+        raise ValueError("backend='flydsl' runs upstream's kernel, which records no trace or "
+                         "counts; trace and count_rescales take the other backends")
     backend = resolve_backend(call.backend, call.q.device, call.kernel, tuple(call.mods))
     module = _kernel_module(call.kernel, backend, call.q.device)
     kw = {"causal": call.causal, "recorder": recorder}
     if backend != "emulator":
         kw["interpret"] = backend == "interpret"
-        if call.mods:
-            raise NotImplementedError(f"{', '.join(call.mods)} not ported to the Triton kernels yet; "
-                                      "use backend='emulator'")
+        if call.mods and call.kernel not in TRITON_FEATURE_PORTS:
+            raise NotImplementedError(f"{', '.join(call.mods)} not ported to the {call.kernel} "
+                                      "Triton kernel; use backend='emulator'")
     kw.update(call.mods)
     if call.kernel != "generic":
         kw["policy"] = call.policy
@@ -230,6 +233,25 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    asked = (rescale is not None or rescale_threshold is not None
+             or dualwave_swp_lazy_rescale is not None)  # a rescale the user named
+    if packing is not None and backend == "flydsl":
+        if bias is not None or alibi_slopes is not None:
+            raise ValueError("backend='flydsl' with varlen forwards q, k, v and cu_seqlens only; "
+                             "bias / alibi_slopes with varlen run on the other backends")
+        call = check_call(q[None], k[None], v[None], causal=causal, num_kv_heads=num_kv_heads,
+                          dualwave_swp_lazy_rescale=dualwave_swp_lazy_rescale, rescale=rescale,
+                          rescale_threshold=rescale_threshold, backend=backend, sink=sink,
+                          num_kv_splits=num_kv_splits, kernel=kernel, q_descale=q_descale,
+                          k_descale=k_descale, v_descale=v_descale, rebase_bound=rebase_bound,
+                          p_headroom=p_headroom, fp8_saturate=fp8_saturate)
+        from . import flydsl
+        seq = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_kv": cu_seqlens_kv,
+               "max_seqlen_q": packing.max_seqlen_q, "max_seqlen_kv": packing.max_seqlen_kv}
+        out, lse = flydsl.forward(dataclasses.replace(call, q=q, k=k, v=v), varlen=seq,
+                                  return_lse=return_lse, kernel_requested=kernel is not None,
+                                  rescale_requested=asked)
+        return (out, lse) if return_lse else out
     if packing is not None:
         out, lse = _run_varlen(packing, q, k, v, causal=causal, num_kv_heads=num_kv_heads,
                                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
@@ -247,12 +269,19 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
                       p_headroom=p_headroom, fp8_saturate=fp8_saturate, backend=backend,
                       bias=bias, alibi_slopes=alibi_slopes, sink=sink, num_kv_splits=num_kv_splits,
                       kernel=kernel)
-    out, lse = _run(call)
+    if call.backend == "flydsl":
+        from . import flydsl
+        out, lse = flydsl.forward(call, return_lse=return_lse, kernel_requested=kernel is not None,
+                                  rescale_requested=asked)
+    else:
+        out, lse = _run(call)
     return (out, lse) if return_lse else out
 
 
 def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
-    """Check a packed call as a whole, then run one dense call per sequence."""
+    """Check a packed call as a whole, then run it: in one launch of a Triton port's
+    ``forward_varlen``, or as one dense call per sequence (the models, and ports without
+    a varlen entry)."""
     if q.dtype == FP8:
         raise ValueError("varlen (cu_seqlens_q/kv) is not supported with float8_e4m3fn inputs, "
                          "as upstream's fp8 kernel")
@@ -269,6 +298,18 @@ def _run_varlen(packing, q, k, v, *, bias, alibi_slopes, **kw):
         # is not modelled)
         kw["kernel"] = "swp_bf16"
     call = check_call(q[None], k[None], v[None], **kw)  # everything else, checked once
+    given = (*call.mods, *(n for n, x in (("bias", bias), ("alibi_slopes", alibi_slopes))
+                           if x is not None))
+    backend = resolve_backend(call.backend, q.device, call.kernel, given)
+    if backend != "emulator" and call.kernel in TRITON_FEATURE_PORTS:
+        # the port's native varlen entry: one launch over the packed tensors
+        module = _kernel_module(call.kernel, backend, q.device)
+        cu_q, cu_kv = (torch.tensor(c, dtype=torch.int32, device=q.device)
+                       for c in (packing.cu_q, packing.cu_kv))
+        return module.forward_varlen(q, k, v, cu_q, cu_kv, packing.max_seqlen_q,
+                                     packing.max_seqlen_kv, causal=call.causal, policy=call.policy,
+                                     interpret=backend == "interpret", bias=bias,
+                                     alibi_slopes=alibi_slopes, sink=call.mods.get("sink"))
 
     def dense(qb, kb, vb, **mods):
         return _run(dataclasses.replace(call, q=qb, k=kb, v=vb, mods={**call.mods, **mods}))
@@ -319,13 +360,24 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None, q_d
 
 
 def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale="lazy",
-                  rescale_threshold=8.0, return_lse=False):
+                  rescale_threshold=8.0, return_lse=False, backend="auto"):
     """The SWA GQA sliding-window kernel (``swa_gfx950.py``), which upstream's
     ``flydsl_flash_attn_func`` does not route to: row i sees keys i - window_left ...
     i + window_right. ``rescale``: its own deferred rescale ``"lazy"`` (correct by
-    construction) or the counterfactual ``"lazy_unfixed"``. See ``fa_lab.models.swa``."""
+    construction) or the counterfactual ``"lazy_unfixed"``. See ``fa_lab.models.swa``.
+    ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful Triton
+    port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    out, lse = swa.forward(q, k, v, window_left=window_left, window_right=window_right,
-                           causal=causal, threshold=rescale_threshold, rescale=rescale)
+    if backend == "flydsl":
+        raise ValueError("backend='flydsl': upstream's flydsl_flash_attn_func does not route to "
+                         "the SWA kernel; use 'emulator', 'triton', 'interpret' or 'auto'")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
+    swa.check_args(q, k, v, window_left, window_right, causal, rescale_threshold, rescale)
+    backend = resolve_backend(backend, q.device, "swa")
+    module = swa if backend == "emulator" else _kernel_module("swa", backend, q.device)
+    kw = {} if backend == "emulator" else {"interpret": backend == "interpret"}
+    out, lse = module.forward(q, k, v, window_left=window_left, window_right=window_right,
+                              causal=causal, threshold=rescale_threshold, rescale=rescale, **kw)
     return (out, lse) if return_lse else out

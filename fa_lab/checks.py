@@ -44,3 +44,17 @@ def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
         raise ValueError(f"head dim D={D} is not supported; {kernel} takes D = "
                          f"{' or '.join(map(str, head_dims))}")
     return B, Sq, H, D, Skv, Hkv
+
+
+def check_mod(name, x, shapes, dtype, device) -> None:
+    """A score modifier (bias, ALiBi slopes, sink): a tensor of ``dtype`` with one of
+    ``shapes`` on ``device`` (q's), as upstream takes them."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
+    if tuple(x.shape) not in [tuple(s) for s in shapes]:
+        want = " or ".join(str(list(s)) for s in shapes)
+        raise ValueError(f"{name} has shape {list(x.shape)}; expected {want}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}")

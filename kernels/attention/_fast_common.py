@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from fa_lab import checks
+from fa_lab.models import geometry
 from fa_lab.policies import RescalePolicy
 
 from ._triton_util import launch
@@ -183,6 +184,41 @@ def check_device(q: torch.Tensor, interpret: bool) -> None:
 def check_qkv(q, k, v, dtypes, head_dims) -> None:
     """Shapes, dtypes and devices of [B, S, H, D] inputs; errors name the argument."""
     checks.check_qkv(q, k, v, dtypes=dtypes, head_dims=head_dims, kernel="this kernel")
+
+
+def launch_fast(kernel, tuned: dict, grid, args, meta: dict, config, interpret: bool) -> None:
+    """Launch a fast kernel: autotuned (``config`` None; ``tuned`` from ``autotuners``),
+    pinned, or through the interpreter. ``grid(block_m)`` gives the launch grid."""
+    lazy = meta["LAZY"]
+    if config is None:
+        tuned[lazy][lambda nargs: grid(nargs["BLOCK_M"])](*args, **meta)
+    elif interpret:
+        run_interpreted(kernel, grid(config.block_m), *args, **meta, **config.meta(lazy))
+    else:
+        kernel[grid(config.block_m)](*args, **meta, **config.meta(lazy))
+
+
+#: Split-K cuts each 256-row query block's KV walk into even numbers of 64-column tiles
+#: (fa_lab.models.swp_bf16.split_ranges): boundaries fall on multiples of 128 columns, and
+#: a fast kernel's tiles and query blocks must nest in them.
+SPLIT_COLUMN_ALIGN = 2 * geometry.BLOCK_N
+SPLIT_ROW_BLOCK = geometry.BLOCK_M
+
+
+def check_splits(num_kv_splits, config) -> None:
+    """``num_kv_splits``: an int >= 1; with more than one, a pinned config's tiles must nest
+    in the split boundaries."""
+    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int):
+        raise TypeError(f"num_kv_splits must be an int, got {type(num_kv_splits).__name__}")
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    if num_kv_splits > 1 and config is not None:
+        if SPLIT_COLUMN_ALIGN % config.block_n:
+            raise ValueError(f"split-K needs config.block_n to divide {SPLIT_COLUMN_ALIGN} (split "
+                             f"boundaries), got {config.block_n}")
+        if SPLIT_ROW_BLOCK % config.block_m:
+            raise ValueError(f"split-K needs config.block_m to divide {SPLIT_ROW_BLOCK} (the "
+                             f"model's query blocks), got {config.block_m}")
 
 
 def check_config(config, fp8: bool):

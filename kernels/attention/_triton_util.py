@@ -148,24 +148,22 @@ def fmax(a, b):
 
 @triton.jit
 def exp2_ieee(x):
-    """2**x with IEEE subnormal results. Triton's fp32 exp2 is ex2.approx.ftz on NVIDIA
-    GPUs, which flushes results below 2**-126 to 0 where torch.exp2 (the model) keeps
-    them; a correction exp2(-d) with d in (126, 149] must stay > 0 (inf * 0 would be NaN
-    where the model keeps inf). Below -126 the exponent is lifted by 64 and the result
-    scaled back by an IEEE multiply, which keeps subnormals."""
-    small = x < -126.0
-    y = tl.exp2(tl.where(small, x + 64.0, x))
-    return tl.where(small, y * 5.421010862427522e-20, y)  # 2**-64
+    """2**x of fp32 x, correctly rounded to fp32, as the models' ``numerics.exp2``: the
+    power is taken in fp64 and rounded once. Triton's fp32 exp2 is ex2.approx.ftz on NVIDIA
+    GPUs: ~2 ulps off, and it flushes results below 2**-126 to 0 (a correction exp2(-d),
+    d in (126, 149], must stay > 0: inf * 0 would be NaN where the model keeps inf)."""
+    return tl.exp2(x.to(tl.float64)).to(tl.float32)
 
 
 #: CUDA's limit on the second launch-grid dimension (the kernels put B * H there).
 GRID_Y_MAX = 65535
 
 
-def check_launch(tensors, names, *, batch_heads, causal, policy, policy_codes, recorder,
-                 interpret):
+def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret, policy=None,
+                 policy_codes=None):
     """The launch arguments a direct caller of a faithful port could get wrong (q, k, v
-    themselves are checked by ``fa_lab.checks.check_qkv``); errors name the argument."""
+    themselves are checked by ``fa_lab.checks.check_qkv``); errors name the argument.
+    ``policy_codes`` None: the kernel has no rescale policy (generic, SWA), none checked."""
     from fa_lab.policies import RescalePolicy
     from fa_lab.trace import TraceRecorder
 
@@ -176,7 +174,8 @@ def check_launch(tensors, names, *, batch_heads, causal, policy, policy_codes, r
         raise ValueError(f"B * H = {batch_heads} exceeds the launch grid's limit {GRID_Y_MAX}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(policy, RescalePolicy) or policy.name not in policy_codes:
+    if policy_codes is not None and (not isinstance(policy, RescalePolicy)
+                                     or policy.name not in policy_codes):
         raise ValueError(f"policy must be a RescalePolicy named one of {sorted(policy_codes)}, "
                          f"got {policy!r}")
     if recorder is not None and not isinstance(recorder, TraceRecorder):
@@ -193,14 +192,62 @@ def check_launch(tensors, names, *, batch_heads, causal, policy, policy_codes, r
 
 def rows_per_program(interpret: bool, rows: int | None) -> int:
     """Query rows per faithful-kernel program: whole 32-row waves of one 256-row block.
-    Default: one wave compiled (registers), the whole block interpreted (speed). Either is
-    exact, since a wave's vote reads only its own rows."""
+    Default: two waves compiled (the fastest on an H200: probe_faithful_h200.json), the
+    whole block interpreted (speed). Either is exact: a wave's vote reads only its rows."""
     from fa_lab.models.geometry import BLOCK_M, WAVE_ROWS
 
     if rows is None:
-        return BLOCK_M if interpret else WAVE_ROWS
+        return BLOCK_M if interpret else 2 * WAVE_ROWS
     allowed = tuple(WAVE_ROWS << i for i in range(4) if WAVE_ROWS << i <= BLOCK_M)
     if isinstance(rows, bool) or rows not in allowed:
         raise ValueError(f"rows_per_program must be one of {allowed} (whole waves of one block), "
                          f"got {rows!r}")
     return rows
+
+
+@triton.jit
+def fma_f32(a, b, c, VIA_FP64: tl.constexpr):
+    """a * b + c rounded once to fp32 (``v_fma_f32``); a, b, c of one shape. VIA_FP64: for
+    interpreters whose tl.fma rounds twice (``interpreter_fma_rounds_twice``): the product
+    of two fp32 values is exact in fp64, then the sum is rounded (the models' emulation,
+    ``fa_lab.numerics.fma_f32``). Compiled, pass False: tl.fma is one IEEE fma."""
+    if VIA_FP64:
+        r = (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    else:
+        r = tl.fma(a, b, c)
+    return r
+
+
+@triton.jit
+def _fma_probe(A, C, Out):
+    a = tl.load(A + tl.arange(0, 1))
+    tl.store(Out + tl.arange(0, 1), tl.fma(a, a, tl.load(C + tl.arange(0, 1))))
+
+
+_FMA_TWICE: list = []
+
+
+def interpreter_fma_rounds_twice() -> bool:
+    """Does this Triton's interpreter round tl.fma twice (3.6 multiplies, then adds, in
+    fp32; 3.9 rounds once)? (1 + 2**-12)**2 minus its fp32 square is 2**-24 only with a
+    single rounding."""
+    if not _FMA_TWICE:
+        import torch
+
+        a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
+        out = torch.empty_like(a)
+        launch(_fma_probe, (1,), True, a, -(a * a), out)
+        _FMA_TWICE.append(float(out) != 2.0 ** -24)
+    return _FMA_TWICE[0]
+
+
+def runs_interpreted(kernel, interpret: bool) -> bool:
+    """Will ``launch(kernel, grid, interpret, ...)`` interpret? (asked for, or
+    TRITON_INTERPRET=1 when Triton was imported made every @triton.jit interpreted)."""
+    return interpret or isinstance(kernel, InterpretedFunction)
+
+
+def fma_via_fp64(kernel, interpret: bool) -> bool:
+    """The VIA_FP64 switch of ``fma_f32`` for a launch of ``kernel``: True only when it runs
+    interpreted on an interpreter whose tl.fma rounds twice."""
+    return runs_interpreted(kernel, interpret) and interpreter_fma_rounds_twice()

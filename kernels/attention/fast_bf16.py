@@ -32,6 +32,11 @@ a block where some row sum is that large recomputes the scores, decides exactly 
 P. Both variants take the same decisions (tested); the filter is the faster on an H200 and
 the autotuned default.
 
+Split-K (``num_kv_splits``, module ``fast_bf16_splitk``) and packed batches
+(``forward_varlen``, module ``fast_bf16_varlen``) are kernels of their own built from the
+same device pieces: ``_walk`` (a query block's walk over a KV column range, whose first
+tile sets the base), ``_load_q``, ``_normalise`` and ``_lse``.
+
 Measured on an H200 (data/results/bench_h200.json, one run beside its peers), B2 S8192
 H32 D128 bf16: lazy 490 TFLOP/s non-causal (1.41x SDPA FlashAttention, 1.04x compiled
 flex_attention, 0.81x cuDNN), 447 causal; lazy_unfixed within 0.3 % of lazy (the same
@@ -137,8 +142,10 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
           n0, rows, seqlen_kv, diag, threshold, vote_limit, rebase,
           DTYPE: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, LAZY: tl.constexpr, FIRST: tl.constexpr, MASKED: tl.constexpr,
-          USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
-    """One KV tile: scores, the rescale decision, P, and O += P V."""
+          USE_TMA: tl.constexpr, INTERPRET: tl.constexpr, ROW_SUM_FILTER: tl.constexpr,
+          FLOOR: tl.constexpr):
+    """One KV tile: scores, the rescale decision, P, and O += P V. ``FLOOR``: the first
+    tile's base is at least -3e38 (for rows that may see no column: P = 0, not NaN)."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
     if INTERPRET:
@@ -146,7 +153,7 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
     s = _scores(qs, k, n0, rows, seqlen_kv, diag, 0.0, BLOCK_M, BLOCK_N, CAUSAL, MASKED, INTERPRET)
     if FIRST:
         m = tl.max(s, 1)
-        if CAUSAL:
+        if FLOOR:
             m = tl.maximum(m, -3e38)
         p = tl.math.exp2(s - m[:, None])
         row_sum = tl.sum(p, 1)
@@ -195,6 +202,72 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
     return acc, l, m
 
 
+@triton.jit
+def _walk(qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, kv_row0, kv_col0,
+          kv_lo, kv_hi, m0, rows, diag, threshold, vote_limit, rebase,
+          DTYPE: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          CAUSAL: tl.constexpr, LAZY: tl.constexpr, USE_TMA: tl.constexpr,
+          INTERPRET: tl.constexpr, ROW_SUM_FILTER: tl.constexpr, FLOOR: tl.constexpr):
+    """KV columns [kv_lo, kv_hi) for the query block at row m0 (kv_lo a multiple of
+    BLOCK_N; kv_hi at most the sequence's Skv; ``diag`` = Skv - Sq): the range's first tile
+    sets the base, as a whole KV walk's tile 0 does (floored at -3e38 with ``FLOOR``, as
+    causal walks are: then an empty range gives l = 0, O = 0). Returns (acc, l, m)."""
+    t_lo = kv_lo // BLOCK_N
+    # Tiles [t_lo, n_full) need no mask; [n_full, n_end) do (causal diagonal, ragged end).
+    n_end = tl.cdiv(kv_hi, BLOCK_N)
+    n_full = kv_hi // BLOCK_N
+    if CAUSAL:
+        last = m0 + BLOCK_M - 1 + diag  # last visible column of the block's bottom row
+        n_end = tl.minimum(n_end, tl.where(last >= 0, last // BLOCK_N + 1, 0))
+        first = m0 + diag + 1  # columns visible to the block's top row
+        n_full = tl.minimum(n_full, tl.where(first >= 0, first // BLOCK_N, 0))
+    # a block that sees none of the range still runs its first tile: out 0, l 0
+    n_end = tl.maximum(n_end, t_lo + 1)
+
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
+                      kv_row0, kv_col0, kv_lo, rows, kv_hi, diag, threshold, vote_limit, rebase,
+                      DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY, True, True, USE_TMA, INTERPRET,
+                      ROW_SUM_FILTER, FLOOR)
+    # (counted from 0: a run-time lower bound cost registers in the pipelined loop)
+    for t in range(0, n_full - t_lo - 1):
+        acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
+                          kv_row0, kv_col0, kv_lo + (t + 1) * BLOCK_N, rows, kv_hi, diag,
+                          threshold, vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL,
+                          LAZY, False, False, USE_TMA, INTERPRET, ROW_SUM_FILTER, FLOOR)
+    for t in range(tl.maximum(n_full, t_lo + 1), n_end):
+        acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
+                          kv_row0, kv_col0, t * BLOCK_N, rows, kv_hi, diag, threshold,
+                          vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY, False,
+                          True, USE_TMA, INTERPRET, ROW_SUM_FILTER, FLOOR)
+    return acc, l, m
+
+
+@triton.jit
+def _load_q(q_base, stride_qs, rows, row_ok, scale_log2, D: tl.constexpr,
+            DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Qs = round(Q * c) for ``rows`` of one (sequence, head); ``q_base`` points at row 0.
+    Padding rows read 0 (and still vote, as the model's)."""
+    ptrs = q_base + rows.to(tl.int64)[:, None] * stride_qs + tl.arange(0, D)[None, :]
+    q = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    return _round_input(q.to(tl.float32) * scale_log2, DTYPE, INTERPRET)
+
+
+@triton.jit
+def _normalise(acc, l, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """out = round(O * (1/l if l > 0 else 0))."""
+    inv = tl.where(l > 0, 1.0 / l, 0.0)
+    return _round_input(acc * inv[:, None], DTYPE, INTERPRET)
+
+
+@triton.jit
+def _lse(l, m):
+    """lse = m ln2 + ln l, natural log; -inf when l = 0."""
+    return tl.where(l == 0, float("-inf"), m * 0.6931471805599453 + tl.log(l))
+
+
 # Lengths and head counts are not specialised: one compile serves every shape.
 @triton.jit(do_not_specialize=["H", "GROUP", "seqlen_q", "seqlen_kv", "rebase"])
 def _attn_fwd(Q, K, V, Out, Lse, desc_k, desc_v,
@@ -214,57 +287,19 @@ def _attn_fwd(Q, K, V, Out, Lse, desc_k, desc_v,
     hk = h // GROUP
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
     row_ok = rows < seqlen_q
-
-    # Q once: padding rows read 0 (and still vote, as the model's).
-    q_ptrs = (Q + b.to(tl.int64) * stride_qb + h * stride_qh
-              + rows.to(tl.int64)[:, None] * stride_qs + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    qs = _round_input(q.to(tl.float32) * scale_log2, DTYPE, INTERPRET)
-
-    k_base = K + b.to(tl.int64) * stride_kb + hk * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + hk * stride_vh
-    kv_row0 = b * seqlen_kv
-    kv_col0 = hk * D
-
-    # Tiles [0, n_full) need no mask; [n_full, n_end) do (causal diagonal, ragged end).
-    n_tiles = tl.cdiv(seqlen_kv, BLOCK_N)
-    n_full = seqlen_kv // BLOCK_N
-    diag = seqlen_kv - seqlen_q
-    n_end = n_tiles
-    if CAUSAL:
-        last = m0 + BLOCK_M - 1 + diag  # last visible column of the block's bottom row
-        n_end = tl.minimum(n_tiles, tl.where(last >= 0, last // BLOCK_N + 1, 0))
-        first = m0 + diag + 1  # columns visible to the block's top row
-        n_full = tl.minimum(n_full, tl.where(first >= 0, first // BLOCK_N, 0))
-    n_end = tl.maximum(n_end, 1)  # fully masked blocks still run tile 0: out 0, lse -inf
-
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
-                      kv_row0, kv_col0, 0, rows, seqlen_kv, diag, threshold, vote_limit, rebase,
-                      DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY, True, True, USE_TMA, INTERPRET,
-                      ROW_SUM_FILTER)
-    for t in range(1, n_full):
-        acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
-                          kv_row0, kv_col0, t * BLOCK_N, rows, seqlen_kv, diag, threshold,
-                          vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY, False,
-                          False, USE_TMA, INTERPRET, ROW_SUM_FILTER)
-    for t in range(tl.maximum(n_full, 1), n_end):
-        acc, l, m = _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs,
-                          kv_row0, kv_col0, t * BLOCK_N, rows, seqlen_kv, diag, threshold,
-                          vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY, False,
-                          True, USE_TMA, INTERPRET, ROW_SUM_FILTER)
-
-    inv = tl.where(l > 0, 1.0 / l, 0.0)
-    out = _round_input(acc * inv[:, None], DTYPE, INTERPRET)
+    qs = _load_q(Q + b.to(tl.int64) * stride_qb + h * stride_qh, stride_qs, rows, row_ok,
+                 scale_log2, D, DTYPE, INTERPRET)
+    acc, l, m = _walk(qs, desc_k, desc_v, K + b.to(tl.int64) * stride_kb + hk * stride_kh,
+                      V + b.to(tl.int64) * stride_vb + hk * stride_vh, stride_ks, stride_vs,
+                      b * seqlen_kv, hk * D, 0, seqlen_kv, m0, rows, seqlen_kv - seqlen_q,
+                      threshold, vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY,
+                      USE_TMA, INTERPRET, ROW_SUM_FILTER, CAUSAL)
+    out = _normalise(acc, l, DTYPE, INTERPRET)
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h * stride_oh
-              + rows.to(tl.int64)[:, None] * stride_os + offs_d[None, :])
+              + rows.to(tl.int64)[:, None] * stride_os + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    lse = tl.where(l == 0, float("-inf"), m * 0.6931471805599453 + tl.log(l))
-    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, lse, mask=row_ok)
+    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, _lse(l, m), mask=row_ok)
 
 
 def _set_block_shapes(nargs):
@@ -280,11 +315,15 @@ _TUNED = common.autotuners(_attn_fwd, CONFIGS, ["seqlen_q", "seqlen_kv", "H", "G
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: RescalePolicy, interpret: bool = False, config: Config | None = None):
+            policy: RescalePolicy, interpret: bool = False, config: Config | None = None,
+            num_kv_splits: int = 1):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (D 64 or 128).
 
     ``interpret=True`` runs CPU tensors through Triton's interpreter. ``config`` pins a
     launch configuration (default: autotuned on the GPU, small tiles when interpreted).
+    ``num_kv_splits`` > 1 runs split-K (``fast_bf16_splitk``): the model's split boundaries,
+    one program per (query block, batch x head, split), then a combine kernel; 1 is the
+    plain kernel, as in the model.
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
     """
     common.check_qkv(q, k, v, DTYPES, HEAD_DIMS)
@@ -293,35 +332,51 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     common.check_policy(policy, POLICIES_BF16, "bf16/f16")
     common.check_device(q, interpret)
     config = common.check_config(config, fp8=False)
+    common.check_splits(num_kv_splits, config)
     if config is None and interpret:
         config = INTERPRET_CONFIG
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if num_kv_splits > 1:
+        from . import fast_bf16_splitk
+        return fast_bf16_splitk.run(q, k, v, causal=causal, policy=policy, interpret=interpret,
+                                    config=config, num_splits=num_kv_splits)
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
-    lazy = policy.name != "eager"
-    block_n = config.block_n if config is not None else 64  # re-set by the autotune hook
-    desc_k = common.make_descriptor(k.view(B * Skv, Hkv * D), [block_n, D])
-    desc_v = common.make_descriptor(v.view(B * Skv, Hkv * D), [block_n, D])
+    desc_k, desc_v = descriptors(k.view(B * Skv, Hkv * D), v.view(B * Skv, Hkv * D), D, config)
     args = (q, k, v, out, lse, desc_k, desc_v,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            H, H // Hkv, Sq, Skv, softmax_scale_log2(D), float(policy.threshold),
-            vote_limit(policy.threshold), common.REBASE_RULES.get(policy.name, 0))
-    meta = dict(D=D, CAUSAL=causal, LAZY=lazy, INTERPRET=interpret)
-    if config is None:
-        grid = lambda nargs: (triton.cdiv(Sq, nargs["BLOCK_M"]), B * H)  # noqa: E731
-        _TUNED[lazy][grid](*args, **meta)
-        return out, lse
-    grid = (triton.cdiv(Sq, config.block_m), B * H)
-    launch = config.meta(lazy)
-    if interpret:
-        common.run_interpreted(_attn_fwd, grid, *args, **meta, **launch)
-    else:
-        _attn_fwd[grid](*args, **meta, **launch)
+            H, H // Hkv, Sq, Skv, *policy_args(policy, D))
+    meta = dict(D=D, CAUSAL=causal, LAZY=policy.name != "eager", INTERPRET=interpret)
+    common.launch_fast(_attn_fwd, _TUNED, lambda bm: (triton.cdiv(Sq, bm), B * H), args, meta,
+                       config, interpret)
     return out, lse
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv=None, *,
+                   causal: bool, policy: RescalePolicy, interpret: bool = False,
+                   config: Config | None = None):
+    """Packed (varlen) batches in one launch: see ``fast_bf16_varlen.forward_varlen``."""
+    from .fast_bf16_varlen import forward_varlen as run
+    return run(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=causal,
+               policy=policy, interpret=interpret, config=config)
+
+
+def policy_args(policy: RescalePolicy, head_dim: int) -> tuple:
+    """The kernels' run-time policy arguments: scale_log2, threshold, vote_limit, rebase."""
+    return (softmax_scale_log2(head_dim), float(policy.threshold), vote_limit(policy.threshold),
+            common.REBASE_RULES.get(policy.name, 0))
+
+
+def descriptors(k2d: torch.Tensor, v2d: torch.Tensor, head_dim: int, config: Config | None):
+    """TMA descriptors over 2-D [rows, Hkv * D] views of K and V (the autotuner's pre-hook
+    re-sets their tile shape per config)."""
+    block_n = config.block_n if config is not None else 64
+    return (common.make_descriptor(k2d, [block_n, head_dim]),
+            common.make_descriptor(v2d, [block_n, head_dim]))
 
 
 def vote_limit(threshold: float) -> float:

@@ -16,46 +16,56 @@ kernel's order:
 Policies (``POLICY_CODES``): eager, lazy (PR #1033), lazy_unfixed (upstream main before
 it), fa4_row (FlashAttention-4's per-row decision); the threshold is a run-time argument.
 
+The DUALWAVE_SWP extras, as the model's ``ScoreMods`` (natural-log units in, log2 inside):
+``bias`` [Sq, Skv] and ALiBi slopes [H] or [B, H] add bias * log2 e + (-slope * log2 e) *
+|i + Skv - Sq - j| to the scores before masking (padding rows read a bias of 0 and get
+ALiBi's term, since they vote); ``sink`` [H] is one more logit in the denominator, folded
+in after the last tile. ``num_kv_splits`` > 1 adds a split dimension to the grid: each
+split walks its own tiles with the whole schedule and a combine pass merges them
+(``swp_bf16_splitk``). ``forward_varlen`` runs packed sequences in one launch: each program
+reads its sequence's offsets from cu_seqlens, and blocks and waves count from the
+sequence's first row, as a dense run per sequence would.
+
 Numerics: products of 16-bit inputs are exact in fp32, so every dot is exact products
 summed in fp32 in the dot's own order: compiled, a 16-bit tensor-core dot with fp32
 accumulation; interpreted, fp32 operands holding 16-bit values with input_precision="ieee"
 (TF32 would round them). The P split (columns 0..15, then 16..63) zeroes the other part
 of both P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
 bit manipulation (round to nearest even) because the interpreter's conversion truncates;
-maxima use maxNum; compiled, no a * b + c is fused. Inputs are assumed finite (the
-model's amax propagates a NaN score, the kernel's row max skips it).
+maxima use maxNum; compiled, no a * b + c is fused (the extras' fp32 products and sums
+round one by one, in the model's order). Inputs are assumed finite (the model's amax
+propagates a NaN score, the kernel's row max skips it).
 
 ``forward(..., recorder=...)`` also writes, for the traced rows only, the same per-tile
-record as the model (``fa_lab.trace``).
+record as the model (``fa_lab.trace``), split-K included.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from fa_lab.checks import check_mod, check_qkv
 from fa_lab.models.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS, padded_rows, tiles_for_block
-from fa_lab.models.swp_bf16 import softmax_scale_log2
-from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
+from fa_lab.models.swp_bf16 import softmax_scale_log2, split_ranges
+from fa_lab.numerics import CAUSAL_FLOOR, LN2, LOG2E, f32
 from fa_lab.policies import RescalePolicy
-from fa_lab.trace import STEP_FIELDS, TraceRecorder
+from fa_lab.trace import TraceRecorder
 
-from fa_lab.checks import check_qkv
-
-from ._triton_util import (check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
+from . import swp_bf16_splitk as splitk
+from .swp_bf16_splitk import split_range as _split_range
+from ._trace_plan import N_FIELDS as _N_FIELDS
+from ._trace_plan import TracePlan
+from ._triton_util import (GRID_Y_MAX, check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
                            rows_per_program as _rows_per_program)
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
 POLICY_CODES = {"eager": 0, "lazy": 1, "lazy_unfixed": 2, "fa4_row": 3}
 _DTYPES = (torch.bfloat16, torch.float16)
-# Per-step trace fields, in STEP_FIELDS order (m, mt, vote, fire, dragged, corr, l,
-# o_finite, l_finite), stored as fp32.
-_N_FIELDS = len(STEP_FIELDS)
 
 
 @triton.jit
@@ -68,40 +78,78 @@ def _round_pack(x, IS_BF16: tl.constexpr):
     return r
 
 
+#: How the kernel takes its dot products of 16-bit values (the DOT_MODE switch).
+DOT_EXACT, DOT_TENSOR_CORES = 0, 2
+
+
 @triton.jit
-def _dot16(a, b, NATIVE_DOT: tl.constexpr):
-    """a @ b for fp32 operands that hold 16-bit values (bf16 or f16 in ``b``'s dtype when
-    NATIVE_DOT): every product is exact in fp32 either way, the sum is fp32 in the
-    hardware's order. Compiled, the 16-bit tensor-core product is that same computation
-    at full speed; the interpreter takes fp32 operands (its bf16 dot is wrong)."""
-    if NATIVE_DOT:
-        r = tl.dot(a.to(b.dtype), b, out_dtype=tl.float32)
+def _dot16(a, b, DOT_MODE: tl.constexpr):
+    """a @ b for operands that hold 16-bit values (``b`` keeps its 16-bit dtype for the
+    tensor cores). Every product is exact; the modes differ in the sum.
+    DOT_EXACT (the interpreter): in fp64, rounded once to fp32, bit for bit the model's
+    ``numerics.exact_dot``. Triton 3.6 cannot compile an fp64 dot.
+    DOT_TENSOR_CORES (compiled): the 16-bit tensor-core dot, fp32 accumulation in the
+    hardware's order. Measured on an H200 (data/results/probe_faithful_h200.json), an fp32
+    fma dot in a fixed order (input_precision="ieee") gave the same masks as the tensor
+    cores while running 500x slower (0.41 against 216 TFLOP/s), so only the tensor-core
+    build is kept."""
+    if DOT_MODE == 2:
+        # A run-time zero accumulator: with a constant one, Triton folds ``O + dot(P, V)``
+        # into dot(P, V, acc=O), which adds O inside the tensor core's sum and, measured on
+        # an H200, moved 19 of 1.5M non-finite outputs (data/results/agree_faithful_h200.json).
+        # K and V are finite inputs, so b * 0 sums to 0.
+        zero = tl.sum(tl.sum(b.to(tl.float32) * 0.0, 1), 0)
+        acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + zero
+        r = tl.dot(a.to(b.dtype), b, acc)
     else:
-        r = tl.dot(a, b, input_precision="ieee")
+        r = tl.dot(a.to(tl.float64), b.to(tl.float64), out_dtype=tl.float64).to(tl.float32)
     return r
 
 
 @triton.jit
-def _load16(ptrs, mask, NATIVE_DOT: tl.constexpr):
-    """A K or V tile: kept 16-bit for the tensor cores, widened at once for the
-    interpreter (whose bf16 arithmetic is wrong). Masked entries read 0."""
+def _load16(ptrs, mask, DOT_MODE: tl.constexpr):
+    """A K or V tile: kept 16-bit for the tensor cores, else widened at once (the
+    interpreter's bf16 arithmetic is wrong). Masked entries read 0."""
     x = tl.load(ptrs, mask=mask, other=0.0)
-    if not NATIVE_DOT:
+    if DOT_MODE != 2:
         x = x.to(tl.float32)
     return x
 
 
 @triton.jit
+def _alibi(alibi_log2, rows, cols, Sq, Skv):
+    """ALiBi's term (-slope * log2 e) * |i + Skv - Sq - j| [ROWS, TILE_N]: one fp32 product
+    of the slope's log2 and the integer distance (exact in fp32)."""
+    dist = tl.abs(rows[:, None] + (Skv - Sq) - cols[None, :]).to(tl.float32)
+    return alibi_log2 * dist
+
+
+@triton.jit
 def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
+                 bias_base, stride_bias_q, stride_bias_k, alibi_log2,
                  HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 NATIVE_DOT: tl.constexpr):
-    """S_t = Qs @ K_t^T in log2 units [ROWS, TILE_N], masked columns -inf (padding
-    columns >= Skv read K = 0; causal is bottom-right aligned)."""
+                 HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, LOG2E_F32: tl.constexpr,
+                 DOT_MODE: tl.constexpr):
+    """S_t = Qs @ K_t^T in log2 units [ROWS, TILE_N], plus the bias and ALiBi terms as the
+    model adds them (S + (bias * log2 e + alibi)), masked columns -inf (padding columns
+    >= Skv read K = 0; causal is bottom-right aligned)."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     kt = _load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                 (cols < Skv)[None, :], NATIVE_DOT)
-    s = _dot16(qs, kt, NATIVE_DOT)
+                 (cols < Skv)[None, :], DOT_MODE)
+    s = _dot16(qs, kt, DOT_MODE)
+    if HAS_BIAS:
+        # padding rows and columns read 0 (the columns are masked below anyway); a 16-bit
+        # bias is widened at load (the interpreter's bf16 arithmetic is wrong)
+        ok = (rows < Sq)[:, None] & (cols < Skv)[None, :]
+        b_ptrs = (bias_base + rows.to(tl.int64)[:, None] * stride_bias_q
+                  + cols.to(tl.int64)[None, :] * stride_bias_k)
+        extra = tl.load(b_ptrs, mask=ok, other=0.0).to(tl.float32) * LOG2E_F32
+        if HAS_ALIBI:
+            extra = extra + _alibi(alibi_log2, rows, cols, Sq, Skv)
+        s = s + extra
+    elif HAS_ALIBI:
+        s = s + _alibi(alibi_log2, rows, cols, Sq, Skv)
     masked = (cols >= Skv)[None, :] & (rows >= 0)[:, None]  # (the & only broadcasts)
     if CAUSAL:
         masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
@@ -110,23 +158,23 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
 
 @triton.jit
 def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
-            NATIVE_DOT: tl.constexpr):
+            DOT_MODE: tl.constexpr):
     """V_t [TILE_N, HEAD_DIM] (see ``_load16``); padding rows >= Skv read 0."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     return _load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                   (cols < Skv)[:, None], NATIVE_DOT)
+                   (cols < Skv)[:, None], DOT_MODE)
 
 
 @triton.jit
-def _pv_part(pb, v, lo, hi, TILE_N: tl.constexpr, NATIVE_DOT: tl.constexpr):
+def _pv_part(pb, v, lo, hi, TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
     """Pb[:, lo:hi] @ V[lo:hi] as a full-width dot with the other columns of P and rows of
     V zeroed: a P that is inf or NaN outside the part becomes 0, not inf * 0 = NaN."""
     k = tl.arange(0, TILE_N)
     p_in = (k >= lo) & (k < hi)
     p_part = tl.where(p_in[None, :], pb, 0.0)
     v_part = tl.where(p_in[:, None], v, tl.zeros_like(v))
-    return _dot16(p_part, v_part, NATIVE_DOT)
+    return _dot16(p_part, v_part, DOT_MODE)
 
 
 @triton.jit
@@ -157,30 +205,52 @@ def _record(buf, slot, step, n_steps, keep, m, mt, vote, fire, dragged, corr, l,
 
 
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
-@triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps"])
+@triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps", "num_splits"])
 def _swp_bf16_fwd(
-    Q, K, V, Out, Lse, TraceSlot, TraceBuf,
+    Q, K, V, Out, Lse, PartL, TraceSlot, TraceBuf, Bias, Alibi, Sink, CuSeqQ, CuSeqKv,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_ob, stride_os, stride_oh, stride_od,
-    H, G, Sq, Skv, n_trace_steps,
+    stride_o_split, stride_ob, stride_os, stride_oh, stride_od,
+    stride_l_split, stride_lb, stride_lh,
+    stride_bias_q, stride_bias_k, stride_alibi_b, stride_alibi_h,
+    H, G, Sq, Skv, n_trace_steps, num_splits,
     scale_log2, threshold,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, POLICY: tl.constexpr, IS_BF16: tl.constexpr,
     TRACE: tl.constexpr, ROWS: tl.constexpr, WAVE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
-    NATIVE_DOT: tl.constexpr,
+    LOG2E_F32: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_MODE: tl.constexpr,
 ):
+    """Out/Lse: the output and LSE; with SPLIT, the split's partial output (normalised by
+    its own l) and its running max m, with its l in PartL. VARLEN: the batch index is the
+    sequence's, Sq and Skv and the row offsets come from CuSeqQ/CuSeqKv (the batch
+    strides of q, k, v, out are 0)."""
     chunk = tl.program_id(0)  # ROWS consecutive query rows: whole waves of one block
     bh = tl.program_id(1)
+    split = tl.program_id(2)
     b = (bh // H).to(tl.int64)
     h = bh % H
     hkv = (h // G).to(tl.int64)
     h = h.to(tl.int64)
-    rows = chunk * ROWS + tl.arange(0, ROWS)  # global query rows, padding rows included
+    q_start = 0
+    kv_start = 0
+    if VARLEN:
+        q_start = tl.load(CuSeqQ + b)
+        Sq = tl.load(CuSeqQ + b + 1) - q_start
+        kv_start = tl.load(CuSeqKv + b)
+        Skv = tl.load(CuSeqKv + b + 1) - kv_start
+        q_start = q_start.to(tl.int64)  # (offsets into packed tensors)
+        kv_start = kv_start.to(tl.int64)
+        # rows past this sequence, or a sequence without keys: out stays 0, lse -inf
+        if (chunk * ROWS >= Sq) | (Skv == 0):
+            return
+    rows = chunk * ROWS + tl.arange(0, ROWS)  # query rows of the sequence, padding included
     row_ok = rows < Sq
     rows64 = rows.to(tl.int64)
+    qrows64 = rows64 + q_start  # rows of the (packed) tensors
     offs_d = tl.arange(0, HEAD_DIM)
 
     # The block's tile count N: ceil(Skv/64), cut at the causal diagonal, even, >= 4.
@@ -190,13 +260,23 @@ def _swp_bf16_fwd(
         reach = tl.maximum(q0 + BLOCK_ROWS + Skv - Sq, 0)
         n_tiles = tl.minimum(n_tiles, (reach + TILE_N - 1) // TILE_N)
     N = tl.maximum(n_tiles + n_tiles % 2, 4)
+    t0 = 0  # the first tile this program walks (a split's own range)
+    if SPLIT:
+        t0, t_end = _split_range(N, split, num_splits)
+        if t_end == t0:  # an empty split: its buffers already hold m = -1e30, l = 0, O = 0
+            return
+        N = t_end - t0
 
     # Q pre-scaled into log2 units and rounded once; padding rows read Q = 0.
-    q_ptrs = Q + b * stride_qb + h * stride_qh + rows64[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    q_ptrs = Q + b * stride_qb + h * stride_qh + qrows64[:, None] * stride_qs + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
     qs = _round_pack(q * scale_log2, IS_BF16)
-    k_base = K + b * stride_kb + hkv * stride_kh
-    v_base = V + b * stride_vb + hkv * stride_vh
+    k_base = K + b * stride_kb + kv_start * stride_ks + hkv * stride_kh
+    v_base = V + b * stride_vb + kv_start * stride_vs + hkv * stride_vh
+    bias_base = Bias + q_start * stride_bias_q
+    alibi_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_log2 = -(tl.load(Alibi + b * stride_alibi_b + h * stride_alibi_h) * LOG2E_F32)
 
     if TRACE:
         slot = tl.load(TraceSlot + (b * H + h) * Sq + rows64, mask=row_ok, other=-1)
@@ -204,7 +284,9 @@ def _swp_bf16_fwd(
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
-    s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, 0, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
+    s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0, Sq, Skv, bias_base, stride_bias_q,
+                     stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS, HAS_ALIBI,
+                     LOG2E_F32, DOT_MODE)
     m = tl.max(s, axis=1)
     if CAUSAL:
         m = fmax(m, tl.full([ROWS], FLOOR, tl.float32))
@@ -213,15 +295,17 @@ def _swp_bf16_fwd(
     O = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     ones = l + 1.0
     if TRACE:
-        _record(TraceBuf, slot, 0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
+        _record(TraceBuf, slot, t0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
 
     # Main loop: the only place a lazy policy decides, by a ballot of each 32-row wave.
     for t in range(1, N - 3):
         l = l + tl.sum(pf, axis=1)
         pb = _round_pack(pf, IS_BF16)
-        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
-        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N, NATIVE_DOT)  # first PV step, before the rescale
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
+        v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N, DOT_MODE)  # first PV step, before the rescale
+        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
+                         stride_bias_q, stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL,
+                         HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
         if POLICY == 0:  # eager: every row to fmax(m, mt)
             target = fmax(m, mt)
@@ -247,20 +331,22 @@ def _swp_bf16_fwd(
         pb = _round_pack(pb * corr[:, None], IS_BF16)  # the packs not yet consumed
         l = l * corr
         m = target
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N, NATIVE_DOT)
+        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
-            _record(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
-                    N_FIELDS)
+            _record(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr,
+                    l, O, N_FIELDS)
 
     # Epilogue: the last three tiles, always eager.
     mt = m
     corr = ones
     for t in range(N - 3, N):
         l = l + tl.sum(pf, axis=1)
-        v = _v_tile(v_base, stride_vs, stride_vd, t - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
-        O = O + _dot16(_round_pack(pf, IS_BF16), v, NATIVE_DOT)
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv, HEAD_DIM, TILE_N, CAUSAL, NATIVE_DOT)
+        v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+        O = O + _dot16(_round_pack(pf, IS_BF16), v, DOT_MODE)
+        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
+                         stride_bias_q, stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL,
+                         HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)
         mn = fmax(m, mt)
         corr = exp2_ieee(m - mn)
@@ -269,114 +355,218 @@ def _swp_bf16_fwd(
         O = O * corr[:, None]
         l = l * corr
         if TRACE:  # the last tile is recorded after the tail below
-            _record(TraceBuf, slot, t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no, corr,
-                    l, O, N_FIELDS)
+            _record(TraceBuf, slot, t0 + t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no,
+                    corr, l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
-    v = _v_tile(v_base, stride_vs, stride_vd, N - 1, Skv, HEAD_DIM, TILE_N, NATIVE_DOT)
-    O = O + _dot16(_round_pack(pf, IS_BF16), v, NATIVE_DOT)
+    v = _v_tile(v_base, stride_vs, stride_vd, t0 + N - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+    O = O + _dot16(_round_pack(pf, IS_BF16), v, DOT_MODE)
+    if HAS_SINK:
+        if not SPLIT:  # (split-K folds the sink in once, in the combine)
+            # the sink is one more logit in the denominator, with no value row
+            sk = tl.where(yes, tl.load(Sink + h) * LOG2E_F32, 0.0)
+            mn = fmax(m, sk)
+            corr = exp2_ieee(m - mn)
+            O = O * corr[:, None]
+            l = l * corr + exp2_ieee(sk - mn)
+            m = mn
     if TRACE:
-        _record(TraceBuf, slot, N - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O, N_FIELDS)
+        _record(TraceBuf, slot, t0 + N - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O,
+                N_FIELDS)
 
     # Guarded rcp (0 when l <= 0 or NaN); LSE in natural log, -inf when l == 0.
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full([ROWS], 1.0, tl.float32), l), 0.0)
     out = _round_pack(O * rcp[:, None], IS_BF16)
-    o_ptrs = Out + b * stride_ob + h * stride_oh + rows64[:, None] * stride_os + offs_d[None, :] * stride_od
+    o_ptrs = (Out + split * stride_o_split + b * stride_ob + h * stride_oh
+              + qrows64[:, None] * stride_os + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    lse = tl.where(l == 0, float("-inf"), m * LN2_F32 + tl.log(l))
-    tl.store(Lse + (b * H + h) * Sq + rows64, lse, mask=row_ok)
+    ml_off = split * stride_l_split + b * stride_lb + h * stride_lh + rows64
+    if SPLIT:
+        tl.store(Lse + ml_off, m, mask=row_ok)
+        tl.store(PartL + ml_off, l, mask=row_ok)
+    else:
+        lse = tl.where(l == 0, float("-inf"), m * LN2_F32 + tl.log(l))
+        tl.store(Lse + ml_off, lse, mask=row_ok)
 
 
-def _check_inputs(q, k, v, causal, policy, recorder, interpret):
+def _check_mods(q, bias, alibi_slopes, sink, num_kv_splits, *, bias_shape, batch):
+    """bias ``bias_shape`` in q's dtype, ALiBi slopes [H] or [batch, H] and sink [H] fp32,
+    the split count: what a direct caller could get wrong (the api checks the same before
+    dispatch)."""
+    H = q.shape[-2]
+    if bias is not None:
+        check_mod("bias", bias, [bias_shape], q.dtype, q.device)
+        if any(st < 0 for st in bias.stride()):
+            raise ValueError(f"bias has a negative stride {bias.stride()}")
+    if alibi_slopes is not None:
+        check_mod("alibi_slopes", alibi_slopes, [(H,), (batch, H)], torch.float32, q.device)
+    if sink is not None:
+        check_mod("sink", sink, [(H,)], torch.float32, q.device)
+    if isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int):
+        raise TypeError(f"num_kv_splits must be an int, got {type(num_kv_splits).__name__}")
+    if not 1 <= num_kv_splits <= GRID_Y_MAX:
+        raise ValueError(f"num_kv_splits must be >= 1 (and at most {GRID_Y_MAX}), got {num_kv_splits}")
+
+
+def _check_inputs(q, k, v, causal, policy, recorder, interpret, batch_heads=None):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
     B, Sq, H, D, Skv, Hkv = check_qkv(q, k, v, dtypes=_DTYPES, head_dims=(64, 128),
                                       kernel="the swp_bf16 kernel")
-    check_launch((q, k, v), ("q", "k", "v"), batch_heads=B * H, causal=causal, policy=policy,
-                 policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
+    check_launch((q, k, v), ("q", "k", "v"), batch_heads=batch_heads or B * H, causal=causal,
+                 policy=policy, policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: RescalePolicy, recorder: TraceRecorder | None = None, interpret: bool = False,
-            rows_per_program: int | None = None):
-    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, any strides.
-
-    Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log), as
-    ``fa_lab.models.swp_bf16.forward``. ``interpret=True`` runs Triton's interpreter on
-    CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.
-    ``rows_per_program``: query rows per Triton program, whole waves inside one 256-row
-    block (32, 64, 128 or 256); the default is 256 in the interpreter (fewer, larger steps
-    run faster there) and 32 compiled. Results do not depend on it: the ballot only reads
-    a wave's own rows.
-    """
-    _check_inputs(q, k, v, causal, policy, recorder, interpret)
-    B, Sq, H, D = q.shape
-    Skv, Hkv = k.shape[1], k.shape[2]
+def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret, Sq, Skv,
+                    varlen=None, bias=None, alibi_slopes=None, sink=None, split=None, trace=None):
+    """One launch of ``_swp_bf16_fwd``. q, k, v, out are [B, S, H, D] (varlen: [1, total, H,
+    D] views whose batch index the kernel ignores); lse [B, H, Sq]. ``varlen``: (cu_q,
+    cu_kv) int32; ``split``: (num_splits, part_l) with out/lse the partial O and m."""
+    B = q.shape[0]
+    H, D = q.shape[2], q.shape[3]
+    Hkv = k.shape[2]
     dev = q.device
-    out = torch.empty(B, Sq, H, D, dtype=q.dtype, device=dev)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=dev)
-
-    traced = _TracePlan(recorder, B, H, Sq, Skv, causal, dev) if recorder is not None else None
-    slots = traced.slots if traced else torch.empty(1, dtype=torch.int32, device=dev)
-    buf = traced.buf if traced else torch.empty(1, dtype=torch.float32, device=dev)
-    n_steps = traced.n_steps if traced else 1
-
-    rows = _rows_per_program(interpret, rows_per_program)
-    grid = (padded_rows(Sq) // rows, B * H)
+    dummy_f = torch.empty(1, dtype=torch.float32, device=dev)
+    dummy_i = torch.empty(1, dtype=torch.int32, device=dev)
+    qkvo_strides = [list(x.stride()) for x in (q, k, v)]
+    o_strides = list(out.stride())
+    if split is None:
+        o_strides = [0, *o_strides]  # no split dimension
+        l_strides = [0, *lse.stride()[:2]]
+        n_splits, part_l = 1, dummy_f
+    else:
+        n_splits, part_l = split
+        l_strides = list(lse.stride()[:3])
+    if varlen is not None:  # the program's sequence offsets replace the batch strides
+        for st in qkvo_strides:
+            st[0] = 0
+        o_strides[1] = 0
+    cu_q, cu_kv = varlen if varlen is not None else (dummy_i, dummy_i)
+    if alibi_slopes is not None:
+        alibi_strides = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 \
+            else (0, alibi_slopes.stride(0))
+    else:
+        alibi_strides = (0, 0)
+    bias_strides = bias.stride() if bias is not None else (0, 0)
+    slots = trace.slots if trace else dummy_i
+    buf = trace.buf if trace else dummy_f
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx:
         launch(
             _swp_bf16_fwd, grid, interpret,
-            q, k, v, out, lse, slots, buf,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            H, H // Hkv, Sq, Skv, n_steps,
+            q, k, v, out, lse, part_l, slots, buf,
+            bias if bias is not None else dummy_f,
+            alibi_slopes if alibi_slopes is not None else dummy_f,
+            sink.contiguous() if sink is not None else dummy_f,
+            cu_q, cu_kv,
+            *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
+            *bias_strides, *alibi_strides,
+            H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
             softmax_scale_log2(D), f32(policy.threshold),
             HEAD_DIM=D, CAUSAL=causal, POLICY=POLICY_CODES[policy.name],
-            IS_BF16=q.dtype == torch.bfloat16, TRACE=traced is not None, ROWS=rows, WAVE=WAVE_ROWS,
+            IS_BF16=q.dtype == torch.bfloat16, TRACE=trace is not None, ROWS=rows, WAVE=WAVE_ROWS,
             BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=_N_FIELDS,
-            FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), NATIVE_DOT=not interpret,
+            FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),
+            HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None,
+            HAS_SINK=sink is not None, SPLIT=split is not None, VARLEN=varlen is not None,
+            DOT_MODE=DOT_EXACT if interpret else DOT_TENSOR_CORES,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+            policy: RescalePolicy, recorder: TraceRecorder | None = None, interpret: bool = False,
+            rows_per_program: int | None = None, bias: torch.Tensor | None = None,
+            alibi_slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None,
+            num_kv_splits: int = 1):
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, any strides.
+
+    Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log), as
+    ``fa_lab.models.swp_bf16.forward``, with the same optional ``bias`` [Sq, Skv] (q's
+    dtype), ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (fp32), natural-log units, and
+    ``num_kv_splits`` (split-K with its combine pass). ``interpret=True`` runs Triton's
+    interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.
+    ``rows_per_program``: query rows per Triton program, whole waves inside one 256-row
+    block (32, 64, 128 or 256); the default is 256 in the interpreter (fewer, larger steps
+    run faster there) and 64 compiled (fastest on an H200). Results do not depend on it:
+    the ballot only reads a wave's own rows.
+    """
+    _check_inputs(q, k, v, causal, policy, recorder, interpret)
+    B, Sq, H, D = q.shape
+    Skv = k.shape[1]
+    _check_mods(q, bias, alibi_slopes, sink, num_kv_splits, bias_shape=(Sq, Skv), batch=B)
+    rows = _rows_per_program(interpret, rows_per_program)
+    dev = q.device
+    out = torch.empty(B, Sq, H, D, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=dev)
+
+    traced = None
+    if recorder is not None:
+        traced = TracePlan(recorder, (B, H, Sq), _trace_schedule(Sq, Skv, causal, num_kv_splits), dev)
+    grid = (padded_rows(Sq) // rows, B * H, num_kv_splits)
+    kw = dict(grid=grid, rows=rows, causal=causal, policy=policy, interpret=interpret, Sq=Sq,
+              Skv=Skv, bias=bias, alibi_slopes=alibi_slopes, trace=traced)
+    if num_kv_splits == 1:
+        _launch_forward(q, k, v, out, lse, sink=sink, **kw)
+    else:
+        part_o, part_m, part_l = splitk.partials(num_kv_splits, B, Sq, H, D, q.dtype, dev)
+        _launch_forward(q, k, v, part_o, part_m, split=(num_kv_splits, part_l), **kw)
+        splitk.combine(part_o, part_m, part_l, sink, out, lse, rows=rows, interpret=interpret)
     if traced is not None:
         traced.emit(out, lse)
     return out, lse
 
 
-class _TracePlan:
-    """Which rows the kernel traces (a slot per distinct traced row, -1 elsewhere) and how
-    its per-step buffer turns back into the recorder's records."""
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int | None = None,
+                   *, causal: bool, policy: RescalePolicy, interpret: bool = False,
+                   rows_per_program: int | None = None, bias: torch.Tensor | None = None,
+                   alibi_slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None):
+    """Packed sequences in one launch: q [total_q, H, D], k and v [total_kv, Hkv, D];
+    sequence b owns q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] and the matching kv rows
+    (``fa_lab.varlen``). Each sequence runs exactly as a dense call of its own: its own
+    256-row blocks and waves, causal diagonal and ALiBi distances. ``bias`` is
+    [total_q, max_seqlen_kv] (global q rows, the sequence's own key columns); ALiBi slopes
+    [H] or [B, H]; ``sink`` [H]. Returns (out [total_q, H, D], lse [B, H, max_seqlen_q]),
+    out 0 and lse -inf past each sequence and for sequences without keys.
+    """
+    from fa_lab import varlen
 
-    def __init__(self, recorder: TraceRecorder, B, H, Sq, Skv, causal, dev):
-        self.recorder = recorder
-        keys = sorted(set(recorder.triples))
-        self.slot_of = {key: i for i, key in enumerate(keys)}
-        for (b, h, s) in keys:
-            if not (0 <= b < B and 0 <= h < H and 0 <= s < Sq):
-                raise ValueError(f"recorder: traced row (batch {b}, head {h}, row {s}) is out of range")
-        # Each row's tile count is its 256-row block's (causal blocks stop at the diagonal).
-        self.n_tiles = {key: tiles_for_block(key[2] // BLOCK_M * BLOCK_M, Sq, Skv, causal)
-                        for key in keys}
-        self.n_steps = max(self.n_tiles.values())
-        slots = torch.full((B, H, Sq), -1, dtype=torch.int32)
-        for key, i in self.slot_of.items():
-            slots[key] = i
-        self.slots = slots.to(dev)
-        self.buf = torch.full((len(keys), self.n_steps, _N_FIELDS), float("nan"),
-                              dtype=torch.float32, device=dev)
+    if not isinstance(v, torch.Tensor) or v.dim() != 3:  # (varlen.check checks q and k)
+        shape = list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"varlen v must be packed [total, H, D], got {shape}")
+    packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    if packing is None:
+        raise ValueError("forward_varlen needs cu_seqlens_q and cu_seqlens_kv")
+    nseq, H = packing.batch, q.shape[1]
+    _check_inputs(q[None], k[None], v[None], causal, policy, None, interpret, batch_heads=nseq * H)
+    _check_mods(q, bias, alibi_slopes, sink, 1, bias_shape=(q.shape[0], packing.max_seqlen_kv),
+                batch=nseq)
+    rows = _rows_per_program(interpret, rows_per_program)
+    dev = q.device
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    lse = torch.full((nseq, H, packing.max_seqlen_q), float("-inf"), dtype=torch.float32, device=dev)
+    grid = (padded_rows(packing.max_seqlen_q) // rows, nseq * H, 1)
+    if grid[0] > 0:
+        _launch_forward(q[None], k[None], v[None], out[None], lse, grid=grid, rows=rows,
+                        causal=causal, policy=policy, interpret=interpret,
+                        Sq=packing.max_seqlen_q, Skv=packing.max_seqlen_kv,
+                        varlen=(cu_seqlens_q, cu_seqlens_kv), bias=bias,
+                        alibi_slopes=alibi_slopes, sink=sink)
+    return out, lse
 
-    def emit(self, out, lse):
-        """Hand the kernel's record to the recorder, step by step, as the model does."""
-        rec = self.recorder
-        buf = self.buf.cpu().numpy()
-        lanes_by_n: dict[int, list[int]] = {}
-        for lane, key in enumerate(rec.triples):
-            lanes_by_n.setdefault(self.n_tiles[key], []).append(lane)
-        for n, lanes in sorted(lanes_by_n.items()):
-            idx = np.array([self.slot_of[rec.triples[lane]] for lane in lanes])
-            for step in range(n):
-                phase = "prologue" if step == 0 else ("loop" if step <= n - 4 else "epilogue")
-                values = {name: buf[idx, step, f] for f, name in enumerate(STEP_FIELDS)}
-                rec.add_steps(lanes, step, step * BLOCK_N, phase, values)
-        out_cpu = out.float().cpu()
-        lse_cpu = lse.cpu()
-        for lane, (b, h, s) in enumerate(rec.triples):
-            rec.set_final(lane, out_cpu[b, s, h].numpy(), float(lse_cpu[b, h, s]))
+
+def _trace_schedule(Sq, Skv, causal, num_kv_splits):
+    """A traced row's steps, (first column, phase), as the model records them: its block's
+    N tiles, each split (split-K) with its own prologue, loop and eager epilogue."""
+
+    def schedule(key):
+        n = tiles_for_block(key[2] // BLOCK_M * BLOCK_M, Sq, Skv, causal)
+        ranges = [(0, n)] if num_kv_splits == 1 else split_ranges(n, num_kv_splits)
+        steps = []
+        for t0, t_end in ranges:
+            for t in range(t_end - t0):
+                phase = "prologue" if t == 0 else ("loop" if t <= t_end - t0 - 4 else "epilogue")
+                steps.append(((t0 + t) * BLOCK_N, phase))
+        return steps
+
+    return schedule
