@@ -24,8 +24,9 @@ if "fa_lab.kernels" not in _sys.modules and _ilu.find_spec("fa_lab.kernels") is 
 
 from . import metrics, policies, reference  # noqa: E402
 from .api import count_rescales, flash_attn_func, swa_attn_func, trace  # noqa: E402
+from .compare import compare  # noqa: E402
 from .trace import Trace  # noqa: E402
 
-__all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "Trace", "reference",
-           "metrics", "policies"]
+__all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
+           "reference", "metrics", "policies"]
 __version__ = "0.1.0"

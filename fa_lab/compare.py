@@ -1,0 +1,140 @@
+"""``fa_lab.compare``: run one call on two backends and report how the outputs differ.
+
+The question a kernel engineer asks of a model and a kernel (or two kernels) on the same
+inputs: do they fail at the same places, and how close are they elsewhere?
+
+    c = fa_lab.compare(q, k, v, a="emulator", b="flydsl", causal=False, rescale="lazy")
+    print(c)            # non-finite masks side by side, rel-L2 where both are finite
+    assert c.same_masks
+
+Any two of ``flash_attn_func``'s backends work (``emulator`` vs ``interpret`` on a CPU,
+``emulator`` vs ``triton`` on an NVIDIA GPU, ``emulator`` vs ``flydsl`` on an MI355X).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+KINDS = {"nan": torch.isnan,
+         "+inf": lambda x: x == math.inf,
+         "-inf": lambda x: x == -math.inf}
+
+
+@dataclass(frozen=True)
+class MaskDiff:
+    """One kind of non-finite value (NaN, +inf or -inf) in a and in b."""
+
+    kind: str
+    in_a: int
+    in_b: int
+    differ: int  # positions non-finite of this kind in exactly one of them
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How two tensors of one shape differ: masks, then values where both are finite."""
+
+    name: str
+    elements: int
+    masks: tuple[MaskDiff, ...]
+    both_finite: int
+    rel_l2: float  # over positions finite in both; NaN when there are none
+    max_abs: float
+
+    @property
+    def same_masks(self) -> bool:
+        return all(m.differ == 0 for m in self.masks)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.name}: {self.elements:,} elements"]
+        for m in self.masks:
+            out.append(f"  {m.kind:>4}: a {m.in_a:,}  b {m.in_b:,}  differ at {m.differ:,}")
+        out.append(f"  where both finite ({self.both_finite:,}): rel-L2 {self.rel_l2:.3e}, "
+                   f"max |a - b| {self.max_abs:.3e}")
+        return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: str
+    b: str
+    out: TensorDiff
+    lse: TensorDiff | None
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def same_masks(self) -> bool:
+        return self.out.same_masks and (self.lse is None or self.lse.same_masks)
+
+    def __str__(self) -> str:
+        lines = [f"compare a={self.a} b={self.b}"] + self.out.lines()
+        if self.lse is not None:
+            lines += self.lse.lines()
+        return "\n".join(lines)
+
+
+def tensor_diff(name: str, a: torch.Tensor, b: torch.Tensor) -> TensorDiff:
+    """Masks and values of a and b (same shape; b is moved to a's device)."""
+    if a.shape != b.shape:
+        raise ValueError(f"{name}: shapes differ, a {tuple(a.shape)} b {tuple(b.shape)}")
+    a = a.double()
+    b = b.to(a.device).double()
+    masks = []
+    for kind, fn in KINDS.items():
+        ma, mb = fn(a), fn(b)
+        masks.append(MaskDiff(kind, int(ma.sum()), int(mb.sum()), int((ma ^ mb).sum())))
+    both = torch.isfinite(a) & torch.isfinite(b)
+    n = int(both.sum())
+    if n:
+        da, db = a[both], b[both]
+        norm = float(torch.linalg.vector_norm(db))
+        diff = float(torch.linalg.vector_norm(da - db))
+        rel = diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+        max_abs = float((da - db).abs().max())
+    else:
+        rel = max_abs = math.nan
+    return TensorDiff(name, a.numel(), tuple(masks), n, rel, max_abs)
+
+
+def _preflight(backend: str, q) -> None:
+    """Raise now what ``backend`` would raise about where it runs."""
+    if not isinstance(q, torch.Tensor):
+        return  # flash_attn_func names the bad argument
+    if backend == "flydsl":
+        from . import flydsl
+        flydsl.check_device(q.device)
+        flydsl.upstream_function()
+    elif backend == "triton" and q.device.type != "cuda":
+        raise ValueError(f"backend 'triton' needs GPU tensors, got tensors on {q.device}")
+    elif backend == "interpret" and q.device.type != "cpu":
+        raise ValueError(f"backend 'interpret' runs on CPU tensors, got tensors on {q.device}")
+
+
+def compare(q, k, v, *, a: str = "emulator", b: str = "flydsl", lse: bool = True,
+            **kwargs) -> Comparison:
+    """Run ``flash_attn_func(q, k, v, backend=a, **kwargs)`` and the same with
+    ``backend=b``; compare out (and LSE when ``lse``). Whether both backends can run here
+    is checked before either runs, so a missing FlyDSL or GPU costs no model time."""
+    from .api import BACKENDS, flash_attn_func
+
+    for name, backend in (("a", a), ("b", b)):
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"{name}={backend!r}; choose one of {BACKENDS}")
+    if a == b:
+        raise ValueError(f"a and b are both {a!r}; compare two different backends")
+    if not isinstance(lse, bool):
+        raise TypeError(f"lse must be a bool, got {type(lse).__name__}")
+    if "backend" in kwargs or "return_lse" in kwargs:
+        raise TypeError("compare sets backend (a, b) and return_lse (lse) itself")
+    for backend in (a, b):
+        _preflight(backend, q)
+    res_a = flash_attn_func(q, k, v, backend=a, return_lse=lse, **kwargs)
+    res_b = flash_attn_func(q, k, v, backend=b, return_lse=lse, **kwargs)
+    out_a, lse_a = res_a if lse else (res_a, None)
+    out_b, lse_b = res_b if lse else (res_b, None)
+    return Comparison(a, b, tensor_diff("out", out_a, out_b),
+                      tensor_diff("lse", lse_a, lse_b) if lse else None,
+                      {k_: v_ for k_, v_ in kwargs.items() if not isinstance(v_, torch.Tensor)})
