@@ -1,6 +1,5 @@
-"""On a GPU: the faithful bf16 port's speed per rows_per_program, and where its NaN mask
-differs from the model's, set beside how much the model differs from itself between
-devices (CPU vs CUDA: the same semantics, another fp32 summation order).
+"""On a GPU: the faithful bf16 port's speed per rows_per_program at the seed's full size,
+and where its NaN/inf masks differ from the model's on the GPU test's inputs.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_faithful_gpu.py --out result.json
 """
@@ -45,18 +44,18 @@ def main():
     ref_nan = None
     for rows in (32, 64, 128):
         t0 = time.time()
-        out, _ = swp_bf16.forward(q, k, v, causal=False, policy=pol, rows_per_program=rows)
+        run = lambda: swp_bf16.forward(q, k, v, causal=False, policy=pol,  # noqa: E731
+                                       rows_per_program=rows)
+        out, _ = run()
         torch.cuda.synchronize()
         first = time.time() - t0
-        ms = triton.testing.do_bench(
-            lambda: swp_bf16.forward(q, k, v, causal=False, policy=pol, rows_per_program=rows),
-            warmup=2, rep=20)
+        ms = triton.testing.do_bench(run, warmup=2, rep=20)
         nan = torch.isnan(out)
         same = ref_nan is None or torch.equal(nan, ref_nan)
         ref_nan = nan if ref_nan is None else ref_nan
         row = {"rows_per_program": rows, "ms": ms, "tflops": flops / ms / 1e9,
                "first_call_s": first, "nan_pct": 100 * nan.float().mean().item(),
-               "nan_mask_same_as_rows32": bool(same)}
+               "nan_mask_same_as_first": bool(same)}
         print(row, flush=True)
         res["speed"].append(row)
     del q, k, v, out
@@ -69,15 +68,12 @@ def main():
         q = torch.randn(2, 2000, 8, 128, generator=g, device=dev).bfloat16()
         k = (torch.randn(2, 2300, 2, 128, generator=g, device=dev) * 48).bfloat16()
         v = torch.randn(2, 2300, 2, 128, generator=g, device=dev).bfloat16()
-        for policy in ("lazy_unfixed", "lazy", "eager", "fa4_row"):
+        for policy in ("lazy_unfixed", "lazy"):
             kw = dict(causal=causal, rescale=policy, kernel="swp_bf16", return_lse=True)
-            ok, _ = fa_lab.flash_attn_func(q, k, v, backend="triton", **kw)
             om, _ = fa_lab.flash_attn_func(q, k, v, backend="emulator", **kw)
-            oc, _ = fa_lab.flash_attn_func(q.cpu(), k.cpu(), v.cpu(), backend="emulator", **kw)
-            row = {"causal": causal, "policy": policy,
-                   "kernel_vs_model_cuda": mask_diff(ok, om),
-                   "model_cpu_vs_model_cuda": mask_diff(oc, om),
-                   "kernel_vs_model_cpu": mask_diff(ok, oc)}
+            row = {"causal": causal, "policy": policy}
+            ok, _ = swp_bf16.forward(q, k, v, causal=causal, policy=RescalePolicy(policy))
+            row["kernel_vs_model"] = mask_diff(ok, om)
             print(row, flush=True)
             res["agreement"].append(row)
     atomic_write_json(Path(args.out), {

@@ -1,7 +1,8 @@
 """``fa-lab``: the lab's command line.
 
     fa-lab table [--which bf16|fp8|both] [--full] [--device cuda] [--B .. --S .. --H ..]
-    fa-lab bench [--shapes 0,1,..] [--impls a,b,..] [--sweep] [--out-dir DIR] [--no-save]
+    fa-lab bench [--suite dense,splitk,varlen] [--shapes 0,1,..] [--impls a,b,..] [--sweep]
+                 [--out-dir DIR] [--no-save]
     fa-lab lab                       JupyterLab on notebooks/
 """
 
@@ -89,15 +90,23 @@ def _table(args) -> int:
 def _bench(args) -> int:
     from . import bench
 
-    shapes = bench.SHAPES
+    suites = tuple(x for x in args.suite.split(",") if x)
+    impls = tuple(args.impls.split(",")) if args.impls else None
+    try:
+        jobs = bench.suite_jobs(suites, impls)
+    except ValueError as e:
+        raise SystemExit(f"fa-lab bench: {e}")
     if args.shapes:
         try:
-            shapes = tuple(bench.SHAPES[int(i)] for i in args.shapes.split(","))
+            jobs = [jobs[int(i)] for i in args.shapes.split(",")]
         except (ValueError, IndexError):
-            raise SystemExit(f"--shapes takes indices 0..{len(bench.SHAPES) - 1}, got {args.shapes!r}")
-    impls = tuple(args.impls.split(",")) if args.impls else bench.IMPLS
-    params = {"shapes": [s.name for s in shapes], "impls": list(impls), "warmup_ms": args.warmup,
-              "rep_ms": args.rep, "seed": args.seed}
+            raise SystemExit(f"--shapes takes indices 0..{len(jobs) - 1} into the shapes of "
+                             f"--suite {','.join(suites)}, got {args.shapes!r}")
+    shapes = [shape for _, shape, _ in jobs]
+    params = {"suites": list(suites), "shapes": [s.name for s in shapes],
+              "impls": sorted({i for _, _, chosen in jobs for i in chosen},
+                              key=bench.ALL_IMPLS.index),
+              "warmup_ms": args.warmup, "rep_ms": args.rep, "seed": args.seed}
     if args.sweep:
         table = bench.config_sweep(shapes[0], warmup=args.warmup, rep=args.rep, seed=args.seed)
         print(table.to_string(index=False))
@@ -112,7 +121,7 @@ def _bench(args) -> int:
                 return bench.save(table, name, directory=args.out_dir,
                                   params={**params, "completed_shapes": done,
                                           "autotune_timings": tuning})
-        table = bench.run(shapes, impls, warmup=args.warmup, rep=args.rep, seed=args.seed,
+        table = bench.run(jobs=jobs, warmup=args.warmup, rep=args.rep, seed=args.seed,
                           on_shape=save, tuning=tuning)
         print(bench.format_table(table))
         if not args.no_save:
@@ -143,8 +152,11 @@ def main(argv=None) -> int:
     t.add_argument("--name", help="result file name (data/results/<name>.json)")
     t.add_argument("--no-save", action="store_true")
     b = sub.add_parser("bench", help="forward TFLOP/s of the fast kernels beside SDPA and flex (CUDA)")
-    b.add_argument("--shapes", help="comma-separated indices into fa_lab.bench.SHAPES (default: all)")
-    b.add_argument("--impls", help="comma-separated implementations (default: all of fa_lab.bench.IMPLS)")
+    b.add_argument("--suite", default="dense",
+                   help="comma-separated suites of fa_lab.bench.SUITES: dense (default), splitk, varlen")
+    b.add_argument("--shapes", help="comma-separated indices into the suites' shapes (default: all)")
+    b.add_argument("--impls", help="comma-separated implementations (default: each suite's own; "
+                   "given ones run where they apply)")
     b.add_argument("--sweep", action="store_true",
                    help="time each pinned launch config of the fast kernels at the first shape instead")
     b.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")

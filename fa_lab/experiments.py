@@ -225,14 +225,14 @@ def provenance(device="cpu", **extra) -> dict:
         triton_version = triton.__version__
     except ImportError:  # pragma: no cover - triton is a dependency
         triton_version = None
+    # a copy without its own .git (a GPU machine's snapshot) names its commit in the environment
+    commit = os.environ.get("FA_LAB_GIT_COMMIT")
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                            text=True, timeout=5)
-        commit = r.stdout.strip() if r.returncode == 0 else None
+        commit = commit or (r.stdout.strip() if r.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
-        commit = None
-    # a copy without .git (a GPU machine's snapshot) names its commit in the environment
-    commit = commit or os.environ.get("FA_LAB_GIT_COMMIT")
+        pass
     return {
         "device": name,
         "torch": torch.__version__,
