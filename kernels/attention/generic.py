@@ -20,9 +20,9 @@ the padding-column mask is skipped by upstream's rule (``skips_kv_pad_mask``: no
 with Sq % 64 == 0) unless ``skip_kv_pad_mask`` forces the build. K/V rows past Skv are
 clamped to row Skv - 1 on the 64-column step and read as zeros on the 128-column step.
 
-Numerics: products of 16-bit inputs are exact in fp32, so every dot is exact products
-summed in fp32 in the dot's own order (``swp_bf16._dot16``: 16-bit tensor-core dots
-compiled, fp32 "ieee" dots of 16-bit values interpreted); the packed P is exactly
+Numerics: every dot is ``swp_bf16._dot16``: interpreted, the model's exact sum (fp64,
+rounded once); compiled, 16-bit tensor-core dots (fp32 accumulation in the hardware's
+order, from a run-time zero so that Triton cannot fold O into it); the packed P is exactly
 representable in the input dtype. Compiled, no other a * b + c is fused
 (enable_fp_fusion=False); the exp2 argument is an explicit fma (``fma_f32``; through fp64
 on interpreters whose tl.fma rounds twice, as the model emulates it). The row max

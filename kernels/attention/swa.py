@@ -21,9 +21,8 @@ rounded to bf16 (RNE) once. Masked scores (outside i - LEFT <= j <= i + RIGHT) a
 Out = bf16(O * rcp(l)), rcp guarded by l > 0 with a window only; LSE (the model's
 read-out) = m ln 2 + ln l, -inf where l = 0.
 
-Numerics: products of bf16 values are exact in fp32, so every dot is exact products
-summed in fp32 in the dot's own order (``swp_bf16._dot16``: bf16 tensor-core dots
-compiled, fp32 "ieee" dots of bf16 values interpreted);
+Numerics: every dot is ``swp_bf16._dot16``: interpreted, the model's exact sum (fp64,
+rounded once); compiled, bf16 tensor-core dots (fp32 accumulation in the hardware's order);
 roundings to bf16 are explicit (the interpreter's conversion truncates); maxima are maxNum
 and the row max propagates NaN as the model's torch.amax; compiled, no a * b + c is fused.
 

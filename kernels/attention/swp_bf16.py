@@ -26,10 +26,9 @@ split walks its own tiles with the whole schedule and a combine pass merges them
 reads its sequence's offsets from cu_seqlens, and blocks and waves count from the
 sequence's first row, as a dense run per sequence would.
 
-Numerics: products of 16-bit inputs are exact in fp32, so every dot is exact products
-summed in fp32 in the dot's own order: compiled, a 16-bit tensor-core dot with fp32
-accumulation; interpreted, fp32 operands holding 16-bit values with input_precision="ieee"
-(TF32 would round them). The P split (columns 0..15, then 16..63) zeroes the other part
+Numerics: every dot is ``_dot16``: interpreted, the model's ``numerics.exact_dot`` bit for
+bit (exact products, fp64 sum, one rounding); compiled, a 16-bit tensor-core dot with fp32
+accumulation in the hardware's order (a few ulps off the exact sum). The P split (columns 0..15, then 16..63) zeroes the other part
 of both P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
 bit manipulation (round to nearest even) because the interpreter's conversion truncates;
 maxima use maxNum; compiled, no a * b + c is fused (the extras' fp32 products and sums
