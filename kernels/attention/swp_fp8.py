@@ -16,9 +16,9 @@ Exactness, and where the GPU and the interpreter would otherwise part ways:
 - fp8 loads set NaN from the bits (the interpreter decodes 0x7F/0xFF as +-480);
 - dots widen fp8 to fp32 with ``input_precision="ieee"``: fp8 x fp8 products are exact
   in fp32, so only the fp32 summation order differs from the model;
-- P's fma is ``tl.fma`` (one rounding; the model emulates it in fp64, which can differ
-  only on exact fp32 ties); an interpreter whose tl.fma rounds twice (Triton 3.6) gets
-  the model's fp64 emulation instead;
+- P's fma is ``fma_f32``: ``tl.fma`` (one rounding; the model emulates it in fp64,
+  which can differ only on exact fp32 ties); an interpreter whose tl.fma rounds twice
+  (Triton 3.6) gets the model's fp64 emulation instead;
 - exp2 keeps subnormal results (the GPU's ex2.approx.ftz flushes them), the epilogue
   divides with IEEE ``div_rn``, fp32 mul+add contraction is off, and tile maxima
   propagate NaN as torch.amax does.
@@ -30,35 +30,33 @@ on CPU tensors, with or without ``TRITON_INTERPRET=1`` in the environment.
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from fa_lab.models.geometry import BLOCK_M as ROWS_PER_BLOCK
 from fa_lab.models.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
 from fa_lab.models.swp_fp8 import HEAD_DIM, log2_scale
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
 from fa_lab.policies import RescalePolicy
-from fa_lab.trace import STEP_FIELDS, TraceRecorder
+from fa_lab.trace import TraceRecorder
 
 from fa_lab.checks import check_qkv
 
+from ._trace_plan import N_FIELDS as _N_FIELDS
+from ._trace_plan import TracePlan
 from ._triton_util import fmax as _fmax
-from ._triton_util import check_launch, exp2_ieee, launch, round_bf16
+from ._triton_util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
 from ._triton_util import rows_per_program as _rows_per_program
+from .swp_bf16 import _record
 
 KERNEL = "swp_fp8"
 #: Policy names -> the kernel's constexpr code.
 POLICY_CODES = {"eager": 0, "lazy_unfixed": 1, "lazy_capped": 2, "lazy": 3}
 _FP8 = torch.float8_e4m3fn
-_N_FIELDS = len(STEP_FIELDS)
-_BOOL_FIELDS = frozenset({"vote", "fire", "dragged", "o_finite", "l_finite"})
 
 
 # ---- explicit roundings (bit manipulation on fp32) -------------------------------------
@@ -144,13 +142,8 @@ def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, SATURATE: tl.c
     """One tile's contribution: P = exp2(fma(S, ls, bias)); returns (sum(P) in fp32,
     e4m3(P) @ V8 with fp32 sums). V rows past Skv read 0."""
     bias_b = tl.broadcast_to(bias[:, None], (BLOCK_M, BLOCK_N))
-    if FMA_VIA_FP64:
-        # Interpreters whose tl.fma rounds twice in fp32: the product of two fp32 values is
-        # exact in fp64, then the sum is rounded (the model's own emulation).
-        x = (s.to(tl.float64) * ls + bias_b.to(tl.float64)).to(tl.float32)
-    else:
-        x = tl.fma(s, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls, bias_b)
-    p = exp2_ieee(x)
+    ls_b = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls  # ls > 0: the sum is ls exactly
+    p = exp2_ieee(fma_f32(s, ls_b, bias_b, FMA_VIA_FP64))
     p_sum = tl.sum(p, axis=1)
     cols = col0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -193,9 +186,9 @@ def _fwd_kernel(
 
     n_pairs = tl.load(NTiles + (pid * BLOCK_M) // ROWS_PER_BLOCK) // 2
     if TRACE:
-        slot = tl.load(Slot + bh.to(tl.int64) * Sq + rows64, mask=row_ok, other=-1)
-        traced = slot >= 0
-        rec = Trace + slot.to(tl.int64) * (max_steps * N_FIELDS)
+        # an int64 slot keeps _record's buffer offsets in int64
+        slot = tl.load(Slot + bh.to(tl.int64) * Sq + rows64, mask=row_ok, other=-1).to(tl.int64)
+        yes = rows >= 0
 
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.full((BLOCK_M,), 0.0, tl.float32)
@@ -249,19 +242,9 @@ def _fwd_kernel(
                               SATURATE, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
         l = l + sum_b
         O = O + pv_b
-        if TRACE:
-            o_fin = tl.sum((tl.abs(O) < float("inf")).to(tl.int32), axis=1) == HEAD_DIM
-            l_fin = tl.abs(l) < float("inf")
-            at = rec + p * N_FIELDS
-            tl.store(at + 0, m, mask=traced)
-            tl.store(at + 1, mt, mask=traced)
-            tl.store(at + 2, vote.to(tl.float32), mask=traced)
-            tl.store(at + 3, fire.to(tl.float32), mask=traced)
-            tl.store(at + 4, dragged.to(tl.float32), mask=traced)
-            tl.store(at + 5, corr, mask=traced)
-            tl.store(at + 6, l, mask=traced)
-            tl.store(at + 7, o_fin.to(tl.float32), mask=traced)
-            tl.store(at + 8, l_fin.to(tl.float32), mask=traced)
+        if TRACE:  # one step per tile pair
+            _record(Trace, slot, p, max_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
+                    N_FIELDS)
 
     # Epilogue: rcp(l) if l > 0 else 0 (IEEE division; rcp(inf) = 0, NaN l gives 0).
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), l), 0.0)
@@ -275,30 +258,7 @@ def _fwd_kernel(
     tl.store(Lse + bh.to(tl.int64) * Sq + rows64, lse, mask=row_ok)
 
 
-@triton.jit
-def _fma_probe_kernel(A, C, Out):
-    a = tl.load(A + tl.arange(0, 1))
-    tl.store(Out + tl.arange(0, 1), tl.fma(a, a, tl.load(C + tl.arange(0, 1))))
-
-
 # ---- running the kernels: compiled, or through the interpreter ---------------------------
-
-def _runs_interpreted(interpret: bool) -> bool:
-    """interpret=True, or TRITON_INTERPRET=1 made every @triton.jit an interpreted one."""
-    return interpret or isinstance(_fwd_kernel, InterpretedFunction)
-
-
-@functools.lru_cache(maxsize=1)
-def _interpreter_fma_is_exact() -> bool:
-    """Does this Triton's interpreter round tl.fma once? (3.9 does; 3.6 multiplies and
-    adds in fp32.) 1 + 2**-12 squared minus its two-rounding result is 2**-24 only
-    with a single rounding."""
-    a = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32)
-    c = -(a * a)  # fp32: rounds the 2**-24 away
-    out = torch.empty_like(a)
-    launch(_fma_probe_kernel, (1,), True, a, c, out)
-    return float(out) == 2.0 ** -24
-
 
 def round_e4m3(x: torch.Tensor, saturate: bool = True, *, interpret: bool | None = None):
     """The kernel's fp32 -> e4m3 rounding of P, applied to an fp32 tensor; returns fp32
@@ -361,7 +321,9 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     B, Sq, H, D = q8.shape
     Skv, Hkv = k8.shape[1], k8.shape[2]
     dev = q8.device
-    plan = _TracePlan(recorder, B, H, Sq, Skv, causal, dev) if recorder is not None else None
+    plan = None
+    if recorder is not None:
+        plan = TracePlan(recorder, (B, H, Sq), _trace_schedule(Sq, Skv, causal), dev)
 
     out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=dev)
@@ -377,7 +339,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
             f32(policy.p_headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR))
     meta = dict(CAUSAL=causal, POLICY=POLICY_CODES[policy.name], SATURATE=saturate,
                 TRACE=plan is not None,
-                FMA_VIA_FP64=_runs_interpreted(interpret) and not _interpreter_fma_is_exact(),
+                FMA_VIA_FP64=fma_via_fp64(_fwd_kernel, interpret),
                 N_FIELDS=_N_FIELDS, BLOCK_M=rows, WAVE=WAVE_ROWS, BLOCK_N=BLOCK_N,
                 HEAD_DIM=HEAD_DIM, ROWS_PER_BLOCK=ROWS_PER_BLOCK)
     grid = (triton.cdiv(Sq, rows), B * H)
@@ -394,43 +356,12 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     return out, lse
 
 
-class _TracePlan:
-    """Which rows the kernel traces (a buffer slot per distinct traced row, -1 elsewhere)
-    and how its per-pair buffer turns back into the recorder's records."""
+def _trace_schedule(Sq, Skv, causal):
+    """A traced row's steps, (first column, phase), as the model records them: one per tile
+    pair of its 256-row block (causal blocks stop early), phase 'pair'."""
 
-    def __init__(self, recorder: TraceRecorder, B, H, Sq, Skv, causal, dev):
-        self.recorder = recorder
-        keys = sorted(set(recorder.triples))
-        for (b, h, s) in keys:
-            if not (0 <= b < B and 0 <= h < H and 0 <= s < Sq):
-                raise ValueError(f"recorder: traced row (batch {b}, head {h}, row {s}) is out of range")
-        self.slot_of = {key: i for i, key in enumerate(keys)}
-        # A row's step count is its 256-row block's pair count (causal blocks stop early).
-        self.n_pairs = {key: tiles_for_block(key[2] // ROWS_PER_BLOCK * ROWS_PER_BLOCK,
-                                             Sq, Skv, causal) // 2 for key in keys}
-        self.n_steps = max(self.n_pairs.values()) if keys else 1
-        slots = torch.full((B, H, Sq), -1, dtype=torch.int32)
-        for key, i in self.slot_of.items():
-            slots[key] = i
-        self.slots = slots.to(dev)
-        self.buf = torch.full((max(1, len(keys)), self.n_steps, _N_FIELDS), float("nan"),
-                              dtype=torch.float32, device=dev)
+    def schedule(key):
+        n_pairs = tiles_for_block(key[2] // ROWS_PER_BLOCK * ROWS_PER_BLOCK, Sq, Skv, causal) // 2
+        return [(2 * p * BLOCK_N, "pair") for p in range(n_pairs)]
 
-    def emit(self, out, lse):
-        """Hand the kernel's record to the recorder: one step per tile pair, phase 'pair',
-        col0 = the pair's first column, as the model records it."""
-        rec = self.recorder
-        buf = self.buf.cpu().numpy()
-        lanes = np.arange(len(rec.triples))
-        slot = np.array([self.slot_of[key] for key in rec.triples], dtype=np.int64)
-        n_pairs = np.array([self.n_pairs[key] for key in rec.triples])
-        for p in range(int(n_pairs.max(initial=0))):
-            live = n_pairs > p
-            vals = buf[slot[live], p]  # [lanes, fields]
-            values = {k: (vals[:, i] != 0) if k in _BOOL_FIELDS else vals[:, i]
-                      for i, k in enumerate(STEP_FIELDS)}
-            rec.add_steps(lanes[live].tolist(), p, 2 * p * BLOCK_N, "pair", values)
-        out_rows = out.float().cpu()
-        lse_rows = lse.cpu()
-        for lane, (b, h, s) in enumerate(rec.triples):
-            rec.set_final(lane, out_rows[b, s, h].numpy(), float(lse_rows[b, h, s]))
+    return schedule
