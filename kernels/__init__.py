@@ -38,3 +38,14 @@ def attention_module(name: str, backend: str, device: torch.device):
         if e.name == f"fa_lab.kernels.attention.{name}":
             raise NotImplementedError(f"no Triton port of {name} yet; use backend='emulator'") from None
         raise
+
+
+def exact_dots(enabled: bool = True):
+    """Context manager: inside it, the compiled faithful ports (swp_bf16, generic, swa) sum
+    every dot exactly, as the models do, instead of on the tensor cores; slow, for runs
+    that must match the model bit for bit (see ``attention/_dots.py``)."""
+    if not available():
+        raise RuntimeError("exact_dots needs Triton, which is not installed (pip install 'triton>=3.4')")
+    from .attention._dots import exact_dots as context
+
+    return context(enabled)

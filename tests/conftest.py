@@ -24,3 +24,14 @@ def gen():
     g = torch.Generator()
     g.manual_seed(1234)
     return g
+
+
+@pytest.fixture
+def exact_dots():
+    """For the test's duration the compiled faithful ports sum every dot exactly, as the
+    models do (``fa_lab.kernels.exact_dots``): GPU tests that demand the model's exact
+    NaN/inf masks use it; the tensor cores' own summation order is tested on its own."""
+    from fa_lab.kernels import exact_dots as exact
+
+    with exact():
+        yield

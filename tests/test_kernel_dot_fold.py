@@ -2,10 +2,10 @@
 
 Triton folds ``o + tl.dot(a, b)`` into ``tl.dot(a, b, acc=o)``, which adds O inside the
 tensor core's sum instead of after it. Measured on an H200 that moved 19 of 1.5M non-finite
-outputs against the model (data/results/agree_faithful_h200.json); ``swp_bf16._dot16``
+outputs against the model (data/results/agree_faithful_h200.json); ``_dots.dot16``
 therefore starts its tensor-core dot from a run-time zero. This compiles a small kernel
 for sm_90 (no GPU needed: Triton's front end and TTGIR passes run on the CPU) and reads the
-TTGIR: with ``_dot16`` the add survives after the dot; with a plain ``tl.dot`` (the
+TTGIR: with ``dot16`` the add survives after the dot; with a plain ``tl.dot`` (the
 control) it is folded into the dot's accumulator.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from fa_lab.kernels.attention.swp_bf16 import DOT_TENSOR_CORES, _dot16
+from fa_lab.kernels.attention._dots import DOT_TENSOR_CORES, dot16
 
 CONTROL = 9
 
@@ -30,7 +30,7 @@ def _fold_probe(A, B, O, Out, MODE: tl.constexpr):
     if MODE == 9:  # the control: a plain dot, which Triton may fold o into
         d = tl.dot(a.to(tl.bfloat16), b, out_dtype=tl.float32)
     else:
-        d = _dot16(a, b, MODE)
+        d = dot16(a, b, A, MODE)  # (A: a scratch pointer, unused by the tensor-core mode)
     tl.store(Out + idx, o + d)
 
 

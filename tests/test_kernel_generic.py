@@ -306,6 +306,7 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
@@ -330,6 +331,7 @@ def test_gpu_huge_keys_give_the_models_masks(causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_trace_matches_model():
     q, k, v = make_inputs(1, 700, 900, 4, 2, 128, 32.0, seed=15, device="cuda")
     rows = [(0, h, r) for h in range(4) for r in range(0, 700, 9)]

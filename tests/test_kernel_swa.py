@@ -295,6 +295,7 @@ def gpu_inputs():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 @pytest.mark.parametrize("window", sorted(GPU_WINDOWS))
 @pytest.mark.parametrize("rescale", ["lazy", "lazy_unfixed"])
 def test_gpu_kernel_matches_model(gpu_inputs, window, rescale):
@@ -319,6 +320,7 @@ def test_gpu_swa_attn_func_auto_runs_the_kernel(gpu_inputs):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_trace_matches_model():
     q, k, v = inputs(1024, 2, 1, 64.0, seed=8, device="cuda")
     rows = [(0, h, r) for h in (0, 1) for r in range(0, 1024, 3)]

@@ -465,6 +465,7 @@ GPU_RUNS = [("lazy_unfixed", False), ("lazy_unfixed", True), ("lazy", False), ("
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 @pytest.mark.parametrize("mod", ["bias", "alibi_h", "alibi_bh", "sink", "all"])
 def test_gpu_score_mods_match_model(mod):
     q, k, v = make_inputs(2, 2000, 2300, 8, 2, 128, 48.0, seed=40, device="cuda")
@@ -480,6 +481,7 @@ def test_gpu_score_mods_match_model(mod):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_split_k_matches_model():
     # N = 36 tiles: 2 splits of 18, 3 of 12, 8 of 6 (the last two empty); causal blocks have
     # fewer tiles and more empty splits
@@ -493,6 +495,7 @@ def test_gpu_split_k_matches_model():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_varlen_matches_model():
     lens_q, lens_k = [1000, 1, 0, 700, 513, 2000], [1200, 64, 30, 0, 513, 1900]
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H=8, Hkv=2, D=128, seed=42)
@@ -510,6 +513,7 @@ def test_gpu_varlen_matches_model():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_trace_matches_model_with_extras():
     q, k, v = make_inputs(1, 1000, 1500, 4, 2, 128, 48.0, seed=44, device="cuda")
     rows = [(0, h, r) for h in range(4) for r in range(0, 1000, 7)]

@@ -20,9 +20,10 @@ the padding-column mask is skipped by upstream's rule (``skips_kv_pad_mask``: no
 with Sq % 64 == 0) unless ``skip_kv_pad_mask`` forces the build. K/V rows past Skv are
 clamped to row Skv - 1 on the 64-column step and read as zeros on the 128-column step.
 
-Numerics: every dot is ``swp_bf16._dot16``: interpreted, the model's exact sum (fp64,
+Numerics: every dot is ``_dots.dot16``: interpreted, the model's exact sum (fp64,
 rounded once); compiled, 16-bit tensor-core dots (fp32 accumulation in the hardware's
-order, from a run-time zero so that Triton cannot fold O into it); the packed P is exactly
+order, from a run-time zero so that Triton cannot fold O into it), or the exact sum
+again inside ``fa_lab.kernels.exact_dots()`` (slow); the packed P is exactly
 representable in the input dtype. Compiled, no other a * b + c is fused
 (enable_fp_fusion=False); the exp2 argument is an explicit fma (``fma_f32``; through fp64
 on interpreters whose tl.fma rounds twice, as the model emulates it). The row max
@@ -53,7 +54,8 @@ from ._trace_plan import N_FIELDS, TracePlan
 from ._triton_util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
                            round_bf16, round_f16, rows_per_program as _rows_per_program,
                            runs_interpreted)
-from .swp_bf16 import DOT_EXACT, DOT_TENSOR_CORES, _dot16, _load16, _record
+from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
+from .swp_bf16 import _record
 
 __all__ = ["KERNEL", "forward"]
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -82,7 +84,7 @@ def _round_out(x, IS_BF16: tl.constexpr):
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
 @triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps"])
 def _generic_fwd(
-    Q, K, V, Out, Lse, TraceSlot, TraceBuf,
+    Q, K, V, Out, Lse, TraceSlot, TraceBuf, Scratch,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -93,7 +95,7 @@ def _generic_fwd(
     CLAMP_KV: tl.constexpr, IS_BF16: tl.constexpr, TRACE: tl.constexpr,
     FMA_VIA_FP64: tl.constexpr, ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     KV_STEP: tl.constexpr, TILE_N: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr,
-    DOT_MODE: tl.constexpr,
+    DOT_MODE: tl.constexpr, SCRATCH_FLOATS: tl.constexpr,
 ):
     chunk = tl.program_id(0)  # ROWS consecutive query rows of one BLOCK_ROWS q-block
     bh = tl.program_id(1)
@@ -101,6 +103,7 @@ def _generic_fwd(
     h = bh % H
     hkv = (h // G).to(tl.int64)
     h = h.to(tl.int64)
+    scratch = program_scratch(Scratch, SCRATCH_FLOATS, DOT_MODE)
     rows = chunk * ROWS + tl.arange(0, ROWS)  # global query rows, padding rows included
     row_ok = rows < Sq
     rows64 = rows.to(tl.int64)
@@ -137,9 +140,9 @@ def _generic_fwd(
         else:  # 128-column step (DMA): rows past Skv read 0
             kv_rows = cols.to(tl.int64)
             kv_ok = cols < Skv
-        kt = _load16(k_base + kv_rows[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                     kv_ok[None, :], DOT_MODE)
-        s = _dot16(q, kt, DOT_MODE)
+        kt = load16(k_base + kv_rows[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                    kv_ok[None, :], DOT_MODE)
+        s = dot16(q, kt, scratch, DOT_MODE)
         if CAUSAL:  # bottom-right aligned; covers every padding column of a real row
             s = tl.where(cols[None, :] > rows[:, None] + (Skv - Sq), float("-inf"), s)
         elif not SKIP_PAD_MASK:
@@ -154,9 +157,9 @@ def _generic_fwd(
         addend = tl.broadcast_to((-(m_new * c))[:, None], [ROWS, TILE_N])
         p = exp2_ieee(fma_f32(s, c_tile, addend, FMA_VIA_FP64))
         l = corr * l + tl.sum(p, axis=1)
-        v = _load16(v_base + kv_rows[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    kv_ok[:, None], DOT_MODE)
-        O = O * corr[:, None] + _dot16(_pack_p(p, IS_BF16), v, DOT_MODE)
+        v = load16(v_base + kv_rows[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                   kv_ok[:, None], DOT_MODE)
+        O = O * corr[:, None] + dot16(_pack_p(p, IS_BF16), v, scratch, DOT_MODE)
         m = m_new
         if TRACE:
             _record(TraceBuf, slot, t, n_trace_steps, yes, m * c, mt * c, no, no, no, corr, l, O,
@@ -227,12 +230,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
 
     rows = min(_rows_per_program(interpret, rows_per_program), tile.block_m)
     grid = (math.ceil(Sq / tile.block_m) * tile.block_m // rows, B * H)
+    mode = dot_mode(runs_interpreted(_generic_fwd, interpret))
+    floats = scratch_floats(rows, D, BLOCK_N)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)  # NaN rows, numpy
         launch(
             _generic_fwd, grid, interpret,
-            q, k, v, out, lse, slots, buf,
+            q, k, v, out, lse, slots, buf, scratch_buffer(mode, grid, floats, dev),
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // Hkv, Sq, Skv, plan.n_steps if plan else 1,
             c, sm_scale,
@@ -240,7 +245,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             IS_BF16=q.dtype == torch.bfloat16, TRACE=plan is not None,
             FMA_VIA_FP64=fma_via_fp64(_generic_fwd, interpret), ROWS=rows,
             BLOCK_ROWS=tile.block_m, KV_STEP=tile.kv_step, TILE_N=BLOCK_N, N_FIELDS=N_FIELDS,
-            FLOOR=CAUSAL_FLOOR, DOT_MODE=DOT_EXACT if runs_interpreted(_generic_fwd, interpret) else DOT_TENSOR_CORES,
+            FLOOR=CAUSAL_FLOOR, DOT_MODE=mode, SCRATCH_FLOATS=floats,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )

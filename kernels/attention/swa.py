@@ -21,8 +21,10 @@ rounded to bf16 (RNE) once. Masked scores (outside i - LEFT <= j <= i + RIGHT) a
 Out = bf16(O * rcp(l)), rcp guarded by l > 0 with a window only; LSE (the model's
 read-out) = m ln 2 + ln l, -inf where l = 0.
 
-Numerics: every dot is ``swp_bf16._dot16``: interpreted, the model's exact sum (fp64,
-rounded once); compiled, bf16 tensor-core dots (fp32 accumulation in the hardware's order);
+Numerics: every dot is ``_dots.dot16``: interpreted, the model's exact sum (fp64,
+rounded once); compiled, 16-bit tensor-core dots (fp32 accumulation in the hardware's
+order, from a run-time zero so that Triton cannot fold O into it), or the exact sum
+again inside ``fa_lab.kernels.exact_dots()`` (slow);
 roundings to bf16 are explicit (the interpreter's conversion truncates); maxima are maxNum
 and the row max propagates NaN as the model's torch.amax; compiled, no a * b + c is fused.
 
@@ -48,7 +50,8 @@ from fa_lab.trace import TraceRecorder
 from ._trace_plan import N_FIELDS, TracePlan
 from ._triton_util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
                            rows_per_program as _rows_per_program, runs_interpreted)
-from .swp_bf16 import DOT_EXACT, DOT_TENSOR_CORES, _dot16, _load16, _pv_part, _record, _wave_any
+from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
+from .swp_bf16 import _pv_part, _record, _wave_any
 
 __all__ = ["KERNEL", "POLICY_CODES", "forward"]
 #: The rescale policy as the kernel's compile-time switch (the model's RESCALE_POLICIES).
@@ -56,7 +59,7 @@ POLICY_CODES = {"lazy": 0, "lazy_unfixed": 1}
 
 
 @triton.jit
-def _scores(qs, k_base, stride_ks, stride_kd, rows, col0, S, left, right,
+def _scores(qs, k_base, stride_ks, stride_kd, rows, col0, S, left, right, scratch,
             HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, WINDOWED: tl.constexpr,
             FLOOR: tl.constexpr, DOT_MODE: tl.constexpr):
     """S_t = Qs @ K_t^T [ROWS, TILE_N] (log2 units), -inf outside the window, and its row
@@ -65,9 +68,9 @@ def _scores(qs, k_base, stride_ks, stride_kd, rows, col0, S, left, right,
     cols = col0 + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     # The band lies inside [0, S); the mask only guards against reading past it.
-    kt = _load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                 (cols < S)[None, :], DOT_MODE)
-    s = _dot16(qs, kt, DOT_MODE)
+    kt = load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                (cols < S)[None, :], DOT_MODE)
+    s = dot16(qs, kt, scratch, DOT_MODE)
     if WINDOWED:
         rel = cols[None, :] - rows[:, None]
         s = tl.where((rel < -left) | (rel > right), float("-inf"), s)
@@ -81,17 +84,17 @@ def _scores(qs, k_base, stride_ks, stride_kd, rows, col0, S, left, right,
 @triton.jit
 def _v_tile(v_base, stride_vs, stride_vd, col0, S, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
             DOT_MODE: tl.constexpr):
-    """V rows col0 ... col0 + 63 [TILE_N, HEAD_DIM] (see ``swp_bf16._load16``)."""
+    """V rows col0 ... col0 + 63 [TILE_N, HEAD_DIM] (see ``_dots.load16``)."""
     cols = col0 + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    return _load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                   (cols < S)[:, None], DOT_MODE)
+    return load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                  (cols < S)[:, None], DOT_MODE)
 
 
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
 @triton.jit(do_not_specialize=["H", "G", "S", "left", "right", "nt_max", "n_trace_steps"])
 def _swa_fwd(
-    Q, K, V, Out, Lse, TraceSlot, TraceBuf,
+    Q, K, V, Out, Lse, TraceSlot, TraceBuf, Scratch,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -101,7 +104,7 @@ def _swa_fwd(
     HEAD_DIM: tl.constexpr, WINDOWED: tl.constexpr, POLICY: tl.constexpr, TRACE: tl.constexpr,
     ROWS: tl.constexpr, WAVE: tl.constexpr, CTA: tl.constexpr, TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
-    DOT_MODE: tl.constexpr,
+    DOT_MODE: tl.constexpr, SCRATCH_FLOATS: tl.constexpr,
 ):
     chunk = tl.program_id(0)  # ROWS consecutive query rows: whole waves of one CTA
     bh = tl.program_id(1)
@@ -109,6 +112,7 @@ def _swa_fwd(
     h = bh % H
     hkv = (h // G).to(tl.int64)
     h = h.to(tl.int64)
+    scratch = program_scratch(Scratch, SCRATCH_FLOATS, DOT_MODE)
     rows = chunk * ROWS + tl.arange(0, ROWS)  # S is a multiple of 256: every row is real
     rows64 = rows.to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -139,7 +143,7 @@ def _swa_fwd(
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
-    s, m = _scores(qs, k_base, stride_ks, stride_kd, rows, base, S, left, right,
+    s, m = _scores(qs, k_base, stride_ks, stride_kd, rows, base, S, left, right, scratch,
                    HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
     pf = exp2_ieee(s - m[:, None])
     l = tl.zeros([ROWS], dtype=tl.float32)
@@ -154,9 +158,9 @@ def _swa_fwd(
         pb = round_bf16(pf)
         v = _v_tile(v_base, stride_vs, stride_vd, base + (t - 1) * TILE_N, S, HEAD_DIM, TILE_N,
                     DOT_MODE)
-        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N, DOT_MODE)  # first PV slice, before the rescale
+        O = O + _pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV slice, before the rescale
         s, mt = _scores(qs, k_base, stride_ks, stride_kd, rows, base + t * TILE_N, S, left,
-                        right, HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
+                        right, scratch, HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
         if POLICY == 0:  # lazy (upstream): the ballot reads the monotonic target
             target = fmax(mt, m)
             vote = (target - m) > threshold  # ordered: NaN does not vote
@@ -170,7 +174,7 @@ def _swa_fwd(
         pb = round_bf16(pb * corr[:, None])  # the packs not yet consumed
         l = l * corr
         m = tl.where(fire, target, m)
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N, DOT_MODE)
+        O = O + _pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
             _record(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
@@ -183,9 +187,9 @@ def _swa_fwd(
         l = l + tl.sum(pf, axis=1)
         v = _v_tile(v_base, stride_vs, stride_vd, base + (t - 1) * TILE_N, S, HEAD_DIM, TILE_N,
                     DOT_MODE)
-        O = O + _dot16(round_bf16(pf), v, DOT_MODE)
+        O = O + dot16(round_bf16(pf), v, scratch, DOT_MODE)
         s, mt = _scores(qs, k_base, stride_ks, stride_kd, rows, base + t * TILE_N, S, left,
-                        right, HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
+                        right, scratch, HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
         mn = fmax(mt, m)
         corr = exp2_ieee(m - mn)
         m = mn
@@ -198,7 +202,7 @@ def _swa_fwd(
     l = l + tl.sum(pf, axis=1)
     v = _v_tile(v_base, stride_vs, stride_vd, base + (nt - 1) * TILE_N, S, HEAD_DIM, TILE_N,
                 DOT_MODE)
-    O = O + _dot16(round_bf16(pf), v, DOT_MODE)
+    O = O + dot16(round_bf16(pf), v, scratch, DOT_MODE)
     if TRACE:
         _record(TraceBuf, slot, nt - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O, N_FIELDS)
 
@@ -251,12 +255,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     buf = plan.buf if plan else torch.empty(1, dtype=torch.float32, device=dev)
 
     grid = (S // rows, B * H)
+    mode = dot_mode(runs_interpreted(_swa_fwd, interpret))
+    floats = scratch_floats(rows, D, BLOCK_N)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)  # NaN rows, numpy
         launch(
             _swa_fwd, grid, interpret,
-            q, k, v, out, lse, slots, buf,
+            q, k, v, out, lse, slots, buf, scratch_buffer(mode, grid, floats, dev),
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // Hkv, S, window_left if windowed else 0, window_right,
             nt_band(window_left, window_right) if windowed else S // BLOCK_N,
@@ -265,7 +271,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
             HEAD_DIM=D, WINDOWED=windowed, POLICY=POLICY_CODES[rescale], TRACE=plan is not None,
             ROWS=rows, WAVE=WAVE_ROWS, CTA=CTA_ROWS, TILE_N=BLOCK_N, PV_LO=PV_SPLIT,
             N_FIELDS=N_FIELDS, FLOOR=NEG_FLOOR, LN2_F32=f32(LN2),
-            DOT_MODE=DOT_EXACT if runs_interpreted(_swa_fwd, interpret) else DOT_TENSOR_CORES,
+            DOT_MODE=mode, SCRATCH_FLOATS=floats,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )

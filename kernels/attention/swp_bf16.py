@@ -26,9 +26,10 @@ split walks its own tiles with the whole schedule and a combine pass merges them
 reads its sequence's offsets from cu_seqlens, and blocks and waves count from the
 sequence's first row, as a dense run per sequence would.
 
-Numerics: every dot is ``_dot16``: interpreted, the model's ``numerics.exact_dot`` bit for
-bit (exact products, fp64 sum, one rounding); compiled, a 16-bit tensor-core dot with fp32
-accumulation in the hardware's order (a few ulps off the exact sum). The P split (columns 0..15, then 16..63) zeroes the other part
+Numerics: every dot is ``_dots.dot16``: interpreted, the model's ``numerics.exact_dot`` bit
+for bit (exact products, fp64 sum, one rounding); compiled, a 16-bit tensor-core dot with
+fp32 accumulation in the hardware's order (a few ulps off the exact sum), or, inside
+``fa_lab.kernels.exact_dots()``, the exact sum again (slow; see ``_dots``). The P split (columns 0..15, then 16..63) zeroes the other part
 of both P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
 bit manipulation (round to nearest even) because the interpreter's conversion truncates;
 maxima use maxNum; compiled, no a * b + c is fused (the extras' fp32 products and sums
@@ -58,8 +59,9 @@ from . import swp_bf16_splitk as splitk
 from .swp_bf16_splitk import split_range as _split_range
 from ._trace_plan import N_FIELDS as _N_FIELDS
 from ._trace_plan import TracePlan
+from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
 from ._triton_util import (GRID_Y_MAX, check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
-                           rows_per_program as _rows_per_program)
+                           rows_per_program as _rows_per_program, runs_interpreted)
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
@@ -77,44 +79,6 @@ def _round_pack(x, IS_BF16: tl.constexpr):
     return r
 
 
-#: How the kernel takes its dot products of 16-bit values (the DOT_MODE switch).
-DOT_EXACT, DOT_TENSOR_CORES = 0, 2
-
-
-@triton.jit
-def _dot16(a, b, DOT_MODE: tl.constexpr):
-    """a @ b for operands that hold 16-bit values (``b`` keeps its 16-bit dtype for the
-    tensor cores). Every product is exact; the modes differ in the sum.
-    DOT_EXACT (the interpreter): in fp64, rounded once to fp32, bit for bit the model's
-    ``numerics.exact_dot``. Triton 3.6 cannot compile an fp64 dot.
-    DOT_TENSOR_CORES (compiled): the 16-bit tensor-core dot, fp32 accumulation in the
-    hardware's order. Measured on an H200 (data/results/probe_faithful_h200.json), an fp32
-    fma dot in a fixed order (input_precision="ieee") gave the same masks as the tensor
-    cores while running 500x slower (0.41 against 216 TFLOP/s), so only the tensor-core
-    build is kept."""
-    if DOT_MODE == 2:
-        # A run-time zero accumulator: with a constant one, Triton folds ``O + dot(P, V)``
-        # into dot(P, V, acc=O), which adds O inside the tensor core's sum and, measured on
-        # an H200, moved 19 of 1.5M non-finite outputs (data/results/agree_faithful_h200.json).
-        # K and V are finite inputs, so b * 0 sums to 0.
-        zero = tl.sum(tl.sum(b.to(tl.float32) * 0.0, 1), 0)
-        acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + zero
-        r = tl.dot(a.to(b.dtype), b, acc)
-    else:
-        r = tl.dot(a.to(tl.float64), b.to(tl.float64), out_dtype=tl.float64).to(tl.float32)
-    return r
-
-
-@triton.jit
-def _load16(ptrs, mask, DOT_MODE: tl.constexpr):
-    """A K or V tile: kept 16-bit for the tensor cores, else widened at once (the
-    interpreter's bf16 arithmetic is wrong). Masked entries read 0."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if DOT_MODE != 2:
-        x = x.to(tl.float32)
-    return x
-
-
 @triton.jit
 def _alibi(alibi_log2, rows, cols, Sq, Skv):
     """ALiBi's term (-slope * log2 e) * |i + Skv - Sq - j| [ROWS, TILE_N]: one fp32 product
@@ -125,7 +89,7 @@ def _alibi(alibi_log2, rows, cols, Sq, Skv):
 
 @triton.jit
 def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
-                 bias_base, stride_bias_q, stride_bias_k, alibi_log2,
+                 bias_base, stride_bias_q, stride_bias_k, alibi_log2, scratch,
                  HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, LOG2E_F32: tl.constexpr,
                  DOT_MODE: tl.constexpr):
@@ -134,9 +98,9 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
     >= Skv read K = 0; causal is bottom-right aligned)."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    kt = _load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                 (cols < Skv)[None, :], DOT_MODE)
-    s = _dot16(qs, kt, DOT_MODE)
+    kt = load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                (cols < Skv)[None, :], DOT_MODE)
+    s = dot16(qs, kt, scratch, DOT_MODE)
     if HAS_BIAS:
         # padding rows and columns read 0 (the columns are masked below anyway); a 16-bit
         # bias is widened at load (the interpreter's bf16 arithmetic is wrong)
@@ -158,22 +122,22 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
 @triton.jit
 def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
             DOT_MODE: tl.constexpr):
-    """V_t [TILE_N, HEAD_DIM] (see ``_load16``); padding rows >= Skv read 0."""
+    """V_t [TILE_N, HEAD_DIM] (see ``_dots.load16``); padding rows >= Skv read 0."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    return _load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                   (cols < Skv)[:, None], DOT_MODE)
+    return load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                  (cols < Skv)[:, None], DOT_MODE)
 
 
 @triton.jit
-def _pv_part(pb, v, lo, hi, TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
+def _pv_part(pb, v, lo, hi, scratch, TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
     """Pb[:, lo:hi] @ V[lo:hi] as a full-width dot with the other columns of P and rows of
     V zeroed: a P that is inf or NaN outside the part becomes 0, not inf * 0 = NaN."""
     k = tl.arange(0, TILE_N)
     p_in = (k >= lo) & (k < hi)
     p_part = tl.where(p_in[None, :], pb, 0.0)
     v_part = tl.where(p_in[:, None], v, tl.zeros_like(v))
-    return _dot16(p_part, v_part, DOT_MODE)
+    return dot16(p_part, v_part, scratch, DOT_MODE)
 
 
 @triton.jit
@@ -206,7 +170,7 @@ def _record(buf, slot, step, n_steps, keep, m, mt, vote, fire, dragged, corr, l,
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
 @triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps", "num_splits"])
 def _swp_bf16_fwd(
-    Q, K, V, Out, Lse, PartL, TraceSlot, TraceBuf, Bias, Alibi, Sink, CuSeqQ, CuSeqKv,
+    Q, K, V, Out, Lse, PartL, TraceSlot, TraceBuf, Bias, Alibi, Sink, CuSeqQ, CuSeqKv, Scratch,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -221,7 +185,7 @@ def _swp_bf16_fwd(
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
     LOG2E_F32: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, VARLEN: tl.constexpr,
-    DOT_MODE: tl.constexpr,
+    DOT_MODE: tl.constexpr, SCRATCH_FLOATS: tl.constexpr,
 ):
     """Out/Lse: the output and LSE; with SPLIT, the split's partial output (normalised by
     its own l) and its running max m, with its l in PartL. VARLEN: the batch index is the
@@ -246,6 +210,7 @@ def _swp_bf16_fwd(
         # rows past this sequence, or a sequence without keys: out stays 0, lse -inf
         if (chunk * ROWS >= Sq) | (Skv == 0):
             return
+    scratch = program_scratch(Scratch, SCRATCH_FLOATS, DOT_MODE)
     rows = chunk * ROWS + tl.arange(0, ROWS)  # query rows of the sequence, padding included
     row_ok = rows < Sq
     rows64 = rows.to(tl.int64)
@@ -284,8 +249,8 @@ def _swp_bf16_fwd(
 
     # Prologue: tile 0 sets the first base.
     s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0, Sq, Skv, bias_base, stride_bias_q,
-                     stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS, HAS_ALIBI,
-                     LOG2E_F32, DOT_MODE)
+                     stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS,
+                     HAS_ALIBI, LOG2E_F32, DOT_MODE)
     m = tl.max(s, axis=1)
     if CAUSAL:
         m = fmax(m, tl.full([ROWS], FLOOR, tl.float32))
@@ -301,10 +266,10 @@ def _swp_bf16_fwd(
         l = l + tl.sum(pf, axis=1)
         pb = _round_pack(pf, IS_BF16)
         v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
-        O = O + _pv_part(pb, v, 0, PV_LO, TILE_N, DOT_MODE)  # first PV step, before the rescale
+        O = O + _pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV step, before the rescale
         s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
-                         stride_bias_q, stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL,
-                         HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
+                         stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
+                         CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
         if POLICY == 0:  # eager: every row to fmax(m, mt)
             target = fmax(m, mt)
@@ -330,7 +295,7 @@ def _swp_bf16_fwd(
         pb = _round_pack(pb * corr[:, None], IS_BF16)  # the packs not yet consumed
         l = l * corr
         m = target
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, TILE_N, DOT_MODE)
+        O = O + _pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
             _record(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr,
@@ -342,10 +307,10 @@ def _swp_bf16_fwd(
     for t in range(N - 3, N):
         l = l + tl.sum(pf, axis=1)
         v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
-        O = O + _dot16(_round_pack(pf, IS_BF16), v, DOT_MODE)
+        O = O + dot16(_round_pack(pf, IS_BF16), v, scratch, DOT_MODE)
         s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
-                         stride_bias_q, stride_bias_k, alibi_log2, HEAD_DIM, TILE_N, CAUSAL,
-                         HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
+                         stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
+                         CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)
         mn = fmax(m, mt)
         corr = exp2_ieee(m - mn)
@@ -358,7 +323,7 @@ def _swp_bf16_fwd(
                     corr, l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
     v = _v_tile(v_base, stride_vs, stride_vd, t0 + N - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
-    O = O + _dot16(_round_pack(pf, IS_BF16), v, DOT_MODE)
+    O = O + dot16(_round_pack(pf, IS_BF16), v, scratch, DOT_MODE)
     if HAS_SINK:
         if not SPLIT:  # (split-K folds the sink in once, in the combine)
             # the sink is one more logit in the denominator, with no value row
@@ -447,6 +412,8 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
     bias_strides = bias.stride() if bias is not None else (0, 0)
     slots = trace.slots if trace else dummy_i
     buf = trace.buf if trace else dummy_f
+    mode = dot_mode(runs_interpreted(_swp_bf16_fwd, interpret))
+    floats = scratch_floats(rows, D, BLOCK_N)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx:
         launch(
@@ -455,7 +422,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             bias if bias is not None else dummy_f,
             alibi_slopes if alibi_slopes is not None else dummy_f,
             sink.contiguous() if sink is not None else dummy_f,
-            cu_q, cu_kv,
+            cu_q, cu_kv, scratch_buffer(mode, grid, floats, dev),
             *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
             *bias_strides, *alibi_strides,
             H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
@@ -466,7 +433,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),
             HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None,
             HAS_SINK=sink is not None, SPLIT=split is not None, VARLEN=varlen is not None,
-            DOT_MODE=DOT_EXACT if interpret else DOT_TENSOR_CORES,
+            DOT_MODE=mode, SCRATCH_FLOATS=floats,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )
