@@ -94,6 +94,21 @@ def tuning_timings(tuner, lazy: bool) -> list[dict]:
 # ---- device helpers -----------------------------------------------------------------
 
 @triton.jit
+def program_rows(H, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """This program's (batch or sequence b, head h, kv head hk, first row m0, rows): grid
+    axis 0 walks query blocks, axis 1 batch x head; causal grids run their heaviest
+    (bottom) blocks first, for a shorter tail."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    m0 = pid_m * BLOCK_M
+    return b, h, h // GROUP, m0, m0 + tl.arange(0, BLOCK_M)
+
+
+@triton.jit
 def wave_any(flags, BLOCK_M: tl.constexpr):
     """Per row: the max of ``flags`` over its 32-row wave (an int vote, 0 or 1).
 

@@ -41,7 +41,12 @@ Measured on an H200 (data/results/bench_h200.json, one run beside its peers), B2
 H32 D128 bf16: lazy 490 TFLOP/s non-causal (1.41x SDPA FlashAttention, 1.04x compiled
 flex_attention, 0.81x cuDNN), 447 causal; lazy_unfixed within 0.3 % of lazy (the same
 binary: the rebase rule is a run-time argument); eager 494 / 459, i.e. lazy's block-wide
-vote still costs a little more than the rescale it skips.
+vote still costs a little more than the rescale it skips. Where the cost sits (sm_90 PTX of
+BM128 BN64, 8 warps, 3 stages, compiled on a CPU by Triton 3.9's NVIDIA back end): the
+eager loop body has 5 CTA barriers per KV tile, lazy's fast path 7; the two more are the
+block-wide max's shared-memory exchange. Triton has no warp-group-scoped reduction or
+branch, so a vote without that exchange needs a lower-level language (Gluon, or inline PTX
+with named barriers).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from fa_lab.models.swp_bf16 import softmax_scale_log2  # c, exactly as the model
 from fa_lab.policies import POLICIES_BF16, RescalePolicy
 
 from . import _fast_common as common
-from ._fast_common import Config, load_tile, round_bf16_bits, wave_any
+from ._fast_common import Config, load_tile, program_rows, round_bf16_bits, wave_any
 
 KERNEL = "fast_bf16"
 HEAD_DIMS = (64, 128)
@@ -278,15 +283,7 @@ def _attn_fwd(Q, K, V, Out, Lse, desc_k, desc_v,
               INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
     DTYPE: tl.constexpr = Q.dtype.element_ty
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # heaviest (bottom) blocks first: a shorter tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
+    b, h, hk, m0, rows = program_rows(H, GROUP, BLOCK_M, CAUSAL)
     row_ok = rows < seqlen_q
     qs = _load_q(Q + b.to(tl.int64) * stride_qb + h * stride_qh, stride_qs, rows, row_ok,
                  scale_log2, D, DTYPE, INTERPRET)
@@ -299,7 +296,7 @@ def _attn_fwd(Q, K, V, Out, Lse, desc_k, desc_v,
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h * stride_oh
               + rows.to(tl.int64)[:, None] * stride_os + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, _lse(l, m), mask=row_ok)
+    tl.store(Lse + (b * H + h).to(tl.int64) * seqlen_q + rows, _lse(l, m), mask=row_ok)
 
 
 def _set_block_shapes(nargs):

@@ -31,8 +31,8 @@ from fa_lab.models.swp_bf16 import split_ranges
 from . import _fast_common as common
 from ._fast_common import SPLIT_ROW_BLOCK
 from ._triton_util import fmax
-from .fast_bf16 import (CONFIGS, _lse, _load_q, _normalise, _set_block_shapes, _walk,
-                        descriptors, policy_args)
+from .fast_bf16 import (CONFIGS, _lse, _load_q, _normalise, _set_block_shapes,
+                        _walk, descriptors, policy_args)
 
 #: The combine's rows per program: a memory-bound pass over S partial outputs (16 rows x
 #: D 128 keep 4 warps far from spilling; 64 rows would not).
@@ -50,16 +50,8 @@ def _attn_fwd_split(Q, K, V, Opart, Mpart, Lpart, Ranges, desc_k, desc_v,
                     INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
     DTYPE: tl.constexpr = Q.dtype.element_ty
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # heaviest (bottom) blocks first: a shorter tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
+    b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)
     split = tl.program_id(2)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
     row_ok = rows < seqlen_q
 
     # [c0, c1): this split's columns in the model's 256-row block holding these rows
@@ -80,7 +72,7 @@ def _attn_fwd_split(Q, K, V, Opart, Mpart, Lpart, Ranges, desc_k, desc_v,
     o_ptrs = (Opart + split.to(tl.int64) * stride_pp + b.to(tl.int64) * stride_pb + h * stride_ph
               + rows.to(tl.int64)[:, None] * stride_ps + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Opart.dtype.element_ty), mask=row_ok[:, None])
-    ml = (split * tl.num_programs(1) + bh).to(tl.int64) * seqlen_q + rows
+    ml = (split * tl.num_programs(1) + b * H + h).to(tl.int64) * seqlen_q + rows
     tl.store(Mpart + ml, m, mask=row_ok)
     tl.store(Lpart + ml, l, mask=row_ok)
 

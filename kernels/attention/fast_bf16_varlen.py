@@ -27,7 +27,8 @@ from . import _fast_common as common
 from ._fast_common import Config
 from ._triton_util import GRID_Y_MAX
 from .fast_bf16 import (CONFIGS, DTYPES, HEAD_DIMS, INTERPRET_CONFIG, _lse, _load_q,
-                        _normalise, _set_block_shapes, _walk, descriptors, policy_args)
+                        _normalise, _set_block_shapes, _walk, descriptors,
+                        policy_args)
 
 
 @triton.jit(do_not_specialize=["H", "GROUP", "max_seqlen_q", "max_seqlen_kv", "rebase"])
@@ -40,19 +41,11 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuQ, CuKV, desc_k, desc_v,
                      USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
     # max_seqlen_kv is only the autotuner's key
     DTYPE: tl.constexpr = Q.dtype.element_ty
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # heaviest (bottom) blocks first: a shorter tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
+    b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)  # b: the sequence
     q_start = tl.load(CuQ + b)
     seqlen_q = tl.load(CuQ + b + 1) - q_start
     kv_start = tl.load(CuKV + b)
     seqlen_kv = tl.load(CuKV + b + 1) - kv_start
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
     row_ok = rows < seqlen_q
     # A block past its sequence's end, or of a sequence without keys, walks one fully masked
     # tile and stores LSE padding (-inf) only (no early return: that would cost registers).
@@ -71,7 +64,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuQ, CuKV, desc_k, desc_v,
     o_ptrs = (Out + (q_start + rows).to(tl.int64)[:, None] * stride_ot + h * stride_oh
               + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(Lse + bh.to(tl.int64) * max_seqlen_q + rows,
+    tl.store(Lse + (b * H + h).to(tl.int64) * max_seqlen_q + rows,
              tl.where(row_ok, _lse(l, m), float("-inf")), mask=rows < max_seqlen_q)
 
 

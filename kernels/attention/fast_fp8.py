@@ -183,15 +183,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
                   D: tl.constexpr, CAUSAL: tl.constexpr, LAZY: tl.constexpr,
                   SATURATE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # heaviest (bottom) blocks first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
+    b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)
     offs_d = tl.arange(0, D)
     row_ok = rows < seqlen_q
 
@@ -238,7 +230,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
               + rows.to(tl.int64)[:, None] * stride_os + offs_d[None, :])
     tl.store(o_ptrs, out.to(tl.bfloat16), mask=row_ok[:, None])
     lse = tl.where(l == 0, float("-inf"), (m * ls - headroom) * 0.6931471805599453 + tl.log(l))
-    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, lse, mask=row_ok)
+    tl.store(Lse + (b * H + h).to(tl.int64) * seqlen_q + rows, lse, mask=row_ok)
 
 
 def _set_block_shapes(nargs):
