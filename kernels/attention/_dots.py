@@ -8,9 +8,10 @@ the products are summed:
 - ``DOT_EXACT_SCRATCH`` (compiled, opt-in: ``exact_dots()``): the same sum on the GPU.
   Triton 3.6 cannot compile an fp64 ``tl.dot``, and a register tile cannot be indexed by
   column, so both operands go through a per-program scratch buffer in global memory and
-  an fp64 loop sums one rank-1 product per step. Slow (hundreds of times slower than the
-  tensor cores), and it needs ``scratch_floats`` fp32 per program, but it makes a compiled
-  run agree with the model bit for bit at any size.
+  an fp64 loop sums one rank-1 product per step. Measured on an H200 at the seed's full
+  size (B2 S8192 H32 D128, swp_bf16): 1.17 s a call against 48.5 ms on the tensor cores,
+  with 512 MB of scratch (``scratch_floats`` fp32 for each of 8,192 programs); in exchange
+  a compiled run agrees with the model bit for bit at any size.
 - ``DOT_TENSOR_CORES`` (compiled, the default): the 16-bit tensor-core dot, fp32
   accumulation in the hardware's order, a few ulps off the exact sum. That is enough to
   move a handful of borderline overflows among millions (measured in
