@@ -499,6 +499,21 @@ def _heat_value_control(value="m"):
                       layout=W.Layout(width="260px"))
 
 
+def _lane_dashboard_layout(d, first_row, second_row):
+    """Two rows of controls (by name), the summary, the heatmap, then the lane and
+    non-finite figures side by side (wrapping on narrow screens)."""
+    import ipywidgets as W
+
+    c = d.controls
+    return W.VBox([
+        W.HBox([c[name] for name in first_row]),
+        W.HBox([c[name] for name in second_row]),
+        d.summary,
+        d.figures["heatmap"],
+        W.HBox([d.figures["lane"], d.figures["nonfinite"]], layout=W.Layout(flex_flow="row wrap")),
+    ])
+
+
 def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["D"], *,
                       k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False, seed=0,
                       row=None, n_waves=1, device=None, backend="auto") -> Dashboard:
@@ -540,15 +555,8 @@ def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["
     fixed = dict(H=H, D=D, n_waves=n_waves, device=device, backend=backend)
 
     def layout(d):
-        c = d.controls
-        return W.VBox([
-            W.HBox([c["k_scale"], c["threshold"], c["row"]]),
-            W.HBox([c["policy"], c["causal"], c["S"], c["seed"], c["heat_value"]]),
-            d.summary,
-            d.figures["heatmap"],
-            W.HBox([d.figures["lane"], d.figures["nonfinite"]],
-                   layout=W.Layout(flex_flow="row wrap")),
-        ])
+        return _lane_dashboard_layout(d, ["k_scale", "threshold", "row"],
+                                      ["policy", "causal", "S", "seed", "heat_value"])
 
     d = Dashboard(compute_rescale_view, controls, fixed, layout)
     d.widget.add_class("fa-lab-rescale-dashboard")
@@ -614,15 +622,8 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
     controls["policy"].observe(enable_what_applies, names="value")
 
     def layout(d):
-        c = d.controls
-        return W.VBox([
-            W.HBox([c["k_scale"], c["rebase_bound"], c["row"]]),
-            W.HBox([c["policy"], c["threshold"], c["headroom"], c["causal"], c["heat_value"]]),
-            d.summary,
-            d.figures["heatmap"],
-            W.HBox([d.figures["lane"], d.figures["nonfinite"]],
-                   layout=W.Layout(flex_flow="row wrap")),
-        ])
+        return _lane_dashboard_layout(d, ["k_scale", "rebase_bound", "row"],
+                                      ["policy", "threshold", "headroom", "causal", "heat_value"])
 
     d = Dashboard(compute_fp8_view, controls, fixed, layout)
     d.widget.add_class("fa-lab-fp8-dashboard")
