@@ -41,12 +41,14 @@ Measured on an H200 (data/results/bench_h200.json, one run beside its peers), B2
 H32 D128 bf16: lazy 490 TFLOP/s non-causal (1.41x SDPA FlashAttention, 1.04x compiled
 flex_attention, 0.81x cuDNN), 447 causal; lazy_unfixed within 0.3 % of lazy (the same
 binary: the rebase rule is a run-time argument); eager 494 / 459, i.e. lazy's block-wide
-vote still costs a little more than the rescale it skips. Where the cost sits (sm_90 PTX of
-BM128 BN64, 8 warps, 3 stages, compiled on a CPU by Triton 3.9's NVIDIA back end): the
-eager loop body has 5 CTA barriers per KV tile, lazy's fast path 7; the two more are the
-block-wide max's shared-memory exchange. Triton has no warp-group-scoped reduction or
-branch, so a vote without that exchange needs a lower-level language (Gluon, or inline PTX
-with named barriers).
+vote still costs a little more than the rescale it skips. Where the cost sits
+(benchmarks/ptx_barriers.py: the sm_90 PTX as Triton 3.6 compiles it for the benchmark's
+aligned shapes, data/results/ptx_barriers_sm90.json): per KV tile the eager loop has 2 CTA
+barriers, lazy's fast path 5, at BM128 with BN64 and BN128 alike. Two belong to the
+block-wide max (partials through shared memory, then the result back), one more to the
+pipelined loads around the branch. Triton has no warp-group-scoped reduction or branch,
+so a vote without that exchange needs a lower-level language (Gluon, or inline PTX with
+named barriers).
 """
 
 from __future__ import annotations
