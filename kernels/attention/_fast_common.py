@@ -109,6 +109,23 @@ def program_rows(H, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def block_any(flags, BLOCK_M: tl.constexpr):
+    """True (a block-uniform scalar) when any of the block's per-row ``flags`` (int 0/1) is
+    set: the lazy kernels' test for skipping the rescale.
+
+    ``tl.max(flags, 0)`` crosses warps through shared memory twice (the partials in, the
+    result back out), a CTA barrier each. Here each run of BLOCK_M / 32 rows reduces inside
+    its warp, one gather hands the 32 partials to a 32-element vector that every warp holds
+    whole (one exchange, one barrier), and the last max stays inside each warp. In the
+    sm_90 PTX (benchmarks/ptx_barriers.py) that takes the fast kernel's lazy loop from 5 to
+    4 barriers per KV tile.
+    """
+    partials = tl.max(tl.reshape(flags, [32, BLOCK_M // 32]), 1)
+    in_every_warp = tl.gather(partials, tl.arange(0, 32), 0)
+    return tl.max(in_every_warp, 0) > 0
+
+
+@triton.jit
 def wave_any(flags, BLOCK_M: tl.constexpr):
     """Per row: the max of ``flags`` over its 32-row wave (an int vote, 0 or 1).
 

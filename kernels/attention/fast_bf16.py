@@ -23,9 +23,9 @@ three tiles, and the fp32 summation order of the tensor cores.
 
 How lazy saves work: when no row of the whole block voted (the usual case once the first
 tiles have set the base), the kernel skips the O and l rescale altogether. The test is a
-block-wide max of the row votes, the only cross-warp step on the fast path (a wgmma warp
-holds 16 rows, so a 32-row wave always spans two warps); the per-wave vote, which moves
-rows between warps, runs only inside that rare branch. With ``row_sum_filter`` the fast
+block-wide OR of the row votes (``block_any``), the only cross-warp step on the fast path
+(a wgmma warp holds 16 rows, so a 32-row wave always spans two warps); the per-wave vote,
+which moves rows between warps, runs only inside that rare branch. With ``row_sum_filter`` the fast
 path does not even take row maxes: it computes P on the old base and tests the row sums
 (a row can vote only if some P > 2**threshold, so only if its row sum is that large); only
 a block where some row sum is that large recomputes the scores, decides exactly and redoes
@@ -38,17 +38,19 @@ same device pieces: ``_walk`` (a query block's walk over a KV column range, whos
 tile sets the base), ``_load_q``, ``_normalise`` and ``_lse``.
 
 Measured on an H200 (data/results/bench_h200.json, one run beside its peers), B2 S8192
-H32 D128 bf16: lazy 490 TFLOP/s non-causal (1.41x SDPA FlashAttention, 1.04x compiled
-flex_attention, 0.81x cuDNN), 447 causal; lazy_unfixed within 0.3 % of lazy (the same
-binary: the rebase rule is a run-time argument); eager 494 / 459, i.e. lazy's block-wide
-vote still costs a little more than the rescale it skips. Where the cost sits
-(benchmarks/ptx_barriers.py: the sm_90 PTX as Triton 3.6 compiles it for the benchmark's
-aligned shapes, data/results/ptx_barriers_sm90.json): per KV tile the eager loop has 2 CTA
-barriers, lazy's fast path 5, at BM128 with BN64 and BN128 alike. Two belong to the
-block-wide max (partials through shared memory, then the result back), one more to the
-pipelined loads around the branch. Triton has no warp-group-scoped reduction or branch,
-so a vote without that exchange needs a lower-level language (Gluon, or inline PTX with
-named barriers).
+H32 D128 bf16, with the kernel as it was before ``block_any`` below: lazy 490 TFLOP/s
+non-causal (1.41x SDPA FlashAttention, 1.04x compiled flex_attention, 0.81x cuDNN), 447
+causal; lazy_unfixed within 0.3 % of lazy (the same binary: the rebase rule is a run-time
+argument); eager 494 / 459, i.e. the block-wide vote cost a little more than the rescale it
+skipped. Where that cost sat (benchmarks/ptx_barriers.py: the sm_90 PTX as Triton 3.6, the
+H200's, compiles it for the benchmark's aligned shapes; data/results/ptx_barriers_sm90.json):
+per KV tile the eager loop has 2 CTA barriers and lazy's fast path had 5, two for
+``tl.max`` over the block (partials into shared memory, the result back out) and one more
+among the loads around the branch. Now the vote is ``_fast_common.block_any`` (one
+exchange) and V is loaded before it: 3 barriers, and 211 registers instead of 227 at BN64
+(233 instead of 255 at BN128), no spills. The H200 timing of this version is still to be
+taken. A vote with no exchange at all needs a warp-group-scoped reduction and branch,
+which Triton does not have (Gluon, or inline PTX with named barriers, would).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ from fa_lab.models.swp_bf16 import softmax_scale_log2  # c, exactly as the model
 from fa_lab.policies import POLICIES_BF16, RescalePolicy
 
 from . import _fast_common as common
-from ._fast_common import Config, load_tile, program_rows, round_bf16_bits, wave_any
+from ._fast_common import (Config, block_any, load_tile, program_rows, round_bf16_bits,
+                           wave_any)
 
 KERNEL = "fast_bf16"
 HEAD_DIMS = (64, 128)
@@ -155,6 +158,8 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
     tile's base is at least -3e38 (for rows that may see no column: P = 0, not NaN)."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
+    v = load_tile(desc_v, v_base, stride_vs, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
+                  USE_TMA, MASKED)
     if INTERPRET:
         k = k.to(tl.float32)
     s = _scores(qs, k, n0, rows, seqlen_kv, diag, 0.0, BLOCK_M, BLOCK_N, CAUSAL, MASKED, INTERPRET)
@@ -172,7 +177,7 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
             p = tl.math.exp2(s - m[:, None])
             row_sum = tl.sum(p, 1)
             maybe = tl.where(row_sum < vote_limit, 0, 1)  # NaN: maybe
-            if tl.max(maybe, 0) > 0:  # rare: decide exactly, then redo P
+            if block_any(maybe, BLOCK_M):  # rare: decide exactly, then redo P
                 # the scores again (the same product): keeping them live across the
                 # branch would cost 64 registers a thread on the fast path
                 s = _scores(qs, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
@@ -185,7 +190,7 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
         else:
             mt = tl.max(s, 1)
             vote = tl.where(mt - m <= threshold, 0, 1)  # NaN votes yes
-            if tl.max(vote, 0) > 0:  # block-uniform: the O rescale is skipped otherwise
+            if block_any(vote, BLOCK_M):  # the O rescale is skipped otherwise
                 acc, l, m = _rebase(acc, l, m, mt, vote, rebase, BLOCK_M)
             p = tl.math.exp2(s - m[:, None])
             row_sum = tl.sum(p, 1)
@@ -198,8 +203,6 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
         p = tl.math.exp2(s - m[:, None])
         row_sum = tl.sum(p, 1)
     l = l + row_sum
-    v = load_tile(desc_v, v_base, stride_vs, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
-                  USE_TMA, MASKED)
     if MASKED and USE_TMA:  # TMA read the next batch's rows past seqlen_kv: P is 0 there,
         cols = n0 + tl.arange(0, BLOCK_N)  # but 0 * inf would not be
         v = tl.where((cols < seqlen_kv)[:, None], v, 0.0)

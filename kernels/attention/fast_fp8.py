@@ -36,7 +36,8 @@ from fa_lab.models.swp_fp8 import log2_scale
 from fa_lab.policies import POLICIES_FP8, RescalePolicy
 
 from . import _fast_common as common
-from ._fast_common import Config, load_tile, round_bf16_bits, round_e4m3_bits, wave_any
+from ._fast_common import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
+                           wave_any)
 
 KERNEL = "fast_fp8"
 HEAD_DIM = 128
@@ -103,7 +104,7 @@ def _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M: tl.constex
         mt = tl.maximum(mt, -3e38)
     d = (mt - m) * ls  # +inf on the first tile (m = -inf)
     vote = tl.where(d <= threshold, 0, 1)  # NaN votes yes
-    if tl.max(vote, 0) > 0:  # block-uniform: the O rescale is skipped otherwise
+    if block_any(vote, BLOCK_M):  # the O rescale is skipped otherwise
         fire = wave_any(vote, BLOCK_M) > 0
         mono = tl.maximum(m, mt)
         safe = d >= -bound  # lazy_capped; NaN -> not safe
@@ -137,7 +138,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
             p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
             row_sum = tl.sum(p, 1)
             maybe = tl.where(row_sum < vote_limit, 0, 1)  # NaN: maybe
-            if tl.max(maybe, 0) > 0:  # rare (always on the first tile): decide exactly
+            if block_any(maybe, BLOCK_M):  # rare (always on the first tile): decide exactly
                 # on the scores again (the same product; keeping them live costs registers)
                 s = _scores(q, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
                             CAUSAL, MASKED)
