@@ -25,12 +25,12 @@ How lazy saves work: when no row of the whole block voted (the usual case once t
 tiles have set the base), the kernel skips the O and l rescale altogether. The test is a
 block-wide OR of the row votes (``block_any``), the only cross-warp step on the fast path
 (a wgmma warp holds 16 rows, so a 32-row wave always spans two warps); the per-wave vote,
-which moves rows between warps, runs only inside that rare branch. With ``row_sum_filter`` the fast
-path does not even take row maxes: it computes P on the old base and tests the row sums
-(a row can vote only if some P > 2**threshold, so only if its row sum is that large); only
-a block where some row sum is that large recomputes the scores, decides exactly and redoes
-P. Both variants take the same decisions (tested); the filter is the faster on an H200 and
-the autotuned default.
+which moves rows between warps, runs only inside that rare branch. With
+``row_sum_filter`` the fast path does not even take row maxes: it computes P on the old
+base and tests the row sums (a row can vote only if some P > 2**threshold, so only if its
+row sum is that large); only a block where some row sum is that large recomputes the
+scores, decides exactly and redoes P. Both variants take the same decisions (tested); the
+filter is the faster on an H200 and the autotuned default.
 
 Split-K (``num_kv_splits``, module ``fast_bf16_splitk``) and packed batches
 (``forward_varlen``, module ``fast_bf16_varlen``) are kernels of their own built from the
@@ -158,6 +158,8 @@ def _tile(acc, l, m, qs, desc_k, desc_v, k_base, v_base, stride_ks, stride_vs, k
     tile's base is at least -3e38 (for rows that may see no column: P = 0, not NaN)."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
+    # V is issued before the vote: after it, the pipelined load took one more CTA barrier
+    # per tile (sm_90 PTX, benchmarks/ptx_barriers.py)
     v = load_tile(desc_v, v_base, stride_vs, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
     if INTERPRET:
