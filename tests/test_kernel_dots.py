@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import fa_lab
-from fa_lab.kernels.attention import _dots, generic, swa, swp_bf16
+from fa_lab.kernels.attention import _dots, generic, swa
 from test_kernel_swp_bf16 import assert_same_masks, make_inputs
 
 
@@ -71,8 +71,19 @@ def test_scratch_dot_is_the_exact_sum_interpreted():
     assert not torch.equal((a.float() @ b.float()), exact)  # (the case does need the exact sum)
 
 
-def _force_scratch_mode(monkeypatch, module):
-    monkeypatch.setattr(module, "dot_mode", lambda interpreted: _dots.DOT_EXACT_SCRATCH)
+def _force_scratch_mode(monkeypatch):
+    """Interpreted launches take the GPU's exact path instead of the fp64 tl.dot; returns
+    the scratch sizes the launches allocated (so a test can see the path was taken)."""
+    monkeypatch.setattr(_dots, "dot_mode", lambda interpreted: _dots.DOT_EXACT_SCRATCH)
+    allocated, real = [], _dots.scratch_buffer
+
+    def spy(mode, grid, floats, device):
+        buf = real(mode, grid, floats, device)
+        allocated.append(buf.numel())
+        return buf
+
+    monkeypatch.setattr(_dots, "scratch_buffer", spy)
+    return allocated
 
 
 @pytest.mark.parametrize("policy", ["lazy_unfixed", "lazy"])
@@ -80,8 +91,9 @@ def test_swp_bf16_scratch_dots_equal_the_interpreters_exact_dots(monkeypatch, po
     q, k, v = make_inputs(1, 256, 320, 2, 1, 64, 48.0, seed=21)
     kw = dict(causal=True, rescale=policy, return_lse=True, kernel="swp_bf16")
     want = fa_lab.flash_attn_func(q, k, v, backend="interpret", **kw)
-    _force_scratch_mode(monkeypatch, swp_bf16)
+    allocated = _force_scratch_mode(monkeypatch)
     got = fa_lab.flash_attn_func(q, k, v, backend="interpret", **kw)
+    assert allocated and min(allocated) > 1  # a real scratch buffer, not the placeholder
     for x, y, name in ((got[0], want[0], "out"), (got[1], want[1], "lse")):
         assert_same_masks(name, x, y)
         assert torch.equal(x.nan_to_num(), y.nan_to_num()), name
@@ -94,8 +106,9 @@ def test_generic_and_swa_scratch_dots_equal_the_interpreters_exact_dots(monkeypa
     for module, kw in runs:
         want = module.forward(q, k, v, interpret=True, **kw)
         with monkeypatch.context() as mp:
-            _force_scratch_mode(mp, module)
+            allocated = _force_scratch_mode(mp)
             got = module.forward(q, k, v, interpret=True, **kw)
+        assert allocated and min(allocated) > 1, module.__name__
         for x, y in zip(got, want):
             assert torch.equal(x.nan_to_num(), y.nan_to_num()), module.__name__
             assert_same_masks(module.__name__, x, y)

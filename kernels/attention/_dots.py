@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._triton_util import runs_interpreted
+
 DOT_EXACT, DOT_EXACT_SCRATCH, DOT_TENSOR_CORES = 0, 1, 2
 
 _setting = threading.local()
@@ -73,6 +75,14 @@ def scratch_buffer(mode: int, grid, floats_per_program: int, device) -> torch.Te
     for g in grid:
         programs *= g
     return torch.empty(max(programs * n, 1), dtype=torch.float32, device=device)
+
+
+def launch_dots(kernel, interpret: bool, grid, rows: int, head_dim: int, tile_n: int, device):
+    """For one launch of a faithful port: (the scratch buffer argument, the DOT_MODE and
+    SCRATCH_FLOATS launch keywords)."""
+    mode = dot_mode(runs_interpreted(kernel, interpret))
+    floats = scratch_floats(rows, head_dim, tile_n)
+    return scratch_buffer(mode, grid, floats, device), {"DOT_MODE": mode, "SCRATCH_FLOATS": floats}
 
 
 @triton.jit

@@ -52,9 +52,8 @@ from fa_lab.trace import TraceRecorder
 
 from ._trace_plan import N_FIELDS, TracePlan
 from ._triton_util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
-                           round_bf16, round_f16, rows_per_program as _rows_per_program,
-                           runs_interpreted)
-from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
+                           round_bf16, round_f16, rows_per_program as _rows_per_program)
+from ._dots import dot16, launch_dots, load16, program_scratch
 from .swp_bf16 import _record
 
 __all__ = ["KERNEL", "forward"]
@@ -230,14 +229,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
 
     rows = min(_rows_per_program(interpret, rows_per_program), tile.block_m)
     grid = (math.ceil(Sq / tile.block_m) * tile.block_m // rows, B * H)
-    mode = dot_mode(runs_interpreted(_generic_fwd, interpret))
-    floats = scratch_floats(rows, D, BLOCK_N)
+    scratch, dot_meta = launch_dots(_generic_fwd, interpret, grid, rows, D, BLOCK_N, dev)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)  # NaN rows, numpy
         launch(
             _generic_fwd, grid, interpret,
-            q, k, v, out, lse, slots, buf, scratch_buffer(mode, grid, floats, dev),
+            q, k, v, out, lse, slots, buf, scratch,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // Hkv, Sq, Skv, plan.n_steps if plan else 1,
             c, sm_scale,
@@ -245,7 +243,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             IS_BF16=q.dtype == torch.bfloat16, TRACE=plan is not None,
             FMA_VIA_FP64=fma_via_fp64(_generic_fwd, interpret), ROWS=rows,
             BLOCK_ROWS=tile.block_m, KV_STEP=tile.kv_step, TILE_N=BLOCK_N, N_FIELDS=N_FIELDS,
-            FLOOR=CAUSAL_FLOOR, DOT_MODE=mode, SCRATCH_FLOATS=floats,
+            FLOOR=CAUSAL_FLOOR, **dot_meta,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )

@@ -49,8 +49,8 @@ from fa_lab.trace import TraceRecorder
 
 from ._trace_plan import N_FIELDS, TracePlan
 from ._triton_util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
-                           rows_per_program as _rows_per_program, runs_interpreted)
-from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
+                           rows_per_program as _rows_per_program)
+from ._dots import dot16, launch_dots, load16, program_scratch
 from .swp_bf16 import _pv_part, _record, _wave_any
 
 __all__ = ["KERNEL", "POLICY_CODES", "forward"]
@@ -255,14 +255,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     buf = plan.buf if plan else torch.empty(1, dtype=torch.float32, device=dev)
 
     grid = (S // rows, B * H)
-    mode = dot_mode(runs_interpreted(_swa_fwd, interpret))
-    floats = scratch_floats(rows, D, BLOCK_N)
+    scratch, dot_meta = launch_dots(_swa_fwd, interpret, grid, rows, D, BLOCK_N, dev)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)  # NaN rows, numpy
         launch(
             _swa_fwd, grid, interpret,
-            q, k, v, out, lse, slots, buf, scratch_buffer(mode, grid, floats, dev),
+            q, k, v, out, lse, slots, buf, scratch,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // Hkv, S, window_left if windowed else 0, window_right,
             nt_band(window_left, window_right) if windowed else S // BLOCK_N,
@@ -271,7 +270,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
             HEAD_DIM=D, WINDOWED=windowed, POLICY=POLICY_CODES[rescale], TRACE=plan is not None,
             ROWS=rows, WAVE=WAVE_ROWS, CTA=CTA_ROWS, TILE_N=BLOCK_N, PV_LO=PV_SPLIT,
             N_FIELDS=N_FIELDS, FLOOR=NEG_FLOOR, LN2_F32=f32(LN2),
-            DOT_MODE=mode, SCRATCH_FLOATS=floats,
+            **dot_meta,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )

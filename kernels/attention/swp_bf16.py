@@ -59,9 +59,9 @@ from . import swp_bf16_splitk as splitk
 from .swp_bf16_splitk import split_range as _split_range
 from ._trace_plan import N_FIELDS as _N_FIELDS
 from ._trace_plan import TracePlan
-from ._dots import dot16, dot_mode, load16, program_scratch, scratch_buffer, scratch_floats
+from ._dots import dot16, launch_dots, load16, program_scratch
 from ._triton_util import (GRID_Y_MAX, check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
-                           rows_per_program as _rows_per_program, runs_interpreted)
+                           rows_per_program as _rows_per_program)
 
 KERNEL = "swp_bf16"
 #: The policy as the kernel's compile-time switch.
@@ -412,8 +412,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
     bias_strides = bias.stride() if bias is not None else (0, 0)
     slots = trace.slots if trace else dummy_i
     buf = trace.buf if trace else dummy_f
-    mode = dot_mode(runs_interpreted(_swp_bf16_fwd, interpret))
-    floats = scratch_floats(rows, D, BLOCK_N)
+    scratch, dot_meta = launch_dots(_swp_bf16_fwd, interpret, grid, rows, D, BLOCK_N, dev)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx:
         launch(
@@ -422,7 +421,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             bias if bias is not None else dummy_f,
             alibi_slopes if alibi_slopes is not None else dummy_f,
             sink.contiguous() if sink is not None else dummy_f,
-            cu_q, cu_kv, scratch_buffer(mode, grid, floats, dev),
+            cu_q, cu_kv, scratch,
             *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
             *bias_strides, *alibi_strides,
             H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
@@ -433,7 +432,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),
             HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None,
             HAS_SINK=sink is not None, SPLIT=split is not None, VARLEN=varlen is not None,
-            DOT_MODE=mode, SCRATCH_FLOATS=floats,
+            **dot_meta,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
         )
