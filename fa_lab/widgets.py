@@ -136,6 +136,17 @@ def _figure(make, source, *extra):
     return fig
 
 
+def _trace_figures(tr, out, lane: int, heat_value: str) -> dict:
+    """The figures every dashboard shows: the running-max heat map, one lane's trace, the
+    output's non-finite map (each memoised, see ``_figure``)."""
+    return {
+        "heatmap": _figure(lambda: viz.running_max_heatmap(tr, heat_value), tr, "heat",
+                           heat_value),
+        "lane": _figure(lambda: viz.lane_lines(tr, lane), tr, "lane", lane),
+        "nonfinite": _figure(lambda: viz.nonfinite_map(out), out, "nonfinite"),
+    }
+
+
 def _bf16_inputs(S, H, D, k_scale, seed, device):
     return _CACHE.get(("bf16", S, H, D, k_scale, seed, str(device)),
                       lambda: bf16_inputs(1, S, H, D, k_scale, seed=seed, device=device))
@@ -214,12 +225,7 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     }
     view["summary"] = _rescale_summary(view)
     if figures:
-        view["figures"] = {
-            "heatmap": _figure(lambda: viz.running_max_heatmap(tr, heat_value), tr, "heat",
-                               heat_value),
-            "lane": _figure(lambda: viz.lane_lines(tr, lane), tr, "lane", lane),
-            "nonfinite": _figure(lambda: viz.nonfinite_map(out), out, "nonfinite"),
-        }
+        view["figures"] = _trace_figures(tr, out, lane, heat_value)
     return view
 
 
@@ -315,12 +321,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     }
     view["summary"] = _fp8_summary(view)
     if figures:
-        view["figures"] = {
-            "heatmap": _figure(lambda: viz.running_max_heatmap(tr, heat_value), tr, "heat",
-                               heat_value),
-            "lane": _figure(lambda: viz.lane_lines(tr, lane), tr, "lane", lane),
-            "nonfinite": _figure(lambda: viz.nonfinite_map(out), out, "nonfinite"),
-        }
+        view["figures"] = _trace_figures(tr, out, lane, heat_value)
     return view
 
 
