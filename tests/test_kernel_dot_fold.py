@@ -3,7 +3,7 @@
 Triton folds ``o + tl.dot(a, b)`` into ``tl.dot(a, b, acc=o)``, which adds O inside the
 tensor core's sum instead of after it. Measured on an H200 that moved 19 of 1.5M non-finite
 outputs against the model (data/results/agree_faithful_h200.json); ``_dots.dot16``
-therefore starts its tensor-core dot from a run-time zero. This compiles a small kernel
+therefore starts its tensor-core dot from a run-time zero (loaded from the scratch pointer). This compiles a small kernel
 for sm_90 (no GPU needed: Triton's front end and TTGIR passes run on the CPU) and reads the
 TTGIR: with ``dot16`` the add survives after the dot; with a plain ``tl.dot`` (the
 control) it is folded into the dot's accumulator.
@@ -21,7 +21,7 @@ CONTROL = 9
 
 
 @triton.jit
-def _fold_probe(A, B, O, Out, MODE: tl.constexpr):
+def _fold_probe(A, B, O, Z, Out, MODE: tl.constexpr):
     r = tl.arange(0, 64)
     idx = r[:, None] * 64 + r[None, :]
     a = tl.load(A + idx)
@@ -30,7 +30,7 @@ def _fold_probe(A, B, O, Out, MODE: tl.constexpr):
     if MODE == 9:  # the control: a plain dot, which Triton may fold o into
         d = tl.dot(a.to(tl.bfloat16), b, out_dtype=tl.float32)
     else:
-        d = dot16(a, b, A, MODE)  # (A: a scratch pointer, unused by the tensor-core mode)
+        d = dot16(a, b, Z, MODE)  # Z: the scratch pointer, whose first float is the zero
     tl.store(Out + idx, o + d)
 
 
@@ -39,8 +39,8 @@ def ttgir(mode: int) -> str:
     from triton.compiler import ASTSource
 
     src = ASTSource(fn=_fold_probe,
-                    signature={"A": "*fp32", "B": "*bf16", "O": "*fp32", "Out": "*fp32",
-                               "MODE": "constexpr"},
+                    signature={"A": "*fp32", "B": "*bf16", "O": "*fp32", "Z": "*fp32",
+                               "Out": "*fp32", "MODE": "constexpr"},
                     constexprs={"MODE": mode})
     try:
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

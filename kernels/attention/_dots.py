@@ -68,13 +68,14 @@ def scratch_floats(rows: int, head_dim: int, tile_n: int) -> int:
 
 
 def scratch_buffer(mode: int, grid, floats_per_program: int, device) -> torch.Tensor:
-    """The scratch of ``DOT_EXACT_SCRATCH`` (one slice per program of ``grid``), else a
-    one-element placeholder."""
-    n = floats_per_program if mode == DOT_EXACT_SCRATCH else 0
+    """The scratch of ``DOT_EXACT_SCRATCH`` (one slice per program of ``grid``), else one
+    0.0: the run-time zero that ``DOT_TENSOR_CORES`` starts its sums from."""
+    if mode != DOT_EXACT_SCRATCH:
+        return torch.zeros(1, dtype=torch.float32, device=device)
     programs = 1
     for g in grid:
         programs *= g
-    return torch.empty(max(programs * n, 1), dtype=torch.float32, device=device)
+    return torch.empty(max(programs * floats_per_program, 1), dtype=torch.float32, device=device)
 
 
 def launch_dots(kernel, interpret: bool, grid, rows: int, head_dim: int, tile_n: int, device):
@@ -121,15 +122,16 @@ def _dot_exact_scratch(a, b, scratch):
 @triton.jit
 def dot16(a, b, scratch, DOT_MODE: tl.constexpr):
     """a @ b for operands that hold 16-bit values (``b`` keeps its 16-bit dtype for the
-    tensor cores); fp32 result. ``scratch``: ``program_scratch`` (used by
-    DOT_EXACT_SCRATCH only)."""
+    tensor cores); fp32 result. ``scratch``: ``program_scratch`` (DOT_EXACT_SCRATCH's
+    operand buffer; DOT_TENSOR_CORES reads its zero there)."""
     if DOT_MODE == 2:
-        # A run-time zero accumulator: with a constant one, Triton folds ``O + dot(P, V)``
-        # into dot(P, V, acc=O), which adds O inside the tensor core's sum and, measured on
-        # an H200, moved 19 of 1.5M non-finite outputs (data/results/agree_faithful_h200.json).
-        # K and V are finite inputs, so b * 0 sums to 0.
-        zero = tl.sum(tl.sum(b.to(tl.float32) * 0.0, 1), 0)
-        acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + zero
+        # A run-time zero accumulator (scratch_buffer's placeholder holds 0.0): with a
+        # constant one, Triton folds ``O + dot(P, V)`` into dot(P, V, acc=O), which adds O
+        # inside the tensor core's sum and, measured on an H200, moved 19 of 1.5M
+        # non-finite outputs (data/results/agree_faithful_h200.json). One scalar load: a
+        # zero reduced from the operand (b * 0) cost two cross-warp reductions per dot,
+        # and is NaN when b holds an inf.
+        acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + tl.load(scratch)
         r = tl.dot(a.to(b.dtype), b, acc)
     elif DOT_MODE == 1:
         r = _dot_exact_scratch(a, b, scratch)
