@@ -3,10 +3,10 @@
 Triton folds ``o + tl.dot(a, b)`` into ``tl.dot(a, b, acc=o)``, which adds O inside the
 tensor core's sum instead of after it. Measured on an H200 that moved 19 of 1.5M non-finite
 outputs against the model (data/results/agree_faithful_h200.json); ``_dots.dot16``
-therefore starts its tensor-core dot from a run-time zero (loaded from the scratch pointer). This compiles a small kernel
-for sm_90 (no GPU needed: Triton's front end and TTGIR passes run on the CPU) and reads the
-TTGIR: with ``dot16`` the add survives after the dot; with a plain ``tl.dot`` (the
-control) it is folded into the dot's accumulator.
+therefore starts its tensor-core dot from a run-time zero (loaded from the scratch
+pointer). This compiles a small kernel for sm_90 (no GPU needed: Triton's front end and
+TTGIR passes run on the CPU) and reads the TTGIR: with ``dot16`` the add survives after
+the dot; with a plain ``tl.dot`` (the control) it is folded into the dot's accumulator.
 """
 
 import re

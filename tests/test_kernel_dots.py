@@ -41,7 +41,9 @@ def test_scratch_is_allocated_only_for_the_scratch_mode():
     assert floats == 64 * 128 + 128 * 64  # Q K^T: [64, 128] and [128, 64]
     assert _dots.scratch_floats(32, 64, 64) == 32 * 64 + 64 * 64
     assert _dots.scratch_buffer(_dots.DOT_EXACT_SCRATCH, grid, floats, "cpu").numel() == 24 * floats
-    assert _dots.scratch_buffer(_dots.DOT_TENSOR_CORES, grid, floats, "cpu").numel() == 1
+    # the tensor-core mode's placeholder is the zero its dots start from
+    placeholder = _dots.scratch_buffer(_dots.DOT_TENSOR_CORES, grid, floats, "cpu")
+    assert placeholder.dtype == torch.float32 and placeholder.tolist() == [0.0]
 
 
 @triton.jit
