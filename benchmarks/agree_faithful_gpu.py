@@ -4,7 +4,7 @@ each of its compiled dot modes: the tensor cores (the default) and the exact sum
 K x48) and at the seed's full size (B2 S8192 H32, K x24 ... x64), lazy_unfixed; with the
 time of one call in each mode.
 
-    PYTHONPATH=$PWD python3 benchmarks/agree_faithful_gpu.py --out result.json
+    pip install --no-deps -e . && python3 benchmarks/agree_faithful_gpu.py --out result.json
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 from fa_lab.compare import tensor_diff
 from fa_lab.experiments import atomic_write_json, bf16_inputs, provenance
 from fa_lab.kernels import exact_dots
-from fa_lab.kernels.attention import swp_bf16
+from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
 from fa_lab.models import swp_bf16 as model
-from fa_lab.policies import RescalePolicy
+from fa_lab.policies import get as get_policy
 
 DOT_MODES = {"tensor_cores": contextlib.nullcontext, "exact": exact_dots}
 
@@ -54,7 +54,7 @@ def main():
         cases.append((f"B2 S8192 H32 K x{ks}",
                       lambda ks=ks: bf16_inputs(B=2, S=8192, H=32, D=128, k_scale=ks, seed=0,
                                                 device=dev), False))
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     compiled = set()  # one compile per (mode, causal) serves every size
     for name, make, causal in cases:
         q, k, v = make()
@@ -79,7 +79,7 @@ def main():
         torch.cuda.empty_cache()
     atomic_write_json(Path(args.out), {
         "name": Path(args.out).stem,
-        "provenance": provenance(dev, command="PYTHONPATH=$PWD python3 benchmarks/agree_faithful_gpu.py"
+        "provenance": provenance(dev, command="python3 benchmarks/agree_faithful_gpu.py"
                                  f" --out {Path(args.out).name}"),
         "rows": rows})
 

@@ -12,7 +12,7 @@ Tilings: ``autotuned`` (each policy with its own pick, as the benchmark runs the
 of fast_bf16.CONFIGS pinned for all three (lazy with the row-sum filter, its autotuned
 default), which compares the policies at equal tiles.
 
-    PYTHONPATH=$PWD python3 benchmarks/lazy_vs_eager_gpu.py --out result.json
+    pip install --no-deps -e . && python3 benchmarks/lazy_vs_eager_gpu.py --out result.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from triton.testing import do_bench
 
 from fa_lab import bench
 from fa_lab.experiments import atomic_write_json, provenance
-from fa_lab.kernels.attention import fast_bf16
+from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 
 POLICIES = ("lazy", "lazy_unfixed", "eager")
 

@@ -1,7 +1,7 @@
 """On a GPU: the faithful bf16 port's speed per rows_per_program at the seed's full size,
 and where its NaN/inf masks differ from the model's on the GPU test's inputs.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_faithful_gpu.py --out result.json
+    pip install --no-deps -e . && python3 benchmarks/probe_faithful_gpu.py --out result.json
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import triton
 
 import fa_lab
 from fa_lab.experiments import atomic_write_json, bf16_inputs, provenance
-from fa_lab.kernels.attention import swp_bf16
-from fa_lab.policies import RescalePolicy
+from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
+from fa_lab.policies import get as get_policy
 
 
 def masks(out):
@@ -39,7 +39,7 @@ def main():
 
     # speed: the seed's full shape, lazy_unfixed at K x32
     q, k, v = bf16_inputs(B=2, S=8192, H=32, D=128, k_scale=32, seed=0, device=dev)
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     flops = 4.0 * 2 * 32 * 8192 * 8192 * 128
     ref_nan = None
     for rows in (32, 64, 128):
@@ -72,13 +72,13 @@ def main():
             kw = dict(causal=causal, rescale=policy, kernel="swp_bf16", return_lse=True)
             om, _ = fa_lab.flash_attn_func(q, k, v, backend="emulator", **kw)
             row = {"causal": causal, "policy": policy}
-            ok, _ = swp_bf16.forward(q, k, v, causal=causal, policy=RescalePolicy(policy))
+            ok, _ = swp_bf16.forward(q, k, v, causal=causal, policy=get_policy(policy))
             row["kernel_vs_model"] = mask_diff(ok, om)
             print(row, flush=True)
             res["agreement"].append(row)
     atomic_write_json(Path(args.out), {
         "name": "probe_faithful_gpu",
-        "provenance": provenance(dev, command="PYTHONPATH=$PWD python3 benchmarks/probe_faithful_gpu.py"),
+        "provenance": provenance(dev, command="python3 benchmarks/probe_faithful_gpu.py"),
         **res})
 
 

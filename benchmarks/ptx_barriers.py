@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fa_lab.experiments import atomic_write_json, provenance
-from fa_lab.kernels.attention import fast_bf16
+from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 
 TILINGS = ((128, 64, 8, 3), (128, 128, 8, 2))  # BLOCK_M, BLOCK_N, warps, stages (CONFIGS)
 _SCALARS = ("H", "GROUP", "seqlen_q", "seqlen_kv", "rebase")

@@ -160,14 +160,15 @@ class Unavailable(RuntimeError):
 
 
 def _fast_module(name):
-    return importlib.import_module(f"fa_lab.kernels.attention.{name}")
+    """A fast kernel module by its path under fa_lab.kernels ("swp_bf16.fast", ...)."""
+    return importlib.import_module(f"fa_lab.kernels.{name}")
 
 
 def _faithful_module():
     try:
-        return importlib.import_module("fa_lab.kernels.attention.swp_bf16")
+        return importlib.import_module("fa_lab.kernels.swp_bf16.faithful")
     except ImportError as e:
-        raise Unavailable(f"fa_lab.kernels.attention.swp_bf16 is not importable ({e})") from None
+        raise Unavailable(f"fa_lab.kernels.swp_bf16.faithful is not importable ({e})") from None
 
 
 _FLEX = {}
@@ -216,15 +217,15 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
         raise Unavailable("SDPA's and this flex mask's causal diagonal is top-left; the kernels' "
                           "is bottom-right: they differ when Sq != Skv")
     if impl in FAST_BF16:
-        mod = _fast_module("fast_bf16")
+        mod = _fast_module("swp_bf16.fast")
         pol = _bf16_policy(FAST_BF16[impl], shape)
         return lambda: mod.forward(q, k, v, causal=causal, policy=pol)[0]
     if impl in FAST_SPLITK:
-        mod, splits = _fast_module("fast_bf16"), FAST_SPLITK[impl]
+        mod, splits = _fast_module("swp_bf16.fast"), FAST_SPLITK[impl]
         pol = _bf16_policy("lazy", shape)
         return lambda: mod.forward(q, k, v, causal=causal, policy=pol, num_kv_splits=splits)[0]
     if impl in FAST_FP8:
-        mod = _fast_module("fast_fp8")
+        mod = _fast_module("swp_fp8.fast")
         (q8, k8, v8), (qd, kd, vd) = inp.fp8
         pol = policies.resolve(fp8=True, seqlen_kv=shape.seqlen_kv, rescale=FAST_FP8[impl])
         return lambda: mod.forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
@@ -263,12 +264,12 @@ def _varlen_runner(impl: str, shape: Shape, inp: Inputs):
     q, k, v, causal = inp.q, inp.k, inp.v, shape.causal
     spans = inp.spans(shape)
     if impl in FAST_VARLEN:
-        mod = _fast_module("fast_bf16")
+        mod = _fast_module("swp_bf16.fast")
         pol = _bf16_policy(FAST_VARLEN[impl], shape)
         return lambda: mod.forward_varlen(q, k, v, inp.cu, inp.cu, shape.S, None, causal=causal,
                                           policy=pol)[0]
     if impl in FAST_BF16:  # the dense kernel once per sequence
-        mod = _fast_module("fast_bf16")
+        mod = _fast_module("swp_bf16.fast")
         pol = _bf16_policy(FAST_BF16[impl], shape)
         return lambda: [mod.forward(q[None, a:b], k[None, a:b], v[None, a:b], causal=causal,
                                     policy=pol)[0][0] for a, b in spans]
@@ -333,17 +334,17 @@ def _fast_config(impl, shape, inp: Inputs):
     lazy = True
     if impl in FAST_BF16 and not shape.varlen:
         lazy = FAST_BF16[impl] != "eager"
-        cfg = _fast_module("fast_bf16").best_config(inp.q, inp.k, shape.causal, lazy)
+        cfg = _fast_module("swp_bf16.fast").best_config(inp.q, inp.k, shape.causal, lazy)
     elif impl in FAST_SPLITK:
-        cfg = _fast_module("fast_bf16_splitk").best_config(inp.q, inp.k, shape.causal, lazy,
+        cfg = _fast_module("swp_bf16.splitk").best_config(inp.q, inp.k, shape.causal, lazy,
                                                            FAST_SPLITK[impl])
     elif impl in FAST_VARLEN:
-        cfg = _fast_module("fast_bf16_varlen").best_config(inp.q, inp.k, shape.S, shape.S,
+        cfg = _fast_module("swp_bf16.varlen").best_config(inp.q, inp.k, shape.S, shape.S,
                                                            shape.causal, lazy)
     elif impl in FAST_FP8:
         lazy = FAST_FP8[impl] != "eager"
         (q8, k8, _), _ = inp.fp8
-        cfg = _fast_module("fast_fp8").best_config(q8, k8, shape.causal, lazy)
+        cfg = _fast_module("swp_fp8.fast").best_config(q8, k8, shape.causal, lazy)
     else:
         return None
     return None if cfg is None else cfg.describe(lazy)
@@ -353,13 +354,13 @@ def _tuning(impl, shape):
     """The autotuner's timings of every config at its last new key (fast kernels;
     lazy_unfixed shares lazy's tuning; per-sequence loops tune once per length)."""
     if impl in FAST_BF16 and impl != "fast_lazy_unfixed" and not shape.varlen:
-        return _fast_module("fast_bf16").tuning_timings(FAST_BF16[impl] != "eager")
+        return _fast_module("swp_bf16.fast").tuning_timings(FAST_BF16[impl] != "eager")
     if impl in FAST_SPLITK:
-        return _fast_module("fast_bf16_splitk").tuning_timings(True)
+        return _fast_module("swp_bf16.splitk").tuning_timings(True)
     if impl in FAST_VARLEN:
-        return _fast_module("fast_bf16_varlen").tuning_timings(True)
+        return _fast_module("swp_bf16.varlen").tuning_timings(True)
     if impl in FAST_FP8:
-        return _fast_module("fast_fp8").tuning_timings(FAST_FP8[impl] != "eager")
+        return _fast_module("swp_fp8.fast").tuning_timings(FAST_FP8[impl] != "eager")
     return None
 
 
@@ -535,7 +536,7 @@ def config_sweep(shape: Shape = SHAPES[0], *, configs=None, bf16_policies=("eage
     autotune): the data behind the kernels' CONFIGS lists."""
     from triton.testing import do_bench
 
-    bf16_mod, fp8_mod = _fast_module("fast_bf16"), _fast_module("fast_fp8")
+    bf16_mod, fp8_mod = _fast_module("swp_bf16.fast"), _fast_module("swp_fp8.fast")
     configs = bf16_mod.CANDIDATE_CONFIGS if configs is None else configs
     fp8_configs = fp8_mod.CANDIDATE_CONFIGS if fp8_configs is None else fp8_configs
     if shape.varlen:

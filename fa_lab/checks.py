@@ -3,7 +3,24 @@ every error is a ValueError/TypeError that names the argument, raised before any
 
 from __future__ import annotations
 
+import operator
+
 import torch
+
+
+def check_int(name: str, value, *, lo: int | None = None) -> int:
+    """A whole number (a Python int, a numpy integer or a 0-d integer tensor; never a bool)
+    as int, at least ``lo``; TypeError/ValueError naming ``name``. The one grammar every
+    integer argument shares (``trace``'s ``rows`` too)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if lo is not None and out < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {out}")
+    return out
 
 
 def _dtype_names(dtypes) -> str:

@@ -20,7 +20,7 @@ class RescaleCounter:
     active = True
 
     def __init__(self, policy):
-        self.eager = policy.name == "eager"
+        self.eager = not policy.lazy
         self.wave_steps = 0
         self.o_multiplies = 0
         self.row_steps = 0

@@ -4,32 +4,33 @@
 unfixed lazy, fixed lazy and eager rescale over K scales); ``fp8_table`` reruns its fp8
 table (mean |o - 1| with V = ones and NaN counts per rebase rule). Both take their sizes as
 arguments: the defaults run in seconds on 2 CPU cores, ``SEED_SIZES`` are the seed's.
-``save_result`` writes a JSON with provenance to data/results/ atomically.
+``save_result`` writes a JSON with provenance to data/results/ atomically (through
+``fa_lab.results``, which also loads and lists them).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import metrics, reference
+from . import metrics, reference, results
 from .api import flash_attn_func
 from .numerics import E4M3_MAX, e4m3
+from .policies import get as get_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DIR = ROOT / "data" / "seed"
-RESULTS_DIR = ROOT / "data" / "results"
+RESULTS_DIR = results.RESULTS_DIR
+# results I/O lives in fa_lab.results; these names stay importable from here
+provenance = results.provenance
+atomic_write_bytes = results.atomic_write_bytes
+atomic_write_json = results.atomic_write_json
+_json_default = results._json_default
+_clean = results._clean
 
 BF16_K_SCALES = (8, 16, 24, 32, 48, 64)
 BF16_POLICIES = ("lazy_unfixed", "lazy", "eager")
@@ -48,9 +49,16 @@ CPU_SIZES = {"bf16": dict(B=1, S=2048, H=4, D=128), "fp8": dict(B=1, S=2048, H=2
 
 
 def seed_table(name: str) -> dict:
-    """The seed's own figures (data/seed/pr1033_<name>.json)."""
-    with open(SEED_DIR / f"pr1033_{name}.json") as f:
-        return json.load(f)
+    """The seed's own figures (data/seed/pr1033_<name>.json, ``name`` "bf16" or "fp8").
+
+    A missing file raises ``FileNotFoundError`` naming it and the seed tables there; a
+    truncated or invalid one ``ValueError`` naming it."""
+    path = SEED_DIR / f"pr1033_{results.check_name(name)}.json"
+    if not path.is_file():
+        have = sorted(p.stem[len("pr1033_"):] for p in SEED_DIR.glob("pr1033_*.json"))
+        raise FileNotFoundError(f"no seed table {name!r}: {path} does not exist; "
+                                f"seed tables in {SEED_DIR}: {', '.join(have) or '(none)'}")
+    return results.read_json(path)
 
 
 def _generator(device, seed: int) -> torch.Generator:
@@ -132,7 +140,7 @@ def bf16_table(k_scales=BF16_K_SCALES, *, B=1, S=2048, H=4, D=128, causal=False,
         q, k, v = bf16_inputs(B, S, H, D, K, seed=seed, device=device)
         ref, _ = reference.attention(q, k, v, causal=causal)
         for pol in policies:
-            thr = threshold if pol != "eager" else None
+            thr = threshold if get_policy(pol).lazy else None
             out, lse = flash_attn_func(q, k, v, causal=causal, rescale=pol, return_lse=True,
                                        rescale_threshold=thr, backend=backend)
             stats = metrics.summarize(out, ref, lse)
@@ -153,7 +161,7 @@ def fp8_table(k_scales=FP8_K_SCALES, *, B=1, S=2048, H=2, causal=False, seed=0, 
     for K in k_scales:
         (q8, k8, v8), (qd, kd, vd) = fp8_inputs(B, S, H, K, seed=seed, device=device)
         for label, pol, bound in variants:
-            thr = threshold if pol != "eager" else None
+            thr = threshold if get_policy(pol).lazy else None
             out = flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
                                   causal=causal, rescale=pol, rebase_bound=bound,
                                   rescale_threshold=thr, p_headroom=p_headroom,
@@ -211,87 +219,15 @@ def fp8_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---- provenance and storage ------------------------------------------------------------
-
-def provenance(device="cpu", **extra) -> dict:
-    """Who made a result: device, versions, date, command, git commit."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        name = torch.cuda.get_device_name(dev)
-    else:
-        name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:  # pragma: no cover - triton is a dependency
-        triton_version = None
-    # a copy without its own .git (a GPU machine's snapshot) names its commit in the environment
-    commit = os.environ.get("FA_LAB_GIT_COMMIT")
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=5)
-        commit = commit or (r.stdout.strip() if r.returncode == 0 else None)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "git_commit": commit,
-        **extra,
-    }
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file beside ``path`` and rename it into place, so a reader
-    never sees half a file and a failure leaves the old one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_json(path: Path, obj) -> Path:
-    """``obj`` as indented JSON, written atomically (serialised first: a value JSON cannot
-    hold raises before the file is touched)."""
-    text = json.dumps(obj, indent=1, default=_json_default) + "\n"
-    return atomic_write_bytes(path, text.encode())
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item"):
-        return x.item()
-    raise TypeError(f"cannot store {type(x).__name__} as JSON")
-
-
-def _clean(records):
-    """NaN/inf floats become null so the JSON stays standard."""
-    def fix(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if hasattr(v, "item"):
-            return fix(v.item())
-        return v
-    return [{k: fix(v) for k, v in r.items()} for r in records]
-
+# ---- provenance and storage (fa_lab.results) ------------------------------------------
+# Kept here for the modules, benchmarks and notebooks that import them from experiments.
 
 def save_result(name: str, table: pd.DataFrame, *, params: dict, device="cpu",
                 directory: Path | None = None) -> Path:
-    """Store a table as data/results/<name>.json with provenance and parameters."""
-    directory = RESULTS_DIR if directory is None else Path(directory)
-    obj = {"name": name, "provenance": provenance(device), "params": params,
-           "rows": _clean(table.to_dict("records"))}
-    return atomic_write_json(directory / f"{name}.json", obj)
+    """Store a table as data/results/<name>.json with provenance and parameters
+    (``fa_lab.results.save``: atomic, ``name`` confined to the directory). ``directory``
+    defaults to ``$FA_LAB_RESULTS_DIR`` or data/results; a reassigned ``RESULTS_DIR`` here
+    is honoured too."""
+    if directory is None and Path(RESULTS_DIR) != Path(results.RESULTS_DIR):
+        directory = RESULTS_DIR
+    return results.save(name, table, params=params, device=device, root=directory)

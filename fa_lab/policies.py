@@ -1,67 +1,55 @@
-"""Rescale policies: a name plus its parameters, resolved once here.
+"""Rescale policies as data: the one home of the lab's central object.
 
-The models and kernels branch on ``RescalePolicy.name`` in one place each; everything a
-user can say about the rescale (``rescale=``, ``dualwave_swp_lazy_rescale=``,
-``rescale_threshold=``, ``rebase_bound=``, ``p_headroom=``) is checked and folded into one
-``RescalePolicy`` here, so that nothing asked for is silently ignored.
+A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md`` §9):
+
+* ``vote``: who decides whether a row rescales at a tile.
+  ``"tile"`` every row at every tile (eager, the reference online softmax);
+  ``"wave"`` a 32-row ballot: if any row's tile max jumped more than ``threshold`` above
+  its running max, every row of the wave rescales (FlyDSL's DUALWAVE_SWP);
+  ``"row"`` each row for itself (FlashAttention-4).
+* ``rebase``: what a rescaling row's running max becomes.
+  ``"max"`` fmax(m, tile max), never down (PR #1033, the fix);
+  ``"tile"`` the row's own tile max, down too (upstream main before the fix);
+  ``"capped"`` its own tile max unless that is more than ``rebase_bound`` below m, in which
+  case the row keeps m (the seed's proposal).
+* ``threshold`` (log2 units; fp8 compares scaled differences), ``rebase_bound`` (capped
+  only) and ``p_headroom`` (fp8 only: True for PR #1020's lift of P before its e4m3 cast,
+  or a number of log2 units).
+* ``name``, ``description`` and ``color`` for tables, legends and dropdowns.
+
+``Policy.from_rule(rule, name=...)`` wraps a Python rule ``rule(m, mt, threshold) ->
+m_new`` over one wave's rows (``[..., 32]`` tensors); rows whose max changes rescale by
+``exp2(m - m_new)``. Rules run on the models only.
+
+``register`` adds a policy to the registry that the dashboards, the CLI and the
+comparison tables read. Kernels read a policy through ``codes``: the one integer
+encoding, derived here, so no module outside this one compares a policy's name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 from .numerics import E4M3_MAX
 
 #: DUALWAVE_SWP_RESCALE_THRESHOLD upstream, in log2 units.
 DEFAULT_THRESHOLD = 8.0
-#: The seed's proposed cap on a downward rebase of the fp8 helper, in log2 units.
+#: The seed's proposed cap on a downward rebase, in log2 units.
 DEFAULT_REBASE_BOUND = 16.0
+#: Upstream's fp8 threshold rule after PR #1020 (see ``threshold_by_kv_len``).
+BY_KV_LEN = "by_kv_len"
 
-#: What each policy means (shown in the CLI, the notebooks and error messages).
-POLICIES_BF16 = {
-    "eager": "rescale every tile to fmax(m, tile max): the reference online softmax",
-    "lazy": "wave ballot, then every row rebases to fmax(m, tile max) (PR #1033, fixed)",
-    "lazy_unfixed": "wave ballot, then every row rebases to its own tile max (upstream main before #1033)",
-    "fa4_row": "FlashAttention-4: each row rebases to fmax(m, tile max) only if it jumped past the "
-               "threshold itself; the wave's O multiply is skipped when no row needs it",
-}
-POLICIES_FP8 = {
-    "eager": "rescale every pair to fmax(m, tile max) (PR #1020's eager helper)",
-    "lazy": "wave ballot, monotonic rebase to fmax(m, tile max) (PR #1033)",
-    "lazy_unfixed": "wave ballot, every row rebases to its own tile max (upstream main)",
-    "lazy_capped": "wave ballot, downward rebases larger than rebase_bound skipped (the seed's proposal)",
-}
-LAZY_POLICIES = frozenset({"lazy", "lazy_unfixed", "lazy_capped", "fa4_row"})
+#: The vote and rebase values, in the order of their kernel codes (``Policy.codes``).
+VOTES = ("tile", "wave", "row")
+REBASES = ("max", "tile", "capped")
 
-
-@dataclass(frozen=True)
-class RescalePolicy:
-    """A resolved rescale policy.
-
-    ``threshold`` is the ballot threshold (log2 units; fp8 compares scaled differences).
-    ``rebase_bound`` is set for ``lazy_capped`` only. ``p_headroom`` is the value H added
-    to the fp8 P exponent (0 when off); always 0 for bf16.
-    """
-
-    name: str
-    threshold: float = DEFAULT_THRESHOLD
-    rebase_bound: float | None = None
-    p_headroom: float = 0.0
-
-    @property
-    def lazy(self) -> bool:
-        return self.name in LAZY_POLICIES
-
-    def describe(self) -> str:
-        parts = [self.name]
-        if self.lazy:
-            parts.append(f"thr={self.threshold:g}")
-        if self.rebase_bound is not None:
-            parts.append(f"bound={self.rebase_bound:g}")
-        if self.p_headroom:
-            parts.append(f"H={self.p_headroom:.3f}")
-        return " ".join(parts)
+#: Colours for registered policies that bring none (colour-blind-safe, after the built-ins').
+_PALETTE = ("#e6ab02", "#17becf", "#a6761d", "#66a61e", "#8c564b", "#bcbd22", "#e377c2",
+            "#7f7f7f")
 
 
 def threshold_by_kv_len(seqlen_kv: int) -> float:
@@ -69,73 +57,284 @@ def threshold_by_kv_len(seqlen_kv: int) -> float:
     return 6.0 if seqlen_kv <= 4096 else 4.0
 
 
-def _check_number(name: str, value, allow_none=True):
+def check_number(name: str, value, *, allow_none: bool = True, positive: bool = False):
+    """A finite real number >= 0 (> 0 with ``positive``) as float, or None; raises
+    TypeError/ValueError naming ``name``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return float(value)
+
+
+@dataclass(frozen=True)
+class Codes:
+    """A policy as the Triton kernels take it: small ints and fp32-ready numbers.
+    ``vote`` and ``rebase`` index ``VOTES`` and ``REBASES``; ``bound`` is 0 unless capped."""
+
+    vote: int
+    rebase: int
+    threshold: float
+    bound: float
+    headroom: float
+
+    @property
+    def lazy(self) -> bool:
+        return self.vote != VOTES.index("tile")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One rescale policy. ``threshold`` may be ``"by_kv_len"`` (fp8: upstream's rule)
+    and ``p_headroom`` True (fp8: PR #1020's lift) until a call resolves them to numbers
+    (``resolve``); a resolved policy is what models and kernels receive."""
+
+    vote: str | None = "wave"
+    rebase: str | None = "max"
+    threshold: float | str = DEFAULT_THRESHOLD
+    rebase_bound: float | None = None
+    p_headroom: bool | float = 0.0
+    name: str = "custom"
+    description: str = ""
+    color: str | None = None
+    rule: Callable | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip() or "," in self.name:
+            raise ValueError(f"name must be a non-empty str without commas, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"description must be a str, got {type(self.description).__name__}")
+        if self.color is not None and not (isinstance(self.color, str) and self.color.startswith("#")
+                                           and len(self.color) in (4, 7)):
+            raise ValueError(f"color must be None or a '#rrggbb' string, got {self.color!r}")
+        if self.rule is not None:
+            if not callable(self.rule):
+                raise TypeError(f"rule must be callable, got {type(self.rule).__name__}")
+            if self.vote is not None or self.rebase is not None or self.rebase_bound is not None:
+                raise ValueError("a rule policy decides by its rule: vote, rebase and "
+                                 "rebase_bound must be None (use Policy.from_rule)")
+        else:
+            if self.vote not in VOTES:
+                raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}")
+            if self.rebase not in REBASES:
+                raise ValueError(f"rebase must be one of {REBASES}, got {self.rebase!r}")
+            if self.rebase == "capped":
+                check_number("rebase_bound", self.rebase_bound, allow_none=False)
+            elif self.rebase_bound is not None:
+                raise ValueError(f"rebase_bound applies to rebase='capped' only, not {self.rebase!r}")
+        if self.threshold != BY_KV_LEN:
+            check_number("threshold", self.threshold, allow_none=False)
+        if not isinstance(self.p_headroom, bool):
+            check_number("p_headroom", self.p_headroom, allow_none=False)
+            if self.p_headroom > math.log2(E4M3_MAX):
+                # past log2(448) even an eager row's largest P (1) is lifted above e4m3's
+                # range: the kernel runs it, but every row's largest P is clipped or NaN
+                warnings.warn(f"p_headroom={self.p_headroom!r} exceeds log2(448) = "
+                              f"{math.log2(E4M3_MAX):.4f}: every row's largest P is lifted past "
+                              "e4m3's range, so it saturates to 448 (fp8_saturate=True) or "
+                              "becomes NaN (False), and the output is biased low",
+                              UserWarning, stacklevel=3)
+
+    @classmethod
+    def from_rule(cls, rule: Callable, *, name: str, threshold: float = DEFAULT_THRESHOLD,
+                  description: str = "", color: str | None = None) -> "Policy":
+        """A policy decided by ``rule(m, mt, threshold) -> m_new``: ``m`` and ``mt`` are one
+        wave's running and tile maxima at one loop step (fp8: one tile pair), ``[..., 32]``
+        fp32 tensors in log2 units (fp8: the scores times ls, as the kernel compares
+        them), ``threshold`` in log2 units; rows where ``m_new != m`` rescale by
+        ``exp2(m - m_new)``. The models run it; the Triton kernels refuse it."""
+        return cls(vote=None, rebase=None, threshold=threshold, name=name,
+                   description=description or f"Python rule {getattr(rule, '__name__', rule)!s}",
+                   color=color, rule=rule)
+
+    @property
+    def lazy(self) -> bool:
+        """True where rows may keep a stale running max (every vote but 'tile')."""
+        return self.vote != "tile"
+
+    @property
+    def codes(self) -> Codes:
+        """The kernels' encoding of a resolved declarative policy."""
+        if self.rule is not None:
+            raise ValueError(f"policy {self.name!r} is a Python rule; it runs on the models only "
+                             "(backend='emulator')")
+        if self.threshold == BY_KV_LEN or isinstance(self.p_headroom, bool) and self.p_headroom:
+            raise ValueError(f"policy {self.name!r} is not resolved for a call (policies.resolve)")
+        return Codes(VOTES.index(self.vote), REBASES.index(self.rebase), float(self.threshold),
+                     float(self.rebase_bound or 0.0), float(self.p_headroom))
+
+    def fields(self) -> dict:
+        """The fields that define the decision (what backends are checked against)."""
+        return {"vote": self.vote, "rebase": self.rebase, "rule": self.rule}
+
+    def describe(self) -> str:
+        parts = [self.name]
+        if self.lazy:
+            parts.append(f"thr={self.threshold:g}" if self.threshold != BY_KV_LEN else "thr=by_kv_len")
+        if self.rebase_bound is not None:
+            parts.append(f"bound={self.rebase_bound:g}")
+        if not isinstance(self.p_headroom, bool) and self.p_headroom:
+            parts.append(f"H={self.p_headroom:.3f}")
+        return " ".join(parts)
+
+
+#: The registry, in display order: name -> Policy.
+_REGISTRY: dict[str, Policy] = {}
+_BUILTINS = (
+    Policy("tile", "max", name="eager", color="#1b9e77",
+           description="rescale every tile to fmax(m, tile max): the reference online softmax"),
+    Policy("wave", "max", name="lazy", color="#1f77b4",
+           description="wave ballot, then every row rebases to fmax(m, tile max) (PR #1033, fixed)"),
+    Policy("wave", "tile", name="lazy_unfixed", color="#d62728",
+           description="wave ballot, then every row rebases to its own tile max "
+                       "(upstream main before #1033)"),
+    Policy("wave", "capped", rebase_bound=DEFAULT_REBASE_BOUND, name="lazy_capped", color="#7b4fb8",
+           description="wave ballot, own tile max, but downward rebases larger than "
+                       "rebase_bound skipped (the seed's proposal)"),
+    Policy("row", "max", name="fa4_row", color="#e7298a",
+           description="FlashAttention-4: each row rebases to fmax(m, tile max) only if it "
+                       "jumped past the threshold itself"),
+)
+BUILTIN_NAMES = tuple(p.name for p in _BUILTINS)
+
+
+def register(policy: Policy, *, replace: bool = False) -> Policy:
+    """Make ``policy`` appear wherever policies are listed (dashboards, CLI, tables); gives
+    it a colour of its own if it has none. Returns the registered value."""
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
+    if policy.name in _REGISTRY:
+        if policy.name in BUILTIN_NAMES:
+            raise ValueError(f"{policy.name!r} is a built-in policy; choose another name")
+        if not replace:
+            raise ValueError(f"a policy named {policy.name!r} is already registered (replace=True "
+                             "to replace it)")
+    if policy.color is None:
+        used = {p.color for p in _REGISTRY.values()}
+        free = [c for c in _PALETTE if c not in used] or list(_PALETTE)
+        policy = dataclasses.replace(policy, color=free[0])
+    _REGISTRY[policy.name] = policy
+    return policy
+
+
+def unregister(name: str) -> None:
+    """Remove a user policy (built-ins stay)."""
+    if name in BUILTIN_NAMES:
+        raise ValueError(f"{name!r} is a built-in policy and cannot be unregistered")
+    if name not in _REGISTRY:
+        raise KeyError(f"no policy named {name!r} is registered")
+    del _REGISTRY[name]
+
+
+for _p in _BUILTINS:
+    register(_p)
+
+
+def get(name: str) -> Policy:
+    """The registered policy ``name``; ValueError listing the registered names."""
+    if not isinstance(name, str):
+        raise TypeError(f"rescale must be a policy name (str) or a fa_lab.Policy, got "
+                        f"{type(name).__name__}")
+    if name not in _REGISTRY:
+        raise ValueError(f"rescale={name!r} is not a registered policy; choose one of "
+                         f"{list(_REGISTRY)} or pass a fa_lab.Policy")
+    return _REGISTRY[name]
+
+
+def names() -> tuple[str, ...]:
+    """Registered policy names, built-ins first, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def registered() -> tuple[Policy, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def as_policy(rescale) -> Policy:
+    """A name or a Policy, as a Policy."""
+    return rescale if isinstance(rescale, Policy) else get(rescale)
+
+
+def color(policy) -> str | None:
+    """The colour of a policy, or of a registered policy's name (None for other names,
+    such as the labels of implementations)."""
+    if isinstance(policy, Policy):
+        return policy.color if policy.color is not None else color(policy.name)
+    p = _REGISTRY.get(policy) if isinstance(policy, str) else None
+    return None if p is None else p.color
 
 
 def resolve(
     *,
     fp8: bool,
     seqlen_kv: int,
-    rescale: str | None = None,
+    rescale=None,
     dualwave_swp_lazy_rescale: bool = True,
     rescale_threshold: float | str | None = None,
     rebase_bound: float | None = None,
     p_headroom: bool | float | None = None,
-) -> RescalePolicy:
-    """Fold the user's rescale arguments into one policy, or raise naming the argument."""
-    table = POLICIES_FP8 if fp8 else POLICIES_BF16
+    default: Policy | None = None,
+) -> Policy:
+    """Fold the user's rescale arguments into one resolved policy, or raise naming the
+    argument. ``default`` is the policy a bare call runs (the upstream version's; lazy or
+    eager by ``dualwave_swp_lazy_rescale`` when not given)."""
     if not isinstance(dualwave_swp_lazy_rescale, bool):
         raise TypeError("dualwave_swp_lazy_rescale must be a bool, "
                         f"got {type(dualwave_swp_lazy_rescale).__name__}")
     if rescale is None:
-        name = "lazy" if dualwave_swp_lazy_rescale else "eager"
+        policy = default if default is not None else get("lazy" if dualwave_swp_lazy_rescale else "eager")
     else:
-        if not isinstance(rescale, str):
-            raise TypeError(f"rescale must be a policy name (str), got {type(rescale).__name__}")
-        if rescale not in table:
-            kind = "fp8" if fp8 else "bf16/f16"
-            raise ValueError(f"rescale={rescale!r} is not a {kind} policy; choose one of {sorted(table)}")
-        if not dualwave_swp_lazy_rescale and rescale in LAZY_POLICIES:
-            raise ValueError(f"rescale={rescale!r} contradicts dualwave_swp_lazy_rescale=False")
-        name = rescale
+        policy = as_policy(rescale)
+        if not dualwave_swp_lazy_rescale and policy.lazy:
+            raise ValueError(f"rescale={policy.name!r} contradicts dualwave_swp_lazy_rescale=False")
 
-    lazy = name in LAZY_POLICIES
-    if isinstance(rescale_threshold, str):
-        if rescale_threshold != "by_kv_len":
-            raise ValueError(f"rescale_threshold must be a number or 'by_kv_len', got {rescale_threshold!r}")
+    if rescale_threshold is not None:
+        if not policy.lazy:
+            raise ValueError(f"rescale_threshold has no effect with rescale={policy.name!r} "
+                             "(eager rescales every tile)")
+        if isinstance(rescale_threshold, str):
+            if rescale_threshold != BY_KV_LEN:
+                raise ValueError(f"rescale_threshold must be a number or {BY_KV_LEN!r}, "
+                                 f"got {rescale_threshold!r}")
+        else:
+            check_number("rescale_threshold", rescale_threshold)
+        policy = dataclasses.replace(policy, threshold=rescale_threshold)
+    if policy.threshold == BY_KV_LEN:
         if not fp8:
             raise ValueError("rescale_threshold='by_kv_len' is the fp8 kernel's rule (PR #1020); "
                              "give a number for bf16/f16")
-        threshold = threshold_by_kv_len(seqlen_kv)
-    else:
-        threshold = _check_number("rescale_threshold", rescale_threshold)
-        if threshold is None:
-            threshold = DEFAULT_THRESHOLD
-    if rescale_threshold is not None and not lazy:
-        raise ValueError(f"rescale_threshold has no effect with rescale={name!r} (eager rescales every tile)")
+        policy = dataclasses.replace(policy, threshold=threshold_by_kv_len(seqlen_kv))
 
-    bound = _check_number("rebase_bound", rebase_bound)
-    if name == "lazy_capped":
-        bound = DEFAULT_REBASE_BOUND if bound is None else bound
-    elif bound is not None:
-        raise ValueError(f"rebase_bound applies to rescale='lazy_capped' only, not {name!r}")
+    if rebase_bound is not None:
+        bound = check_number("rebase_bound", rebase_bound)
+        if policy.rebase != "capped":
+            raise ValueError(f"rebase_bound applies to rebase='capped' policies (lazy_capped), "
+                             f"not {policy.name!r}")
+        policy = dataclasses.replace(policy, rebase_bound=bound)
 
-    headroom = 0.0
     if p_headroom is not None:
         if not fp8:
-            raise ValueError("p_headroom applies to fp8 inputs only (PR #1020 lifts the fp8 P before its cast)")
-        if isinstance(p_headroom, bool):
-            if p_headroom:
-                # The largest P of a lazy row is 2**THR before the lift, so the lift is
-                # log2(448) - THR; an eager row's largest P is 1.
-                headroom = math.log2(E4M3_MAX) - (threshold if lazy else 0.0)
-        else:
-            headroom = _check_number("p_headroom", p_headroom, allow_none=False)
-    return RescalePolicy(name=name, threshold=threshold, rebase_bound=bound, p_headroom=headroom)
+            raise ValueError("p_headroom applies to fp8 inputs only (PR #1020 lifts the fp8 P "
+                             "before its cast)")
+        if not isinstance(p_headroom, bool):
+            check_number("p_headroom", p_headroom)
+        policy = dataclasses.replace(policy, p_headroom=p_headroom)
+    if isinstance(policy.p_headroom, bool):
+        lift = 0.0
+        if policy.p_headroom:
+            if not fp8:
+                raise ValueError(f"policy {policy.name!r} lifts P (p_headroom), which applies "
+                                 "to fp8 inputs only")
+            # A lazy row's largest P is 2**THR before the lift, so the lift is
+            # log2(448) - THR; an eager row's largest P is 1.
+            lift = math.log2(E4M3_MAX) - (float(policy.threshold) if policy.lazy else 0.0)
+            lift = max(lift, 0.0)
+        policy = dataclasses.replace(policy, p_headroom=lift)
+    elif policy.p_headroom and not fp8:
+        raise ValueError(f"policy {policy.name!r} has p_headroom={policy.p_headroom}, which "
+                         "applies to fp8 inputs only")
+    return dataclasses.replace(policy, threshold=float(policy.threshold))
+

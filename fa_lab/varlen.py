@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_int
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -24,6 +26,9 @@ class Packing:
     cu_kv: list[int]
     max_seqlen_q: int
     max_seqlen_kv: int
+    #: the caller's int32 cu_seqlens_q / cu_seqlens_kv tensors (on q's device)
+    cu_q_tensor: torch.Tensor | None = None
+    cu_kv_tensor: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -75,18 +80,21 @@ def check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv) -> Pac
     lk = [b - a for a, b in zip(cu_kv, cu_kv[1:])]
     if max_seqlen_q is None:
         raise ValueError("max_seqlen_q is required in varlen mode")
+    checked = {}
     for name, x, longest in (("max_seqlen_q", max_seqlen_q, max(lq)),
                              ("max_seqlen_kv", max_seqlen_kv, max(lk))):
-        if x is None:
-            continue
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-        if x < longest:
-            raise ValueError(f"{name}={x} is shorter than the longest sequence ({longest})")
+        if x is not None:
+            x = check_int(name, x)
+            if x < longest:
+                raise ValueError(f"{name}={x} is shorter than the longest sequence ({longest})")
+        checked[name] = x
+    max_seqlen_q, max_seqlen_kv = checked["max_seqlen_q"], checked["max_seqlen_kv"]
     cross = lq != lk
     if cross and max_seqlen_kv is None:
         raise ValueError("max_seqlen_kv is required when a sequence's q and kv lengths differ")
-    return Packing(cu_q, cu_kv, max_seqlen_q, max_seqlen_kv if max_seqlen_kv is not None else max_seqlen_q)
+    return Packing(cu_q, cu_kv, max_seqlen_q,
+                   max_seqlen_kv if max_seqlen_kv is not None else max_seqlen_q,
+                   cu_seqlens_q, cu_seqlens_kv)
 
 
 def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None, **kw):

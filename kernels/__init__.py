@@ -1,16 +1,28 @@
 """Triton ports of the gfx950 attention kernels (installed as ``fa_lab.kernels``).
 
-``attention/`` holds one module per kernel, beside the model it ports
-(``fa_lab/models/<same name>.py``). Faithful kernels reproduce the model's schedule and
-every rescale decision; fast kernels (``attention/fast_*.py``) keep the policy's semantics
-but choose their own tiling, for throughput only.
+One package per kernel family, beside the model it ports (``fa_lab/models/<family>.py``):
+``swp_bf16/`` and ``swp_fp8/`` hold the family's faithful port (``faithful``) and its fast
+kernels (``fast``; bf16 also ``splitk``, ``varlen`` and the faithful split-K ``combine``);
+``generic.py`` and ``swa.py`` are faithful ports. Faithful kernels reproduce the model's
+schedule and every rescale decision; fast kernels keep the policy's semantics but choose
+their own tiling, for throughput only. ``_triton/`` holds the pieces they share.
 """
 
 from __future__ import annotations
 
-import importlib
+if __name__ != "fa_lab.kernels":
+    raise ImportError(
+        f"this folder is fa_lab's Triton kernels, importable only as fa_lab.kernels "
+        f"(pip install -e .), not as {__name__!r}; FlyDSL's own `kernels` package is a "
+        "different thing")
 
-import torch
+import importlib  # noqa: E402
+
+import torch  # noqa: E402
+
+#: The faithful port of each kernel name the api routes to.
+FAITHFUL = {"swp_bf16": "swp_bf16.faithful", "swp_fp8": "swp_fp8.faithful",
+            "generic": "generic", "swa": "swa"}
 
 
 def available() -> bool:
@@ -23,8 +35,9 @@ def available() -> bool:
 
 
 def attention_module(name: str, backend: str, device: torch.device):
-    """The Triton port ``fa_lab.kernels.attention.<name>`` for ``backend`` 'triton' or
-    'interpret', after checking that the tensors can run there."""
+    """The faithful Triton port of kernel ``name`` ("swp_bf16", "swp_fp8", "generic",
+    "swa"; ``FAITHFUL``) for ``backend`` 'triton' or 'interpret', after checking that the
+    tensors can run there."""
     if backend == "triton" and device.type != "cuda":
         raise ValueError(f"backend='triton' needs CUDA/ROCm tensors, got tensors on {device}; "
                          "use backend='interpret' (Triton's CPU interpreter) or 'emulator'")
@@ -32,20 +45,17 @@ def attention_module(name: str, backend: str, device: torch.device):
         raise ValueError(f"backend='interpret' runs on CPU tensors, got tensors on {device}")
     if not available():
         raise RuntimeError("backend needs Triton, which is not installed (pip install 'triton>=3.4')")
-    try:
-        return importlib.import_module(f"fa_lab.kernels.attention.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"fa_lab.kernels.attention.{name}":
-            raise NotImplementedError(f"no Triton port of {name} yet; use backend='emulator'") from None
-        raise
+    if name not in FAITHFUL:
+        raise NotImplementedError(f"no Triton port of {name} yet; use backend='emulator'")
+    return importlib.import_module(f"{__name__}.{FAITHFUL[name]}")
 
 
 def exact_dots(enabled: bool = True):
     """Context manager: inside it, the compiled faithful ports (swp_bf16, generic, swa) sum
     every dot exactly, as the models do, instead of on the tensor cores; slow, for runs
-    that must match the model bit for bit (see ``attention/_dots.py``)."""
+    that must match the model bit for bit (see ``_triton/dots.py``)."""
     if not available():
         raise RuntimeError("exact_dots needs Triton, which is not installed (pip install 'triton>=3.4')")
-    from .attention._dots import exact_dots as context
+    from ._triton.dots import exact_dots as context
 
     return context(enabled)

@@ -6,7 +6,7 @@ import torch
 import fa_lab
 from fa_lab.experiments import bf16_inputs
 from fa_lab.models import generic, swp_bf16
-from fa_lab.policies import RescalePolicy
+from fa_lab.policies import get as get_policy
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_short_sequences_run_the_generic_kernel(short):
 
 def test_explicit_lazy_request_selects_dualwave(short):
     q, k, v = short
-    want = swp_bf16.forward(q, k, v, causal=True, policy=RescalePolicy("lazy"))[0]
+    want = swp_bf16.forward(q, k, v, causal=True, policy=get_policy("lazy"))[0]
     for kw in ({"rescale": "lazy"}, {"dualwave_swp_lazy_rescale": True}, {"rescale_threshold": 8.0}):
         assert torch.equal(fa_lab.flash_attn_func(q, k, v, causal=True, **kw), want), kw
     assert fa_lab.trace(q, k, v, rows=[5], rescale="lazy").kernel == "swp_bf16"
@@ -33,7 +33,7 @@ def test_explicit_lazy_request_selects_dualwave(short):
 
 def test_long_sequences_run_dualwave():
     q, k, v = bf16_inputs(1, 256, 1, 64, 8.0)
-    want = swp_bf16.forward(q, k, v, causal=True, policy=RescalePolicy("lazy"))[0]
+    want = swp_bf16.forward(q, k, v, causal=True, policy=get_policy("lazy"))[0]
     assert torch.equal(fa_lab.flash_attn_func(q, k, v), want)
     # B >= 8: 192 rows are enough
     q, k, v = bf16_inputs(8, 192, 1, 64, 8.0)
@@ -69,8 +69,9 @@ def test_triton_backends_route_short_sequences_to_the_generic_port(short):
     # the generic kernel has a faithful Triton port: the Triton backends route as the model
     q, k, v = short
     for kw in ({}, {"kernel": "generic"}):
-        call = fa_lab.api.check_call(q, k, v, backend="interpret", **kw)
-        assert call.kernel == "generic" and call.policy.name == "eager"
+        plan = fa_lab.dispatch.plan(fa_lab.api.check_call(q, k, v, backend="interpret", **kw))
+        assert plan.family == "generic" and plan.call.policy.name == "eager"
+        assert plan.entry is fa_lab.dispatch.TABLE[("generic", "interpret")]
 
 
 def test_swa_entry_point():

@@ -134,7 +134,7 @@ class _Interpreted:
 
     def __init__(self, name):
         import importlib
-        self.mod = importlib.import_module(f"fa_lab.kernels.attention.{name}")
+        self.mod = importlib.import_module(f"fa_lab.kernels.{name}")
 
     def forward(self, *a, **kw):
         return self.mod.forward(*a, interpret=True, **kw)

@@ -63,7 +63,7 @@ def fake_upstream(monkeypatch, tmp_path):
     (tmp_path / "fake_flydsl_iface.py").write_text(textwrap.dedent('''
         import torch
         from fa_lab.models import swp_bf16
-        from fa_lab.policies import RescalePolicy
+        from fa_lab.policies import get as get_policy
         CALLS = []
         def flydsl_flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None,
                                    cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
@@ -75,7 +75,7 @@ def fake_upstream(monkeypatch, tmp_path):
                               lazy=dualwave_swp_lazy_rescale))
             if cu_seqlens_q is not None:
                 return torch.zeros_like(q)
-            pol = RescalePolicy("lazy" if dualwave_swp_lazy_rescale else "eager")
+            pol = get_policy("lazy" if dualwave_swp_lazy_rescale else "eager")
             return swp_bf16.forward(q, k, v, causal=causal, policy=pol)[0]
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))

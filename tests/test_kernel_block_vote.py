@@ -1,4 +1,4 @@
-"""``_fast_common.block_any``: the fast lazy kernels' block-wide "did any row vote?".
+"""``_triton.fast.block_any``: the fast lazy kernels' block-wide "did any row vote?".
 
 It must say exactly what ``tl.max(flags, 0) > 0`` says (checked in Triton's interpreter
 for every single set row, none, all, and both block heights the kernels use), and it exists
@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.kernels.attention._fast_common import block_any
-from fa_lab.kernels.attention._triton_util import launch
+from fa_lab.kernels._triton.fast import block_any
+from fa_lab.kernels._triton.util import launch
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 Triton folds ``o + tl.dot(a, b)`` into ``tl.dot(a, b, acc=o)``, which adds O inside the
 tensor core's sum instead of after it. Measured on an H200 that moved 19 of 1.5M non-finite
-outputs against the model (data/results/agree_faithful_h200.json); ``_dots.dot16``
+outputs against the model (data/results/agree_faithful_h200.json); ``_triton.dots.dot16``
 therefore starts its tensor-core dot from a run-time zero (loaded from the scratch
 pointer). This compiles a small kernel for sm_90 (no GPU needed: Triton's front end and
 TTGIR passes run on the CPU) and reads the TTGIR: with ``dot16`` the add survives after
@@ -15,7 +15,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from fa_lab.kernels.attention._dots import DOT_TENSOR_CORES, dot16
+from fa_lab.kernels._triton.dots import DOT_TENSOR_CORES, dot16
 
 CONTROL = 9
 

@@ -1,4 +1,4 @@
-"""The faithful ports' exact compiled dot (``_dots.DOT_EXACT_SCRATCH``) and its switch.
+"""The faithful ports' exact compiled dot (``_triton.dots.DOT_EXACT_SCRATCH``) and its switch.
 
 Compiled, the ports default to tensor-core dots; inside ``fa_lab.kernels.exact_dots()`` they
 sum through a scratch buffer in fp64 instead, so that a GPU run gives the model's masks at
@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 import fa_lab
-from fa_lab.kernels.attention import _dots, generic, swa
+from fa_lab.kernels import generic, swa
+from fa_lab.kernels._triton import dots as _dots
 from test_kernel_swp_bf16 import assert_same_masks, make_inputs
 
 
@@ -64,7 +65,7 @@ def test_scratch_dot_is_the_exact_sum_interpreted():
     b = torch.randn(32, 16, generator=g).to(torch.bfloat16)
     a[:, 0], b[0, :], a[:, 31], b[31, :] = 2.0**20, 1.0, -(2.0**20), 1.0
     exact = (a.double() @ b.double()).float()
-    from fa_lab.kernels.attention._triton_util import launch
+    from fa_lab.kernels._triton.util import launch
     for mode in (_dots.DOT_EXACT, _dots.DOT_EXACT_SCRATCH):
         out = torch.empty(16, 16)
         scratch = _dots.scratch_buffer(_dots.DOT_EXACT_SCRATCH, (1,), 16 * 32 + 32 * 16, "cpu")

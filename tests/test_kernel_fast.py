@@ -1,4 +1,4 @@
-"""The fast Triton forward kernels (fa_lab.kernels.attention.fast_bf16 / fast_fp8).
+"""The fast Triton forward kernels (fa_lab.kernels.swp_bf16.fast / swp_fp8.fast).
 
 On CPU through Triton's interpreter (small shapes): agreement with the fp32 reference,
 the policies' semantics (threshold 0 is eager; the unfixed rebase overflows on a dragged
@@ -10,10 +10,12 @@ kernels are checked the same way on a GPU (marked ``gpu``).
 import pytest
 import torch
 
+import fa_lab
 from fa_lab import experiments as ex
 from fa_lab import policies, reference
-from fa_lab.kernels.attention import fast_bf16, fast_fp8
-from fa_lab.kernels.attention._fast_common import Config
+from fa_lab.kernels._triton.fast import Config
+from fa_lab.kernels.swp_bf16 import fast as fast_bf16
+from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 from fa_lab.metrics import rel_l2
 from fa_lab.models import swp_fp8
 
@@ -177,7 +179,8 @@ def test_fp8_matches_reference_on_random_v(gen):
 def test_fp8_saturate_false_turns_large_p_into_nan():
     """A headroom of 10 lifts P to 2**10 > 464: NaN without saturation, 448 with it."""
     (q8, k8, v8), (qd, kd, vd) = ex.fp8_inputs(1, 256, 1, 1, seed=1)
-    pol = fp8_policy("eager", p_headroom=10.0)
+    with pytest.warns(UserWarning, match="exceeds log2"):
+        pol = fp8_policy("eager", p_headroom=10.0)
     common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, policy=pol)
     for saturate in (True, False):
         out, _ = fast_fp8.forward(q8, k8, v8, saturate=saturate, interpret=True, **common)
@@ -211,7 +214,8 @@ Q = torch.zeros(1, 64, 2, 64, dtype=BF16)
     ((Q[..., :32], Q[..., :32], Q[..., :32]), {}, ValueError, "head dim D=32"),
     ((Q, Q[:, :, :1], Q[:, :, :1].clone()), {"causal": 1}, TypeError, "causal must be a bool"),
     ((Q, Q, Q), {"policy": "lazy"}, TypeError, "policy must be"),
-    ((Q, Q, Q), {"policy": fp8_policy("lazy_capped")}, ValueError, "not a bf16/f16 policy"),
+    ((Q, Q, Q), {"policy": bf16_policy("fa4_row")}, ValueError, "vote='row'"),
+    ((Q, Q, Q), {"policy": bf16_policy("lazy_capped")}, ValueError, "rebase='capped'"),
     ((Q, Q, Q), {"interpret": False}, ValueError, "needs CUDA tensors"),
     ((Q, Q, Q), {"config": Config(48, 64, 4, 1, False)}, ValueError, "multiple of 32"),
 ])
@@ -233,8 +237,8 @@ def test_fp8_bad_input():
         fast_fp8.forward(q8, q8, q8, saturate=None, **ok)
     with pytest.raises(ValueError, match="D=64 is not supported"):
         fast_fp8.forward(q8[..., :64], q8[..., :64], q8[..., :64], **ok)
-    with pytest.raises(ValueError, match="not a fp8 policy"):
-        fast_fp8.forward(q8, q8, q8, **{**ok, "policy": policies.RescalePolicy("bogus")})
+    with pytest.raises(ValueError, match="vote='row'"):
+        fast_fp8.forward(q8, q8, q8, **{**ok, "policy": fp8_policy("fa4_row")})
 
 
 # ---- compiled kernels on a GPU -------------------------------------------------------------
@@ -302,3 +306,50 @@ def test_gpu_fp8_autotuned_matches_reference(gen, causal):
                                        v_descale=vd)
     assert rel_l2(out, ref) < 0.05
     assert torch.allclose(lse, ref_lse, atol=2e-2)
+
+
+# ---- backend="fast" through the public API ---------------------------------------------
+
+def test_api_fast_backend_runs_the_fast_kernels_interpreted():
+    q, k, v = ex.bf16_inputs(1, 512, 2, 64, 1.0, seed=3)
+    out, lse = fa_lab.flash_attn_func(q, k, v, causal=True, backend="fast", return_lse=True)
+    want, want_lse = fast_bf16.forward(q, k, v, causal=True, interpret=True,
+                                       policy=bf16_policy("lazy"))
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    # GQA, varlen and split-K go to the fast kernels' own entries
+    cu = torch.tensor([0, 200, 512], dtype=torch.int32)
+    packed = fa_lab.flash_attn_func(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                    max_seqlen_q=312, causal=True, backend="fast")
+    assert torch.isfinite(packed.float()).all() and packed.shape == q[0].shape
+    split, split_lse = fa_lab.flash_attn_func(q, k, v, causal=False, backend="fast",
+                                              num_kv_splits=2, return_lse=True)
+    check_against_reference(split, split_lse, q, k, v, False)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(bias=torch.zeros(512, 512, dtype=BF16)), "bias not supported.*backend='fast'"),
+    (dict(rescale="fa4_row"), "vote='row'.*backend='fast'"),
+    (dict(rescale="lazy_capped"), "rebase='capped'.*backend='fast'"),
+    (dict(kernel="generic"), "backend='fast' has no generic kernel"),
+])
+def test_api_fast_backend_refuses_what_it_cannot_do(kw, words):
+    q, k, v = ex.bf16_inputs(1, 512, 1, 64, 8.0, seed=3)
+    with pytest.raises(ValueError, match=words):
+        fa_lab.flash_attn_func(q, k, v, backend="fast", **kw)
+    with pytest.raises(ValueError, match="records no trace"):
+        fa_lab.trace(q, k, v, rows=[0], backend="fast")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_scale", [32, 64])
+def test_gpu_api_fast_and_model_agree_on_nan_under_lazy_unfixed(k_scale):
+    # the seed's inputs at its K scales: the fast kernel's own tiling moves the NaN onset,
+    # so the fractions of bad rows are compared, not the masks
+    q, k, v = ex.bf16_inputs(1, 4096, 4, 128, k_scale, seed=0, device="cuda")
+    frac = {b: nonfinite_rows(fa_lab.flash_attn_func(q, k, v, causal=False, rescale="lazy_unfixed",
+                                                     backend=b)).float().mean().item()
+            for b in ("fast", "emulator")}
+    assert frac["emulator"] > 0 and abs(frac["fast"] - frac["emulator"]) < 0.02, frac
+    for pol in ("lazy", "eager"):
+        out = fa_lab.flash_attn_func(q, k, v, causal=False, rescale=pol, backend="fast")
+        assert torch.isfinite(out.float()).all()

@@ -1,4 +1,4 @@
-"""Split-K and varlen in the fast bf16 kernel (fa_lab.kernels.attention.fast_bf16).
+"""Split-K and varlen in the fast bf16 kernel (fa_lab.kernels.swp_bf16.fast, .splitk, .varlen).
 
 On CPU through Triton's interpreter (small shapes): split-K and varlen against the fp32
 reference for eager and lazy, split-K against the model's split-K (the same split
@@ -15,8 +15,9 @@ import torch
 
 from fa_lab import experiments as ex
 from fa_lab import policies, reference, varlen
-from fa_lab.kernels.attention import fast_bf16, fast_bf16_splitk
-from fa_lab.kernels.attention._fast_common import Config
+from fa_lab.kernels._triton.fast import Config
+from fa_lab.kernels.swp_bf16 import fast as fast_bf16
+from fa_lab.kernels.swp_bf16 import splitk as fast_bf16_splitk
 from fa_lab.metrics import rel_l2
 from fa_lab.models import swp_bf16
 

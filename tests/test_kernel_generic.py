@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 import fa_lab
-from fa_lab.kernels.attention import _triton_util, generic
+from fa_lab.kernels import generic
+from fa_lab.kernels._triton import util as _triton_util
 from fa_lab.models import generic as model
 from fa_lab.trace import TraceRecorder
 from test_kernel_swp_bf16 import assert_matches_model, assert_same_masks, make_inputs

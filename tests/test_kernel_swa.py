@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.kernels.attention import swa
+from fa_lab.kernels import swa
 from fa_lab.models import swa as model
 from fa_lab.trace import TraceRecorder
 from test_kernel_swp_bf16 import assert_same_masks, assert_traces_match

@@ -24,8 +24,10 @@ import triton.language as tl
 import fa_lab
 from fa_lab import reference
 from fa_lab.experiments import bf16_inputs, drag_case
-from fa_lab.kernels.attention import _triton_util, swp_bf16
-from fa_lab.policies import RescalePolicy
+from fa_lab.kernels._triton import util as _triton_util
+from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
+from fa_lab.policies import Policy
+from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
 POLICIES = ("eager", "lazy", "lazy_unfixed", "fa4_row")
@@ -278,7 +280,7 @@ def test_rows_per_program_does_not_change_results():
     # ballot only reads a wave's own rows, so results agree (checked here in the
     # interpreter, where both shapes can run).
     q, k, v = make_inputs(1, 200, 450, 2, 1, 64, 48.0, seed=9)
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     ref = swp_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True)
     for rows in (32, 64):
         got = swp_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True, rows_per_program=rows)
@@ -295,7 +297,7 @@ def test_strided_inputs_equal_contiguous_ones():
     k = kv[:, 10:190, ::2]
     v = torch.randn(1, 200, 4, 64, generator=g).bfloat16()[:, 10:190, 1::2]
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     a = swp_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True)
     b = swp_bf16.forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, policy=pol,
                          interpret=True)
@@ -315,7 +317,7 @@ def test_interpreter_leaves_triton_language_untouched():
     # process need it back exactly as it was.
     before, call_before = _language_fingerprint()
     q, k, v = make_inputs(1, 64, 64, 1, 1, 64, 1.0)
-    swp_bf16.forward(q, k, v, causal=False, policy=RescalePolicy("lazy"), interpret=True)
+    swp_bf16.forward(q, k, v, causal=False, policy=get_policy("lazy"), interpret=True)
     after, call_after = _language_fingerprint()
     assert call_before is call_after
     for (o, d0), (_, d1) in zip(before, after):
@@ -330,7 +332,7 @@ def test_works_under_triton_interpret_env():
     # function; the same entry point must still run (here in a fresh process).
     code = textwrap.dedent("""
         import torch, fa_lab
-        from fa_lab.kernels.attention import swp_bf16
+        from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
         from triton.runtime.interpreter import InterpretedFunction
         assert isinstance(swp_bf16._swp_bf16_fwd, InterpretedFunction)
         g = torch.Generator().manual_seed(0)
@@ -397,7 +399,7 @@ def _t(*shape, dtype=torch.bfloat16):
     return torch.zeros(*shape, dtype=dtype)
 
 
-LAZY = RescalePolicy("lazy")
+LAZY = get_policy("lazy")
 
 
 @pytest.mark.parametrize("args, kw, exc, words", [
@@ -409,9 +411,8 @@ LAZY = RescalePolicy("lazy")
     ((_t(1, 8, 2, 64), _t(1, 8, 2, 64), _t(1, 9, 2, 64)), {}, ValueError, "k (1, 8, 2, 64) and v"),
     ((_t(1, 8, 2, 64), _t(2, 8, 2, 64), _t(2, 8, 2, 64)), {}, ValueError, "must be [B=1"),
     ((_t(1, 0, 2, 64), _t(1, 8, 2, 64), _t(1, 8, 2, 64)), {}, ValueError, "empty input"),
-    ((_t(1, 8, 2, 64),) * 3, {"policy": RescalePolicy("lazy_capped", rebase_bound=16.0)},
-     ValueError, "policy must be"),
-    ((_t(1, 8, 2, 64),) * 3, {"policy": "lazy"}, ValueError, "policy must be"),
+    ((_t(1, 8, 2, 64),) * 3, {"policy": Policy.from_rule(lambda m, mt, t: m, name="rule")}, ValueError, "Python rule"),
+    ((_t(1, 8, 2, 64),) * 3, {"policy": "lazy"}, TypeError, "policy must be"),
     ((_t(1, 8, 2, 64),) * 3, {"causal": 1}, TypeError, "causal must be a bool"),
     ((_t(1, 8, 2, 64),) * 3, {"recorder": object()}, TypeError, "recorder must be"),
     ((_t(1, 8, 2, 64),) * 3, {"interpret": "yes"}, TypeError, "interpret must be a bool"),

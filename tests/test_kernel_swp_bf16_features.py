@@ -20,10 +20,12 @@ import triton.language as tl
 
 import fa_lab
 from fa_lab import reference
-from fa_lab.kernels.attention import swp_bf16, swp_bf16_splitk
-from fa_lab.kernels.attention._triton_util import launch
+from fa_lab.kernels._triton.util import launch
+from fa_lab.kernels.swp_bf16 import combine as swp_bf16_splitk
+from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
 from fa_lab.models import swp_bf16 as model
-from fa_lab.policies import RescalePolicy
+from fa_lab.policies import Policy
+from fa_lab.policies import get as get_policy
 from test_kernel_swp_bf16 import (POLICIES, UNIT_ROUNDOFF, assert_same_masks,
                                   assert_traces_match, make_inputs)
 
@@ -166,7 +168,7 @@ def test_bias_strides_and_alibi_layouts():
     big = torch.randn(300, 450).bfloat16()
     bias = big[:260:2, 10:410:2]  # [130, 200], strides (900, 2)
     assert bias.shape == (130, 200) and not bias.is_contiguous()
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     a = swp_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True, bias=bias)
     b = swp_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True, bias=bias.contiguous())
     assert torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
@@ -317,7 +319,7 @@ def test_varlen_rows_per_program_and_direct_entry():
     # bit (waves never straddle sequences), and equal per-sequence dense kernel calls.
     lens_q, lens_k = [40, 100, 33], [300, 130, 64]
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H=1, Hkv=1, seed=32)
-    pol = RescalePolicy("lazy_unfixed")
+    pol = get_policy("lazy_unfixed")
     slopes = torch.tensor([0.2])
     a = swp_bf16.forward_varlen(q, k, v, cu_q, cu_k, 100, 300, causal=True, policy=pol,
                                 interpret=True, alibi_slopes=slopes)
@@ -406,7 +408,7 @@ def test_bad_arguments_raise_the_api_errors_before_launch(no_launch, args, kw, e
             fa_lab.flash_attn_func(*args, backend=backend, **kw)
 
 
-LAZY = RescalePolicy("lazy")
+LAZY = get_policy("lazy")
 
 
 @pytest.mark.parametrize("kw, exc, words", [
@@ -437,7 +439,7 @@ def test_forward_bad_extras_raise_before_launch(no_launch, kw, exc, words):
     ((PACKED[0], PACKED[1], PACKED[2].half()), {}, TypeError, "v has dtype"),
     (PACKED, dict(bias=_t(30, 21)), ValueError, r"bias has shape \[30, 21\]; expected \[30, 20\]"),
     (PACKED, dict(alibi_slopes=torch.zeros(3, 2)), ValueError, "alibi_slopes has shape"),
-    (PACKED, dict(policy=RescalePolicy("lazy_capped", rebase_bound=16.0)), ValueError, "policy must be"),
+    (PACKED, dict(policy=Policy.from_rule(lambda m, mt, t: m, name="rule")), ValueError, "Python rule"),
     (PACKED, dict(interpret=False), ValueError, "needs CUDA/ROCm tensors"),
 ])
 def test_forward_varlen_bad_arguments_raise_before_launch(no_launch, args, kw, exc, words):
@@ -449,11 +451,14 @@ def test_forward_varlen_bad_arguments_raise_before_launch(no_launch, args, kw, e
 
 
 def test_auto_backend_picks_triton_for_the_extras_on_cuda():
-    from fa_lab.api import resolve_backend
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    from fa_lab.dispatch import auto_backend
+    lazy = get_policy("lazy")
     for features in ((), ("bias",), ("alibi_slopes", "sink"), ("num_kv_splits",)):
-        assert resolve_backend("auto", cuda, "swp_bf16", features) == "triton"
-        assert resolve_backend("auto", cpu, "swp_bf16", features) == "emulator"
+        assert auto_backend("swp_bf16", "cuda", features, lazy, True) == "triton"
+        assert auto_backend("swp_bf16", "cpu", features, lazy, True) == "emulator"
+        assert auto_backend("swp_bf16", "cuda", features, lazy, False) == "emulator"
+    rule = Policy.from_rule(lambda m, mt, t: m, name="rule")
+    assert auto_backend("swp_bf16", "cuda", (), rule, True) == "emulator"  # rules: models only
 
 
 # ----------------------------------------------------------------------------------

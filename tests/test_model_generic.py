@@ -12,7 +12,7 @@ from fa_lab import reference
 from fa_lab.experiments import bf16_inputs
 from fa_lab.metrics import rel_l2
 from fa_lab.models import generic, swp_bf16
-from fa_lab.policies import RescalePolicy
+from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
 # P pack error, relative: bf16 truncation drops up to one bf16 ulp (2**-7 of the value);
@@ -146,7 +146,7 @@ def test_truncation_biases_rows_low_measurably():
     out = generic.forward(q, k, v, causal=False)[0].float()
     bias = (1 - out).mean().item()
     assert 2.0**-10 < bias < 2.0**-7 and (out <= 1).all()
-    swp = swp_bf16.forward(q, k, v, causal=False, policy=RescalePolicy("eager"))[0].float()
+    swp = swp_bf16.forward(q, k, v, causal=False, policy=get_policy("eager"))[0].float()
     assert abs(1 - swp.mean().item()) < bias / 8
 
 

@@ -12,7 +12,7 @@ from fa_lab import reference
 from fa_lab.experiments import bf16_inputs
 from fa_lab.metrics import rel_l2
 from fa_lab.models import swa, swp_bf16
-from fa_lab.policies import RescalePolicy
+from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
 U = 2.0**-8  # bf16 unit roundoff
@@ -91,7 +91,7 @@ def test_unwindowed_and_causal_limits_match_fa_lab_reference():
 def wide():
     """K x64 scores (the seed's worst column) and the DUALWAVE_SWP model's two lazy runs."""
     q, k, v = bf16_inputs(1, 1024, 1, 128, 64.0, seed=0)
-    runs = {p: swp_bf16.forward(q, k, v, causal=False, policy=RescalePolicy(p))
+    runs = {p: swp_bf16.forward(q, k, v, causal=False, policy=get_policy(p))
             for p in ("lazy", "lazy_unfixed")}
     return q, k, v, runs
 
@@ -105,7 +105,7 @@ def test_equals_dualwave_swp_lazy_where_the_kernels_coincide(scale, wide):
         swp = runs["lazy"]
     else:
         q, k, v = bf16_inputs(1, 1024, 1, 128, scale, seed=0)
-        swp = swp_bf16.forward(q, k, v, causal=False, policy=RescalePolicy("lazy"))
+        swp = swp_bf16.forward(q, k, v, causal=False, policy=get_policy("lazy"))
     for window in (dict(window_left=None, causal=False),
                    dict(window_left=1024, window_right=1024, causal=False)):
         out, lse = swa.forward(q, k, v, **window)
@@ -118,7 +118,7 @@ def test_causal_window_equals_dualwave_swp_causal_lazy():
     # the -30 floor, so the two agree bit for bit.
     q, k, v = bf16_inputs(1, 1024, 1, 128, 1.0, seed=5)
     out, lse = swa.forward(q, k, v, window_left=1024, causal=True)
-    swp = swp_bf16.forward(q, k, v, causal=True, policy=RescalePolicy("lazy"))
+    swp = swp_bf16.forward(q, k, v, causal=True, policy=get_policy("lazy"))
     assert torch.equal(out, swp[0]) and torch.equal(lse, swp[1])
 
 

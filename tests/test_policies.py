@@ -1,10 +1,16 @@
-"""Policy resolution: defaults, upstream's flag, and every contradiction."""
+"""Policies as data: the Policy value, resolution against a call, the registry, rules
+written in Python (bit-identical to the built-ins they spell out), and upstream versions."""
 
+import dataclasses
 import math
 
 import pytest
+import torch
 
-from fa_lab import policies as P
+import fa_lab
+from fa_lab import Policy, policies as P, upstream
+from fa_lab.experiments import bf16_inputs, fp8_inputs
+from fa_lab.numerics import fmax
 
 
 def r(**kw):
@@ -13,13 +19,28 @@ def r(**kw):
     return P.resolve(**base)
 
 
+def test_builtins_are_registered_values():
+    assert P.BUILTIN_NAMES == ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fa4_row")
+    fields = {p.name: (p.vote, p.rebase) for p in P.registered() if p.name in P.BUILTIN_NAMES}
+    assert fields == {"eager": ("tile", "max"), "lazy": ("wave", "max"),
+                      "lazy_unfixed": ("wave", "tile"), "lazy_capped": ("wave", "capped"),
+                      "fa4_row": ("row", "max")}
+    assert P.get("lazy_capped").rebase_bound == 16.0
+    colors = [p.color for p in P.registered()]
+    assert all(colors) and len(set(colors)) == len(colors)
+    # the one encoding the kernels read: indices into VOTES and REBASES
+    assert P.get("lazy_unfixed").codes == P.Codes(1, 1, 8.0, 0.0, 0.0)
+    assert P.get("fa4_row").codes.vote == 2 and not P.get("eager").codes.lazy
+
+
 def test_defaults_follow_upstream_flag():
-    assert r() == P.RescalePolicy("lazy", 8.0, None, 0.0)
-    assert r(dualwave_swp_lazy_rescale=False).name == "eager"
+    assert r() == P.get("lazy")
+    assert r(dualwave_swp_lazy_rescale=False) == P.get("eager")
     assert r(rescale="lazy_unfixed", rescale_threshold=4).threshold == 4.0
+    assert r(rescale=Policy(vote="wave", rebase="max", threshold=6, name="lazy6")).threshold == 6.0
 
 
-def test_fp8_only_options():
+def test_fp8_options():
     assert r(fp8=True, rescale="lazy_capped").rebase_bound == 16.0
     assert r(fp8=True, rescale="lazy_capped", rebase_bound=32).rebase_bound == 32.0
     assert r(fp8=True, rescale_threshold="by_kv_len", seqlen_kv=4096).threshold == 6.0
@@ -30,12 +51,13 @@ def test_fp8_only_options():
     assert eager.p_headroom == pytest.approx(math.log2(448))
     assert r(fp8=True, p_headroom=False).p_headroom == 0.0
     assert r(fp8=True, p_headroom=2.5).p_headroom == 2.5
+    # bf16 models run a capped rebase too now that it is a field
+    assert r(rescale="lazy_capped").rebase == "capped"
 
 
 @pytest.mark.parametrize("kw, exc, words", [
     (dict(rescale="sometimes"), ValueError, "rescale"),
     (dict(rescale=3), TypeError, "rescale"),
-    (dict(rescale="lazy_capped"), ValueError, "rescale"),  # fp8-only policy on bf16
     (dict(rescale="lazy", dualwave_swp_lazy_rescale=False), ValueError, "dualwave_swp_lazy_rescale"),
     (dict(dualwave_swp_lazy_rescale="yes"), TypeError, "dualwave_swp_lazy_rescale"),
     (dict(rescale_threshold=-1.0), ValueError, "rescale_threshold"),
@@ -53,3 +75,179 @@ def test_fp8_only_options():
 def test_bad_policy_arguments(kw, exc, words):
     with pytest.raises(exc, match=words):
         r(**kw)
+
+
+def test_a_headroom_past_e4m3s_range_warns():
+    with pytest.warns(UserWarning, match="p_headroom=100.0 exceeds log2"):
+        r(fp8=True, p_headroom=100.0)
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(vote="ballot"), ValueError, "vote"),
+    (dict(rebase="min"), ValueError, "rebase"),
+    (dict(rebase="capped"), TypeError, "rebase_bound"),
+    (dict(rebase="capped", rebase_bound=-1.0), ValueError, "rebase_bound"),
+    (dict(rebase_bound=4.0), ValueError, "rebase_bound"),
+    (dict(threshold=-1), ValueError, "threshold"),
+    (dict(threshold="8"), TypeError, "threshold"),
+    (dict(name=""), ValueError, "name"),
+    (dict(name="a,b"), ValueError, "name"),
+    (dict(color="red"), ValueError, "color"),
+    (dict(rule=3, vote=None, rebase=None), TypeError, "rule"),
+    (dict(rule=lambda m, mt, t: m), ValueError, "vote"),
+])
+def test_bad_policy_fields(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        Policy(**kw)
+
+
+def test_register_gives_a_colour_and_refuses_clashes():
+    mine = Policy(vote="wave", rebase="max", threshold=6, name="test_lazy6")
+    try:
+        got = P.register(mine)
+        assert got.color is not None and got.color not in {P.get(n).color for n in P.BUILTIN_NAMES}
+        assert "test_lazy6" in P.names() and P.color("test_lazy6") == got.color
+        with pytest.raises(ValueError, match="already registered"):
+            P.register(mine)
+        with pytest.raises(ValueError, match="built-in"):
+            P.register(dataclasses.replace(mine, name="lazy"), replace=True)
+        with pytest.raises(TypeError, match="policy"):
+            P.register("lazy6")
+        with pytest.raises(ValueError, match="built-in"):
+            P.unregister("eager")
+    finally:
+        P.unregister("test_lazy6")
+    assert "test_lazy6" not in P.names()
+
+
+# The built-ins spelled out as Python rules over one wave's rows [..., 32].
+def _vote(m, mt, thr):
+    return ~((mt - m) <= thr)
+
+
+RULES = {
+    "eager": lambda m, mt, thr: fmax(m, mt),
+    "lazy": lambda m, mt, thr: torch.where(_vote(m, mt, thr).any(-1, keepdim=True), fmax(m, mt), m),
+    "lazy_unfixed": lambda m, mt, thr: torch.where(_vote(m, mt, thr).any(-1, keepdim=True), mt, m),
+    "fa4_row": lambda m, mt, thr: torch.where(_vote(m, mt, thr), fmax(m, mt), m),
+    "lazy_capped": lambda m, mt, thr: torch.where(
+        _vote(m, mt, thr).any(-1, keepdim=True) & ((mt - m) >= -16.0), mt, m),
+}
+# A rule records the rows that moved as its vote; eager's built-in records no vote at all.
+NUMERIC = ["m", "mt", "corr", "l", "o_finite", "l_finite"]
+
+
+def _same(a, b):
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
+        torch.nan_to_num(a.float(), 7.0), torch.nan_to_num(b.float(), 7.0))
+
+
+@pytest.mark.parametrize("name", ["eager", "lazy", "lazy_unfixed", "fa4_row", "lazy_capped"])
+def test_builtins_as_rules_are_bit_identical_bf16(name):
+    q, k, v = bf16_inputs(1, 1024, 2, 64, 32.0, seed=1)
+    rule = Policy.from_rule(RULES[name], name=f"rule_{name}")
+    kw = dict(causal=False, backend="emulator")
+    a = fa_lab.flash_attn_func(q, k, v, rescale=name, return_lse=True, **kw)
+    b = fa_lab.flash_attn_func(q, k, v, rescale=rule, return_lse=True, **kw)
+    assert _same(a[0], b[0]) and _same(a[1], b[1])
+    if name == "lazy_unfixed":
+        assert torch.isnan(a[0]).any()  # the comparison covers the failure itself
+    rows = list(range(0, 1024, 37))
+    ta = fa_lab.trace(q, k, v, rows=rows, head=1, rescale=name, **kw)
+    tb = fa_lab.trace(q, k, v, rows=rows, head=1, rescale=rule, **kw)
+    cols = NUMERIC + ([] if name == "eager" else ["fire", "dragged"])
+    for c in cols:
+        x, y = ta.steps[c].to_numpy(), tb.steps[c].to_numpy()
+        assert ((x == y) | ((x != x) & (y != y))).all(), c
+
+
+@pytest.mark.parametrize("name", ["eager", "lazy", "lazy_unfixed", "lazy_capped"])
+def test_builtins_as_rules_are_bit_identical_fp8(name):
+    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 1024, 2, 2000.0, seed=0)
+    rule = Policy.from_rule(RULES[name], name=f"rule_{name}")
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, backend="emulator",
+              return_lse=True)
+    a = fa_lab.flash_attn_func(q8, k8, v8, rescale=name, **kw)
+    b = fa_lab.flash_attn_func(q8, k8, v8, rescale=rule, **kw)
+    assert _same(a[0], b[0]) and _same(a[1], b[1])
+
+
+def test_rule_must_return_a_wave_shaped_tensor():
+    q, k, v = bf16_inputs(1, 512, 1, 64, 8.0, seed=0)
+    bad = Policy.from_rule(lambda m, mt, thr: m[..., 0], name="bad_rule")
+    with pytest.raises(ValueError, match="bad_rule"):
+        fa_lab.flash_attn_func(q, k, v, rescale=bad, backend="emulator")
+
+
+def test_a_user_rule_changes_what_it_should():
+    # "wave vote, but never rebase down by more than 16": the seed's proposal in bf16
+    def capped16(m, mt, thr):
+        fire = (~((mt - m) <= thr)).any(-1, keepdim=True)
+        return torch.where(fire & (mt >= m - 16), mt, m)
+
+    q, k, v = bf16_inputs(1, 2048, 2, 128, 32.0, seed=0)
+    mine = Policy.from_rule(capped16, name="capped16")
+    out = {p: fa_lab.flash_attn_func(q, k, v, causal=False, rescale=p, backend="emulator")
+           for p in ("lazy_unfixed", mine)}
+    assert torch.isnan(out["lazy_unfixed"]).any()
+    assert torch.isfinite(out[mine]).all()
+
+
+# Upstream versions (issue 16)
+def test_upstream_versions_are_data():
+    assert set(upstream.VERSIONS) >= {"main-11c4174d", "fixed"}
+    assert upstream.current() == "fixed"
+    with fa_lab.using_upstream("main-11c4174d") as v:
+        assert upstream.current() == "main-11c4174d" and v.bf16_lazy == "lazy_unfixed"
+    assert upstream.current() == "fixed"
+    with pytest.raises(ValueError, match="upstream"):
+        fa_lab.set_upstream("v0.1")
+    with pytest.raises(TypeError, match="upstream"):
+        fa_lab.set_upstream(3)
+
+
+def _eq(a, b):
+    return all(_same(x, y) for x, y in zip(a, b))
+
+
+def test_fixed_fp8_defaults_are_pr1020():
+    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 1024, 1, 2000.0, seed=0)
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, backend="emulator",
+              return_lse=True)
+    bare = fa_lab.flash_attn_func(q8, k8, v8, **kw)
+    spelled = fa_lab.flash_attn_func(q8, k8, v8, rescale="lazy", rescale_threshold="by_kv_len",
+                                     p_headroom=True, **kw)
+    assert _eq(bare, spelled)
+    assert fa_lab.trace(q8, k8, v8, rows=[0], **{k: x for k, x in kw.items() if k != "return_lse"}
+                        ).meta["upstream"] == "fixed"
+
+
+def test_pr1020_normalisation_holds_with_defaults():
+    # upstream's own #1020 test: V = ones, S 12288, K x200; eager max |o - 1| < 0.05.
+    # One head of it here (the criterion is per element).
+    torch.manual_seed(0)
+    S, D = 12288, 128
+    q = torch.randn(1, S, 1, D)
+    k = torch.randn(1, S, 1, D) * 200
+    v = torch.ones(1, S, 1, D)
+    from fa_lab.experiments import quantize_e4m3
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(t) for t in (q, k, v))
+    out = fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                 causal=False, dualwave_swp_lazy_rescale=False, backend="emulator")
+    assert (out.float() - 1).abs().max() < 0.05
+
+
+def test_main_11c4174d_defaults():
+    q, k, v = bf16_inputs(1, 1024, 1, 64, 32.0, seed=0)
+    kw = dict(causal=False, backend="emulator", return_lse=True)
+    bare = fa_lab.flash_attn_func(q, k, v, upstream="main-11c4174d", **kw)
+    assert _eq(bare, fa_lab.flash_attn_func(q, k, v, rescale="lazy_unfixed", **kw))
+    assert not _eq(bare, fa_lab.flash_attn_func(q, k, v, **kw))  # "fixed" differs here
+    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 1024, 1, 5000.0, seed=0)
+    kw8 = dict(kw, q_descale=qd, k_descale=kd, v_descale=vd)
+    with fa_lab.using_upstream("main-11c4174d"):
+        flag_off = fa_lab.flash_attn_func(q8, k8, v8, dualwave_swp_lazy_rescale=False, **kw8)
+        assert _eq(flag_off, fa_lab.flash_attn_func(q8, k8, v8, rescale="lazy_unfixed", **kw8))
+    # explicit arguments still override the version's defaults
+    assert _eq(fa_lab.flash_attn_func(q, k, v, upstream="main-11c4174d", rescale="lazy", **kw),
+               fa_lab.flash_attn_func(q, k, v, rescale="lazy", **kw))

@@ -5,7 +5,9 @@ import itertools
 
 import pytest
 
-from fa_lab.routing import KERNEL_POLICIES, KERNELS, choose_kernel, dense_routes_to_dualwave
+from fa_lab import policies
+from fa_lab.dispatch import TABLE, choose_kernel, supports
+from fa_lab.routing import KERNELS, dense_routes_to_dualwave
 
 
 @pytest.mark.parametrize("batch,seqlen_q,expected", [
@@ -44,6 +46,8 @@ TRUTH_TABLE = [
     (dict(batch=1, seqlen_q=100, fp8=False, has_sink=True), "swp_bf16"),
     (dict(batch=1, seqlen_q=100, fp8=True), "swp_fp8"),
     (dict(batch=1, seqlen_q=100, fp8=True, rescale="lazy_capped"), "swp_fp8"),
+    (dict(batch=1, seqlen_q=100, fp8=False, rescale="lazy_capped"), "swp_bf16"),
+    (dict(batch=1, seqlen_q=100, fp8=False, rescale="fa4_row"), "swp_bf16"),
     (dict(batch=1, seqlen_q=5000, fp8=True, rescale="eager"), "swp_fp8"),
     (dict(batch=1, seqlen_q=5000, fp8=False, kernel="generic"), "generic"),  # explicit wins
     (dict(batch=1, seqlen_q=5000, fp8=False, kernel="generic", rescale="eager"), "generic"),
@@ -61,24 +65,20 @@ def test_truth_table(kwargs, expected):
 
 def test_every_choice_implements_the_asked_policy():
     grid = itertools.product([1, 8], [64, 192, 256, 4096], [False, True],
-                             [None, "eager", "lazy", "lazy_unfixed", "lazy_capped"])
+                             [None, *policies.BUILTIN_NAMES])
     seen = set()
     for batch, sq, fp8, rescale in grid:
-        try:
-            kernel = choose_kernel(batch=batch, seqlen_q=sq, fp8=fp8, rescale=rescale)
-        except ValueError as e:
-            assert rescale == "lazy_capped" and not fp8 and "lazy_capped" in str(e)
-            continue
+        kernel = choose_kernel(batch=batch, seqlen_q=sq, fp8=fp8, rescale=rescale)
         seen.add(kernel)
         assert kernel in KERNELS and (kernel == "swp_fp8") == fp8
-        assert rescale is None or rescale in KERNEL_POLICIES[kernel]
+        assert rescale is None or supports(TABLE[(kernel, "emulator")], policies.get(rescale))
     assert seen == set(KERNELS)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(kernel="generic", rescale="lazy"), r"kernel='generic'.*rescale='lazy'"),
     (dict(kernel="generic", rescale="lazy_unfixed"), r"kernel='generic'.*rescale='lazy_unfixed'"),
-    (dict(kernel="swp_bf16", rescale="lazy_capped"), "lazy_capped"),
+    (dict(kernel="generic", rescale="fa4_row"), "vote='row'"),
     (dict(kernel="flash"), "kernel='flash'"),
     (dict(kernel="swa"), "kernel='swa'"),
     (dict(kernel="swp_fp8"), "float8_e4m3fn inputs only"),
@@ -88,7 +88,6 @@ def test_every_choice_implements_the_asked_policy():
     (dict(kernel="swp_bf16", arch="gfx942"), "gfx950"),
     (dict(kernel="swp_bf16", head_dim=96), "head_dim=96"),
     (dict(rescale="bogus"), "rescale='bogus'"),
-    (dict(rescale="lazy_capped"), "not a bf16/f16 policy"),
     (dict(rescale="lazy", arch="gfx942"), "rescale='lazy' needs the DUALWAVE_SWP"),
     (dict(fp8=True, has_alibi=True), "alibi_slopes is not supported with fp8"),
     (dict(fp8=True, arch="gfx942"), "gfx950"),

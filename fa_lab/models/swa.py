@@ -62,8 +62,9 @@ import math
 
 import torch
 
-from ..checks import check_qkv
+from ..checks import check_int, check_qkv
 from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
+from ..policies import Policy, as_policy, check_number
 from ..trace import TraceRecorder
 from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
 
@@ -74,10 +75,23 @@ HEAD_DIM = 128
 DEFAULT_THRESHOLD = 8.0
 #: NEG_FLOOR upstream: the windowed kernel's floor on every tile max (log2 units).
 NEG_FLOOR = -30.0
-RESCALE_POLICIES = {
-    "lazy": "rescale_defer: wave ballot on fmax(tile max, m) - m > THR, monotonic rebase (upstream)",
-    "lazy_unfixed": "counterfactual: ballot on tile max - m > THR, firing waves rebase to their own tile max",
-}
+#: The policy fields the SWA kernel has: its 32-row wave ballot with the monotonic rebase
+#: (upstream's rescale_defer, rebase "max") or the counterfactual own-tile-max one ("tile").
+SWA_VOTES = ("wave",)
+SWA_REBASES = ("max", "tile")
+
+
+def swa_policy(rescale) -> Policy:
+    """``rescale`` (a policy name or a ``fa_lab.Policy``) as a policy the SWA kernel runs,
+    or ValueError naming the field it lacks."""
+    policy = as_policy(rescale)
+    if policy.rule is not None or policy.vote not in SWA_VOTES or policy.rebase not in SWA_REBASES:
+        field = "rule" if policy.rule is not None else (
+            "vote" if policy.vote not in SWA_VOTES else "rebase")
+        raise ValueError(f"rescale={policy.name!r}: the SWA kernel has vote {SWA_VOTES} and rebase "
+                         f"{SWA_REBASES}; this policy's {field} is "
+                         f"{getattr(policy, field)!r}")
+    return policy
 
 
 def temperature_scale(head_dim: int = HEAD_DIM) -> float:
@@ -106,11 +120,8 @@ def cta_band(q0: int, seqlen_kv: int, window_left: int | None, window_right: int
 
 def _check_int(name, value, allow_none=False):
     if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        return None
+    return check_int(name, value, lo=0)
 
 
 def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
@@ -135,12 +146,8 @@ def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
     elif causal and window_right:
         raise ValueError(f"causal=True means window_right=0 (keys up to the diagonal), got "
                          f"window_right={window_right}; pass causal=False for a two-sided window")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
-    if not math.isfinite(threshold) or threshold < 0:
-        raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}")
-    if not isinstance(rescale, str) or rescale not in RESCALE_POLICIES:
-        raise ValueError(f"rescale={rescale!r}; the SWA model has {sorted(RESCALE_POLICIES)}")
+    check_number("rescale_threshold", threshold, allow_none=False)
+    return swa_policy(rescale)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: int | None,
@@ -152,7 +159,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     every key, non-causal). Returns (out [B, S, H, 128] bf16, lse [B, H, S] fp32, the
     model's natural-log read-out).
     """
-    check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
+    policy = check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     G = H // Hkv
@@ -170,7 +177,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
                 recorder.bind_group(rows)
             o_g, lse_g = _run_group(qs[..., rows, :], kf[..., base:base + nt * BLOCK_N, :],
                                     vf[..., base:base + nt * BLOCK_N, :], rows, base, nt,
-                                    window_left, window_right, float(threshold), rescale, recorder)
+                                    window_left, window_right, float(threshold), policy, recorder)
             out[..., rows, :] = o_g
             lse[..., rows] = lse_g
     out = out.reshape(B, H, S, D).permute(0, 2, 1, 3).to(torch.bfloat16)
@@ -186,7 +193,7 @@ def _cta_groups(S, window_left, window_right, device) -> dict[tuple[int, int], t
             for key, starts in groups.items()}
 
 
-def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, rescale, rec):
+def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, policy, rec):
     """State per row [B, Hkv, G, R]; kb, vb hold the band's nt * 64 columns."""
     inf = float("inf")
     windowed = window_left is not None
@@ -229,7 +236,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, resca
         O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = tile_max(s)
-        if rescale == "lazy":
+        if policy.rebase == "max":
             target = fmax(mt, m)
             vote = (target - m) > thr
         else:  # lazy_unfixed: the counterfactual own-tile-max rebase

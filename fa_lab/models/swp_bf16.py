@@ -22,10 +22,11 @@ import math
 import torch
 
 from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
-                        ieee_fp32_matmul, le, round_to)
-from ..policies import RescalePolicy
+                        ieee_fp32_matmul, round_to)
+from ..policies import Policy
 from ..trace import TraceRecorder
-from .geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows, wave_any
+from ._common import decide
+from .geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
 
 KERNEL = "swp_bf16"
 
@@ -36,7 +37,7 @@ def softmax_scale_log2(head_dim: int) -> float:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: RescalePolicy, recorder: TraceRecorder | None = None,
+            policy: Policy, recorder: TraceRecorder | None = None,
             bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
             sink: torch.Tensor | None = None, num_kv_splits: int = 1):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (checked by the caller).
@@ -227,27 +228,15 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = s.amax(-1)
-        if policy.name == "eager":
-            target, apply, vote, fire = fmax(m, mt), None, None, None
-        else:
-            vote = ~le(mt - m, policy.threshold)
-            fire = wave_any(vote)
-            # FA4 decides per row (the wave only decides whether to skip the O multiply,
-            # which is exact for rows that multiply by 1); FlyDSL's ballot moves every row.
-            apply = vote if policy.name == "fa4_row" else fire
-            target = mt if policy.name == "lazy_unfixed" else fmax(m, mt)
-        dragged = None if fire is None else fire & (mt < m)
-        corr = exp2(m - target)
-        if apply is not None:
-            corr = torch.where(apply, corr, torch.ones_like(corr))
-            target = torch.where(apply, target, m)
+        dec = decide(policy, m, mt)
+        target, corr = dec.target, dec.corr
         O = O * corr[..., None]
         pb_rest = rnd(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
         l = l * corr
         m = target
         O = O + exact_dot(pb_rest, v_tile(t - 1, PV_SPLIT))
         pf = exp2(s - m[..., None])
-        record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
+        record(t, "loop", mt=mt, vote=dec.vote, fire=dec.fire, dragged=dec.dragged, corr=corr)
 
     # Epilogue: the last three tiles, always eager.
     for t in range(max(1, N - 3), N):

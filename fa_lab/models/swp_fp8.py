@@ -19,10 +19,11 @@ import math
 import torch
 
 from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
-                        guarded_rcp, ieee_fp32_matmul, le, bf16)
-from ..policies import RescalePolicy
+                        guarded_rcp, ieee_fp32_matmul, bf16)
+from ..policies import Policy
 from ..trace import TraceRecorder
-from .geometry import BLOCK_N, block_groups, masked_columns, padded_rows, wave_any
+from ._common import decide
+from .geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from .swp_bf16 import _pad_kv
 
 KERNEL = "swp_fp8"
@@ -36,7 +37,7 @@ def log2_scale(q_descale: float, k_descale: float, head_dim: int = HEAD_DIM) -> 
 
 
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
-            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, recorder: TraceRecorder | None = None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
@@ -88,26 +89,8 @@ def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, satu
         mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
         if causal:
             mt = fmax(mt, CAUSAL_FLOOR)
-        vote = fire = dragged = None
-        if policy.name == "eager":
-            mn = fmax(m, mt)
-            corr = exp2((m - mn) * ls)
-        else:
-            d = (mt - m) * ls  # +inf on the first pair
-            vote = ~le(d, policy.threshold)
-            fire = wave_any(vote)
-            dragged = fire & (mt < m)
-            if policy.name == "lazy_unfixed":
-                corr, mn = exp2(-d), mt
-            elif policy.name == "lazy_capped":
-                safe = d >= -policy.rebase_bound  # NaN -> False
-                corr = exp2(-torch.where(safe, d, torch.zeros_like(d)))
-                mn = torch.where(safe, mt, m)
-            else:  # lazy: monotonic
-                mn = fmax(m, mt)
-                corr = exp2((m - mn) * ls)
-            corr = torch.where(fire, corr, torch.ones_like(corr))
-            mn = torch.where(fire, mn, m)
+        dec = decide(policy, m, mt, ls)
+        mn, corr = dec.target, dec.corr
         O = O * corr[..., None]
         l = l * corr
         m = mn
@@ -119,8 +102,9 @@ def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, satu
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)
             rec.record(p, tiles[0] * BLOCK_N, "pair", m=m, mt=mt,
-                       vote=false if vote is None else vote, fire=false if fire is None else fire,
-                       dragged=false if dragged is None else dragged, corr=corr, l=l, O=O)
+                       vote=false if dec.vote is None else dec.vote,
+                       fire=false if dec.fire is None else dec.fire,
+                       dragged=false if dec.dragged is None else dec.dragged, corr=corr, l=l, O=O)
 
     out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
     # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2

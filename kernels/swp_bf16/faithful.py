@@ -13,8 +13,9 @@ kernel's order:
                      O += round(Pb[:, 16:] * corr) @ V[16:]; Pf = exp2(S_t - m)
   epilogue (N-3..)   always eager; the tail PV step folds into the last tile
 
-Policies (``POLICY_CODES``): eager, lazy (PR #1033), lazy_unfixed (upstream main before
-it), fa4_row (FlashAttention-4's per-row decision); the threshold is a run-time argument.
+The policy arrives as its fields (``fa_lab.Policy.codes``, docs/semantics.md §9): the vote
+("tile", "wave" or "row") and the rebase ("max", "tile" or "capped") are compile-time
+switches, the threshold and rebase bound run-time arguments.
 
 The DUALWAVE_SWP extras, as the model's ``ScoreMods`` (natural-log units in, log2 inside):
 ``bias`` [Sq, Skv] and ALiBi slopes [H] or [B, H] add bias * log2 e + (-slope * log2 e) *
@@ -22,15 +23,16 @@ The DUALWAVE_SWP extras, as the model's ``ScoreMods`` (natural-log units in, log
 ALiBi's term, since they vote); ``sink`` [H] is one more logit in the denominator, folded
 in after the last tile. ``num_kv_splits`` > 1 adds a split dimension to the grid: each
 split walks its own tiles with the whole schedule and a combine pass merges them
-(``swp_bf16_splitk``). ``forward_varlen`` runs packed sequences in one launch: each program
+(``combine``). ``forward_varlen`` runs packed sequences in one launch: each program
 reads its sequence's offsets from cu_seqlens, and blocks and waves count from the
 sequence's first row, as a dense run per sequence would.
 
-Numerics: every dot is ``_dots.dot16``: interpreted, the model's ``numerics.exact_dot`` bit
-for bit (exact products, fp64 sum, one rounding); compiled, a 16-bit tensor-core dot with
-fp32 accumulation in the hardware's order (a few ulps off the exact sum), or, inside
-``fa_lab.kernels.exact_dots()``, the exact sum again (slow; see ``_dots``). The P split (columns 0..15, then 16..63) zeroes the other part
-of both P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
+Numerics: every dot is ``_triton.dots.dot16``: interpreted, the model's
+``numerics.exact_dot`` bit for bit (exact products, fp64 sum, one rounding); compiled, a
+16-bit tensor-core dot with fp32 accumulation in the hardware's order (a few ulps off the
+exact sum), or, inside ``fa_lab.kernels.exact_dots()``, the exact sum again (slow; see
+``_triton.dots``). The P split (columns 0..15, then 16..63) zeroes the other part of both
+P and V, so an inf in one part never meets a zero. Roundings to bf16 are done by
 bit manipulation (round to nearest even) because the interpreter's conversion truncates;
 maxima use maxNum; compiled, no a * b + c is fused (the extras' fp32 products and sums
 round one by one, in the model's order). Inputs are assumed finite (the model's amax
@@ -52,20 +54,20 @@ from fa_lab.checks import check_mod, check_qkv
 from fa_lab.models.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS, padded_rows, tiles_for_block
 from fa_lab.models.swp_bf16 import softmax_scale_log2, split_ranges
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, LOG2E, f32
-from fa_lab.policies import RescalePolicy
+from fa_lab.capabilities import check_policy
+from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 
-from . import swp_bf16_splitk as splitk
-from .swp_bf16_splitk import split_range as _split_range
-from ._trace_plan import N_FIELDS as _N_FIELDS
-from ._trace_plan import TracePlan
-from ._dots import dot16, launch_dots, load16, program_scratch
-from ._triton_util import (GRID_Y_MAX, check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
-                           rows_per_program as _rows_per_program)
+from .._triton.dots import dot16, launch_dots, load16, program_scratch
+from .._triton.faithful import pv_part, record_step, wave_ballot
+from .._triton.trace_plan import N_FIELDS as _N_FIELDS
+from .._triton.trace_plan import TracePlan
+from .._triton.util import (GRID_Y_MAX, check_launch, exp2_ieee, fmax, launch, round_bf16, round_f16,
+                            rows_per_program as _rows_per_program)
+from . import combine
+from .combine import split_range
 
 KERNEL = "swp_bf16"
-#: The policy as the kernel's compile-time switch.
-POLICY_CODES = {"eager": 0, "lazy": 1, "lazy_unfixed": 2, "fa4_row": 3}
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -122,49 +124,11 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
 @triton.jit
 def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
             DOT_MODE: tl.constexpr):
-    """V_t [TILE_N, HEAD_DIM] (see ``_dots.load16``); padding rows >= Skv read 0."""
+    """V_t [TILE_N, HEAD_DIM] (see ``_triton.dots.load16``); padding rows >= Skv read 0."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     return load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
                   (cols < Skv)[:, None], DOT_MODE)
-
-
-@triton.jit
-def _pv_part(pb, v, lo, hi, scratch, TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
-    """Pb[:, lo:hi] @ V[lo:hi] as a full-width dot with the other columns of P and rows of
-    V zeroed: a P that is inf or NaN outside the part becomes 0, not inf * 0 = NaN."""
-    k = tl.arange(0, TILE_N)
-    p_in = (k >= lo) & (k < hi)
-    p_part = tl.where(p_in[None, :], pb, 0.0)
-    v_part = tl.where(p_in[:, None], v, tl.zeros_like(v))
-    return dot16(p_part, v_part, scratch, DOT_MODE)
-
-
-@triton.jit
-def _wave_any(flags, ROWS: tl.constexpr, WAVE: tl.constexpr):
-    """The ballot: True for every row of a 32-row wave where any row's flag is nonzero."""
-    waves = tl.reshape(flags, [ROWS // WAVE, WAVE])
-    fired = tl.max(waves, axis=1)
-    return tl.reshape(tl.broadcast_to(fired[:, None], [ROWS // WAVE, WAVE]), [ROWS]) > 0
-
-
-@triton.jit
-def _record(buf, slot, step, n_steps, keep, m, mt, vote, fire, dragged, corr, l, O,
-            N_FIELDS: tl.constexpr):
-    """Store one step of the per-row trace for the traced rows (slot >= 0)."""
-    ptr = buf + (slot * n_steps + step) * N_FIELDS
-    ok = (slot >= 0) & keep
-    o_finite = tl.min(tl.where(tl.abs(O) < float("inf"), 1.0, 0.0), axis=1)
-    l_finite = tl.where(tl.abs(l) < float("inf"), 1.0, 0.0)
-    tl.store(ptr + 0, m, mask=ok)
-    tl.store(ptr + 1, mt, mask=ok)
-    tl.store(ptr + 2, vote.to(tl.float32), mask=ok)
-    tl.store(ptr + 3, fire.to(tl.float32), mask=ok)
-    tl.store(ptr + 4, dragged.to(tl.float32), mask=ok)
-    tl.store(ptr + 5, corr, mask=ok)
-    tl.store(ptr + 6, l, mask=ok)
-    tl.store(ptr + 7, o_finite, mask=ok)
-    tl.store(ptr + 8, l_finite, mask=ok)
 
 
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
@@ -178,8 +142,9 @@ def _swp_bf16_fwd(
     stride_l_split, stride_lb, stride_lh,
     stride_bias_q, stride_bias_k, stride_alibi_b, stride_alibi_h,
     H, G, Sq, Skv, n_trace_steps, num_splits,
-    scale_log2, threshold,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, POLICY: tl.constexpr, IS_BF16: tl.constexpr,
+    scale_log2, threshold, rebase_bound,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, VOTE: tl.constexpr, REBASE: tl.constexpr,
+    IS_BF16: tl.constexpr,
     TRACE: tl.constexpr, ROWS: tl.constexpr, WAVE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
@@ -226,7 +191,7 @@ def _swp_bf16_fwd(
     N = tl.maximum(n_tiles + n_tiles % 2, 4)
     t0 = 0  # the first tile this program walks (a split's own range)
     if SPLIT:
-        t0, t_end = _split_range(N, split, num_splits)
+        t0, t_end = split_range(N, split, num_splits)
         if t_end == t0:  # an empty split: its buffers already hold m = -1e30, l = 0, O = 0
             return
         N = t_end - t0
@@ -259,47 +224,54 @@ def _swp_bf16_fwd(
     O = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     ones = l + 1.0
     if TRACE:
-        _record(TraceBuf, slot, t0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
+        record_step(TraceBuf, slot, t0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
 
     # Main loop: the only place a lazy policy decides, by a ballot of each 32-row wave.
     for t in range(1, N - 3):
         l = l + tl.sum(pf, axis=1)
         pb = _round_pack(pf, IS_BF16)
         v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
-        O = O + _pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV step, before the rescale
+        O = O + pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV step, before the rescale
         s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
                          stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
                          CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
-        if POLICY == 0:  # eager: every row to fmax(m, mt)
+        if VOTE == 0:  # vote "tile" (eager): every row to fmax(m, mt)
             target = fmax(m, mt)
             corr = exp2_ieee(m - target)
             vote = no
             fire = no
         else:
             vote_i = tl.where(mt - m <= threshold, 0, 1)  # NaN difference votes
-            fire = _wave_any(vote_i, ROWS, WAVE)
+            fire = wave_ballot(vote_i, ROWS, WAVE)
             vote = vote_i > 0
-            if POLICY == 2:  # lazy_unfixed: rebase to the row's own tile max
-                target = mt
-            else:  # lazy (PR #1033) and fa4_row: monotonic
-                target = fmax(m, mt)
-            if POLICY == 3:  # fa4_row: each row decides for itself
+            if VOTE == 2:  # vote "row" (FlashAttention-4): each row decides for itself
                 apply = vote
-            else:  # FlyDSL: the wave's ballot moves every row of the wave
+            else:  # vote "wave" (FlyDSL): the wave's ballot moves every row of the wave
                 apply = fire
-            corr = tl.where(apply, exp2_ieee(m - target), 1.0)
+            if REBASE == 2:  # "capped": own tile max unless more than the bound below m
+                d = mt - m
+                safe = d >= -rebase_bound  # NaN: not safe
+                target = tl.where(safe, mt, m)
+                moved = exp2_ieee(-tl.where(safe, d, 0.0))
+            else:
+                if REBASE == 1:  # "tile": the row's own tile max (the unfixed body)
+                    target = mt
+                else:  # "max": fmax(m, mt), never down (PR #1033)
+                    target = fmax(m, mt)
+                moved = exp2_ieee(m - target)
+            corr = tl.where(apply, moved, 1.0)
             target = tl.where(apply, target, m)
         dragged = fire & (mt < m)
         O = O * corr[:, None]
         pb = _round_pack(pb * corr[:, None], IS_BF16)  # the packs not yet consumed
         l = l * corr
         m = target
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
+        O = O + pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
-            _record(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr,
-                    l, O, N_FIELDS)
+            record_step(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr,
+                        l, O, N_FIELDS)
 
     # Epilogue: the last three tiles, always eager.
     mt = m
@@ -319,8 +291,8 @@ def _swp_bf16_fwd(
         O = O * corr[:, None]
         l = l * corr
         if TRACE:  # the last tile is recorded after the tail below
-            _record(TraceBuf, slot, t0 + t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no,
-                    corr, l, O, N_FIELDS)
+            record_step(TraceBuf, slot, t0 + t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no,
+                        corr, l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
     v = _v_tile(v_base, stride_vs, stride_vd, t0 + N - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
     O = O + dot16(_round_pack(pf, IS_BF16), v, scratch, DOT_MODE)
@@ -334,8 +306,8 @@ def _swp_bf16_fwd(
             l = l * corr + exp2_ieee(sk - mn)
             m = mn
     if TRACE:
-        _record(TraceBuf, slot, t0 + N - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O,
-                N_FIELDS)
+        record_step(TraceBuf, slot, t0 + N - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O,
+                    N_FIELDS)
 
     # Guarded rcp (0 when l <= 0 or NaN); LSE in natural log, -inf when l == 0.
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full([ROWS], 1.0, tl.float32), l), 0.0)
@@ -376,7 +348,8 @@ def _check_inputs(q, k, v, causal, policy, recorder, interpret, batch_heads=None
     B, Sq, H, D, Skv, Hkv = check_qkv(q, k, v, dtypes=_DTYPES, head_dims=(64, 128),
                                       kernel="the swp_bf16 kernel")
     check_launch((q, k, v), ("q", "k", "v"), batch_heads=batch_heads or B * H, causal=causal,
-                 policy=policy, policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
+                 recorder=recorder, interpret=interpret)
+    check_policy(policy, KERNEL, "faithful")
 
 
 def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret, Sq, Skv,
@@ -412,6 +385,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
     bias_strides = bias.stride() if bias is not None else (0, 0)
     slots = trace.slots if trace else dummy_i
     buf = trace.buf if trace else dummy_f
+    codes = policy.codes
     scratch, dot_meta = launch_dots(_swp_bf16_fwd, interpret, grid, rows, D, BLOCK_N, dev)
     device_ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
     with device_ctx:
@@ -425,8 +399,8 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
             *bias_strides, *alibi_strides,
             H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
-            softmax_scale_log2(D), f32(policy.threshold),
-            HEAD_DIM=D, CAUSAL=causal, POLICY=POLICY_CODES[policy.name],
+            softmax_scale_log2(D), f32(codes.threshold), f32(codes.bound),
+            HEAD_DIM=D, CAUSAL=causal, VOTE=codes.vote, REBASE=codes.rebase,
             IS_BF16=q.dtype == torch.bfloat16, TRACE=trace is not None, ROWS=rows, WAVE=WAVE_ROWS,
             BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=_N_FIELDS,
             FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),
@@ -439,7 +413,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: RescalePolicy, recorder: TraceRecorder | None = None, interpret: bool = False,
+            policy: Policy, recorder: TraceRecorder | None = None, interpret: bool = False,
             rows_per_program: int | None = None, bias: torch.Tensor | None = None,
             alibi_slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None,
             num_kv_splits: int = 1):
@@ -452,7 +426,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.
     ``rows_per_program``: query rows per Triton program, whole waves inside one 256-row
     block (32, 64, 128 or 256); the default is 256 in the interpreter (fewer, larger steps
-    run faster there) and 64 compiled (fastest on an H200). Results do not depend on it:
+    run faster there) and 64 compiled. Results do not depend on it:
     the ballot only reads a wave's own rows.
     """
     _check_inputs(q, k, v, causal, policy, recorder, interpret)
@@ -473,9 +447,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     if num_kv_splits == 1:
         _launch_forward(q, k, v, out, lse, sink=sink, **kw)
     else:
-        part_o, part_m, part_l = splitk.partials(num_kv_splits, B, Sq, H, D, q.dtype, dev)
+        part_o, part_m, part_l = combine.partials(num_kv_splits, B, Sq, H, D, q.dtype, dev)
         _launch_forward(q, k, v, part_o, part_m, split=(num_kv_splits, part_l), **kw)
-        splitk.combine(part_o, part_m, part_l, sink, out, lse, rows=rows, interpret=interpret)
+        combine.combine(part_o, part_m, part_l, sink, out, lse, rows=rows, interpret=interpret)
     if traced is not None:
         traced.emit(out, lse)
     return out, lse
@@ -483,7 +457,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
 
 def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int | None = None,
-                   *, causal: bool, policy: RescalePolicy, interpret: bool = False,
+                   *, causal: bool, policy: Policy, interpret: bool = False,
                    rows_per_program: int | None = None, bias: torch.Tensor | None = None,
                    alibi_slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None):
     """Packed sequences in one launch: q [total_q, H, D], k and v [total_kv, Hkv, D];

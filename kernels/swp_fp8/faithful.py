@@ -41,21 +41,20 @@ from fa_lab.models.geometry import BLOCK_M as ROWS_PER_BLOCK
 from fa_lab.models.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
 from fa_lab.models.swp_fp8 import HEAD_DIM, log2_scale
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
-from fa_lab.policies import RescalePolicy
+from fa_lab.capabilities import check_policy
+from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 
 from fa_lab.checks import check_qkv
 
-from ._trace_plan import N_FIELDS as _N_FIELDS
-from ._trace_plan import TracePlan
-from ._triton_util import fmax as _fmax
-from ._triton_util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
-from ._triton_util import rows_per_program as _rows_per_program
-from .swp_bf16 import _record
+from .._triton.faithful import record_step
+from .._triton.trace_plan import N_FIELDS as _N_FIELDS
+from .._triton.trace_plan import TracePlan
+from .._triton.util import fmax as _fmax
+from .._triton.util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
+from .._triton.util import rows_per_program as _rows_per_program
 
 KERNEL = "swp_fp8"
-#: Policy names -> the kernel's constexpr code.
-POLICY_CODES = {"eager": 0, "lazy_unfixed": 1, "lazy_capped": 2, "lazy": 3}
 _FP8 = torch.float8_e4m3fn
 
 
@@ -161,7 +160,7 @@ def _fwd_kernel(
     stride_ob, stride_os, stride_oh, stride_od,
     H, GROUP, Sq, Skv, max_steps,
     ls, threshold, neg_bound, headroom, v_descale, ln2, causal_floor,
-    CAUSAL: tl.constexpr, POLICY: tl.constexpr, SATURATE: tl.constexpr,
+    CAUSAL: tl.constexpr, VOTE: tl.constexpr, REBASE: tl.constexpr, SATURATE: tl.constexpr,
     TRACE: tl.constexpr, FMA_VIA_FP64: tl.constexpr, N_FIELDS: tl.constexpr,
     BLOCK_M: tl.constexpr, WAVE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr,
@@ -186,7 +185,7 @@ def _fwd_kernel(
 
     n_pairs = tl.load(NTiles + (pid * BLOCK_M) // ROWS_PER_BLOCK) // 2
     if TRACE:
-        # an int64 slot keeps _record's buffer offsets in int64
+        # an int64 slot keeps record_step's buffer offsets in int64
         slot = tl.load(Slot + bh.to(tl.int64) * Sq + rows64, mask=row_ok, other=-1).to(tl.int64)
         yes = rows >= 0
 
@@ -203,7 +202,7 @@ def _fwd_kernel(
         mt = _fmax(max_a, max_b)
         if CAUSAL:
             mt = _fmax(mt, causal_floor)
-        if POLICY == 0:  # eager
+        if VOTE == 0:  # vote "tile" (eager)
             mn = _fmax(m, mt)
             corr = exp2_ieee((m - mn) * ls)
             vote = tl.full((BLOCK_M,), 0, tl.int1)
@@ -218,18 +217,22 @@ def _fwd_kernel(
             any_vote = tl.max(votes, axis=1) > 0
             fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
             dragged = fire & (mt < m)
-            if POLICY == 1:  # lazy_unfixed: every row rebases to its own tile max
+            if REBASE == 1:  # "tile": every moving row rebases to its own tile max
                 corr = exp2_ieee(-d)
                 mn = mt
-            elif POLICY == 2:  # lazy_capped: skip downward rebases past the bound
+            elif REBASE == 2:  # "capped": skip downward rebases past the bound
                 safe = d >= neg_bound  # NaN -> False
                 corr = exp2_ieee(-tl.where(safe, d, 0.0))
                 mn = tl.where(safe, mt, m)
-            else:  # lazy: monotonic
+            else:  # "max": monotonic
                 mn = _fmax(m, mt)
                 corr = exp2_ieee((m - mn) * ls)
-            corr = tl.where(fire, corr, 1.0)
-            mn = tl.where(fire, mn, m)
+            if VOTE == 2:  # vote "row": each row for itself
+                apply = vote
+            else:  # vote "wave": the ballot moves every row of the wave
+                apply = fire
+            corr = tl.where(apply, corr, 1.0)
+            mn = tl.where(apply, mn, m)
         O = O * corr[:, None]
         l = l * corr
         m = mn
@@ -243,8 +246,8 @@ def _fwd_kernel(
         l = l + sum_b
         O = O + pv_b
         if TRACE:  # one step per tile pair
-            _record(Trace, slot, p, max_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
-                    N_FIELDS)
+            record_step(Trace, slot, p, max_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
+                        N_FIELDS)
 
     # Epilogue: rcp(l) if l > 0 else 0 (IEEE division; rcp(inf) = 0, NaN l gives 0).
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), l), 0.0)
@@ -294,15 +297,14 @@ def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
     B, Sq, H, D, Skv, Hkv = check_qkv(q8, k8, v8, dtypes=(_FP8,), head_dims=(HEAD_DIM,),
                                       kernel="the fp8 kernel", names=("q8", "k8", "v8"))
     check_launch((q8, k8, v8), ("q8", "k8", "v8"), batch_heads=B * H, causal=causal,
-                 policy=policy, policy_codes=POLICY_CODES, recorder=recorder, interpret=interpret)
+                 recorder=recorder, interpret=interpret)
+    check_policy(policy, KERNEL, "faithful")
     if not isinstance(saturate, bool):
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    if policy.name == "lazy_capped" and policy.rebase_bound is None:
-        raise ValueError("policy lazy_capped needs a rebase_bound")
 
 
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
-            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, recorder: TraceRecorder | None = None,
             interpret: bool = False, rows_per_program: int | None = None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn, any strides.
@@ -318,6 +320,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     qd, kd, vd = (_check_descale(n, x) for n, x in
                   (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
     rows = _rows_per_program(interpret, rows_per_program)
+    codes = policy.codes
     B, Sq, H, D = q8.shape
     Skv, Hkv = k8.shape[1], k8.shape[2]
     dev = q8.device
@@ -334,10 +337,9 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     args = (q8, k8, v8, out, lse, n_tiles, slots, buf,
             *q8.stride(), *k8.stride(), *v8.stride(), *out.stride(),
             H, H // Hkv, Sq, Skv, plan.n_steps if plan else 1,
-            log2_scale(qd, kd, D), f32(policy.threshold) if policy.lazy else 0.0,
-            -f32(policy.rebase_bound) if policy.name == "lazy_capped" else 0.0,
-            f32(policy.p_headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR))
-    meta = dict(CAUSAL=causal, POLICY=POLICY_CODES[policy.name], SATURATE=saturate,
+            log2_scale(qd, kd, D), f32(codes.threshold) if codes.lazy else 0.0,
+            -f32(codes.bound), f32(codes.headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR))
+    meta = dict(CAUSAL=causal, VOTE=codes.vote, REBASE=codes.rebase, SATURATE=saturate,
                 TRACE=plan is not None,
                 FMA_VIA_FP64=fma_via_fp64(_fwd_kernel, interpret),
                 N_FIELDS=_N_FIELDS, BLOCK_M=rows, WAVE=WAVE_ROWS, BLOCK_N=BLOCK_N,

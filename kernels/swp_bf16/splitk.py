@@ -1,16 +1,17 @@
-"""Split-K for the fast bf16/f16 kernel: ``fast_bf16.forward(..., num_kv_splits=S)``.
+"""Split-K for the fast bf16/f16 kernel: ``swp_bf16.fast.forward(..., num_kv_splits=S)``.
 
 The KV walk of each query block is cut where the model cuts it
 (``fa_lab.models.swp_bf16.split_ranges`` on the N 64-column tiles of the 256-row block that
 holds the rows; causal blocks have their own N), so the splits hold whole 128-column
 multiples and may be empty. One program per (query block, batch x head, split) walks its
-split's columns with the dense kernel's ``_walk``: the split's first tile sets the base
-(a prologue of its own), and the lazy vote (per 32-row wave, the same threshold) runs from
-there. Each split stores, as the model does, its O normalised by its own l and rounded to
-the input dtype, with fp32 m and l; an empty split stores O = 0, m = -1e30, l = 0. A
-second small kernel combines them: ``m_max = fmax_s m_s``, ``w_s = exp2(m_s - m_max)``
-where ``l_s > 0`` (else 0), ``out = round(sum w_s l_s O_s / sum w_s l_s)``,
-``lse = m_max ln 2 + ln(sum w_s l_s)`` (-inf when the sum is 0).
+split's columns with the dense kernel's ``walk`` (``_triton.fast``): the split's first
+tile sets the base (a prologue of its own), and the lazy vote (per 32-row wave, the same
+threshold) runs from there. Each split stores, as the model does, its O normalised by its
+own l and rounded to the input dtype, with fp32 m and l; an empty split stores O = 0,
+m = -1e30, l = 0. A second small kernel combines them: ``m_max = fmax_s m_s``,
+``w_s = exp2(m_s - m_max)`` where ``l_s > 0`` (else 0),
+``out = round(sum w_s l_s O_s / sum w_s l_s)``, ``lse = m_max ln 2 + ln(sum w_s l_s)``
+(-inf when the sum is 0).
 
 Not the model's either (as the dense kernel): its own tiling inside a split, no always-eager
 last three tiles per split, the tensor cores' summation order.
@@ -28,11 +29,9 @@ from fa_lab.models.geometry import BLOCK_N as MODEL_BLOCK_N
 from fa_lab.models.geometry import tiles_for_block
 from fa_lab.models.swp_bf16 import split_ranges
 
-from . import _fast_common as common
-from ._fast_common import SPLIT_ROW_BLOCK
-from ._triton_util import fmax
-from .fast_bf16 import (CONFIGS, _lse, _load_q, _normalise, _set_block_shapes,
-                        _walk, descriptors, policy_args)
+from .._triton import fast as common
+from .._triton.fast import BF16_CONFIGS, SPLIT_ROW_BLOCK, load_q, lse, normalise, walk
+from .._triton.util import fmax
 
 #: The combine's rows per program: a memory-bound pass over S partial outputs (16 rows x
 #: D 128 keep 4 warps far from spilling; 64 rows would not).
@@ -60,15 +59,15 @@ def _attn_fwd_split(Q, K, V, Opart, Mpart, Lpart, Ranges, desc_k, desc_v,
     c1 = tl.load(r + 1)
     # An empty split walks one fully masked tile (no branch around the walk: it would cost
     # registers); the floored base then gives l = 0 and O = 0, and m is set as the model's.
-    qs = _load_q(Q + b.to(tl.int64) * stride_qb + h * stride_qh, stride_qs, rows, row_ok,
-                 scale_log2, D, DTYPE, INTERPRET)
-    acc, l, m = _walk(qs, desc_k, desc_v, K + b.to(tl.int64) * stride_kb + hk * stride_kh,
-                      V + b.to(tl.int64) * stride_vb + hk * stride_vh, stride_ks, stride_vs,
-                      b * seqlen_kv, hk * D, c0, tl.minimum(c1, seqlen_kv), m0, rows,
-                      seqlen_kv - seqlen_q, threshold, vote_limit, rebase, DTYPE, D,
-                      BLOCK_M, BLOCK_N, CAUSAL, LAZY, USE_TMA, INTERPRET, ROW_SUM_FILTER, True)
+    qs = load_q(Q + b.to(tl.int64) * stride_qb + h * stride_qh, stride_qs, rows, row_ok,
+                scale_log2, D, DTYPE, INTERPRET)
+    acc, l, m = walk(qs, desc_k, desc_v, K + b.to(tl.int64) * stride_kb + hk * stride_kh,
+                     V + b.to(tl.int64) * stride_vb + hk * stride_vh, stride_ks, stride_vs,
+                     b * seqlen_kv, hk * D, c0, tl.minimum(c1, seqlen_kv), m0, rows,
+                     seqlen_kv - seqlen_q, threshold, vote_limit, rebase, DTYPE, D,
+                     BLOCK_M, BLOCK_N, CAUSAL, LAZY, USE_TMA, INTERPRET, ROW_SUM_FILTER, True)
     m = tl.where(c1 > c0, m, -1e30)
-    out = _normalise(acc, l, DTYPE, INTERPRET)
+    out = normalise(acc, l, DTYPE, INTERPRET)
     o_ptrs = (Opart + split.to(tl.int64) * stride_pp + b.to(tl.int64) * stride_pb + h * stride_ph
               + rows.to(tl.int64)[:, None] * stride_ps + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Opart.dtype.element_ty), mask=row_ok[:, None])
@@ -103,16 +102,16 @@ def _combine(Opart, Mpart, Lpart, Out, Lse, stride_pp, stride_pb, stride_ps, str
         wl = tl.where(l_s > 0, tl.math.exp2(m_s - m_max) * l_s, 0.0)
         den += wl
         acc += wl[:, None] * o_s
-    out = _normalise(acc, den, DTYPE, INTERPRET)
+    out = normalise(acc, den, DTYPE, INTERPRET)
     out_ptrs = (Out + b.to(tl.int64) * stride_ob + h * stride_oh
                 + rows.to(tl.int64)[:, None] * stride_os + tl.arange(0, D)[None, :])
     tl.store(out_ptrs, out.to(DTYPE), mask=row_ok[:, None])
-    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, _lse(den, m_max), mask=row_ok)
+    tl.store(Lse + bh.to(tl.int64) * seqlen_q + rows, lse(den, m_max), mask=row_ok)
 
 
-_TUNED = common.autotuners(_attn_fwd_split, CONFIGS,
+_TUNED = common.autotuners(_attn_fwd_split, BF16_CONFIGS,
                            ["seqlen_q", "seqlen_kv", "H", "GROUP", "num_splits", "D", "CAUSAL"],
-                           _set_block_shapes, row_sum_filters=(True,))
+                           common.set_block_shapes, row_sum_filters=(True,))
 
 
 def split_columns(seqlen_q: int, seqlen_kv: int, causal: bool, num_splits: int) -> list:
@@ -134,20 +133,20 @@ def _ranges(seqlen_q: int, seqlen_kv: int, causal: bool, num_splits: int, device
 
 
 def run(q, k, v, *, causal: bool, policy, interpret: bool, config, num_splits: int):
-    """Split-K on checked, contiguous inputs (``fast_bf16.forward`` checks them)."""
+    """Split-K on checked, contiguous inputs (``swp_bf16.fast.forward`` checks them)."""
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     ranges = _ranges(Sq, Skv, causal, num_splits, str(q.device))
     o_part = torch.empty((num_splits, B, Sq, H, D), device=q.device, dtype=q.dtype)
     m_part = torch.empty((num_splits, B * H, Sq), device=q.device, dtype=torch.float32)
     l_part = torch.empty_like(m_part)
-    desc_k, desc_v = descriptors(k.view(B * Skv, Hkv * D), v.view(B * Skv, Hkv * D), D, config)
+    desc_k, desc_v = common.descriptors(k.view(B * Skv, Hkv * D), v.view(B * Skv, Hkv * D), D, config)
     part_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
     args = (q, k, v, o_part, m_part, l_part, ranges, desc_k, desc_v,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), *part_strides,
-            H, H // Hkv, Sq, Skv, num_splits, *policy_args(policy, D))
-    meta = dict(D=D, CAUSAL=causal, LAZY=policy.name != "eager", INTERPRET=interpret)
+            H, H // Hkv, Sq, Skv, num_splits, *common.policy_args(policy, D))
+    meta = dict(D=D, CAUSAL=causal, LAZY=policy.lazy, INTERPRET=interpret)
     common.launch_fast(_attn_fwd_split, _TUNED,
                        lambda bm: (triton.cdiv(Sq, bm), B * H, num_splits), args, meta,
                        config, interpret)

@@ -1,4 +1,4 @@
-"""Small Triton helpers shared by the faithful kernels.
+"""Small Triton helpers shared by the kernels (the faithful ports above all).
 
 One kernel definition runs two ways: compiled on a GPU, or through Triton's CPU interpreter
 in a normal process (no TRITON_INTERPRET needed; it also works when that is set):
@@ -159,12 +159,10 @@ def exp2_ieee(x):
 GRID_Y_MAX = 65535
 
 
-def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret, policy=None,
-                 policy_codes=None):
+def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret):
     """The launch arguments a direct caller of a faithful port could get wrong (q, k, v
     themselves are checked by ``fa_lab.checks.check_qkv``); errors name the argument.
-    ``policy_codes`` None: the kernel has no rescale policy (generic, SWA), none checked."""
-    from fa_lab.policies import RescalePolicy
+    A kernel with a rescale policy checks it with ``fa_lab.capabilities.check_policy``."""
     from fa_lab.trace import TraceRecorder
 
     for name, t in zip(names, tensors):
@@ -174,10 +172,6 @@ def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret, po
         raise ValueError(f"B * H = {batch_heads} exceeds the launch grid's limit {GRID_Y_MAX}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if policy_codes is not None and (not isinstance(policy, RescalePolicy)
-                                     or policy.name not in policy_codes):
-        raise ValueError(f"policy must be a RescalePolicy named one of {sorted(policy_codes)}, "
-                         f"got {policy!r}")
     if recorder is not None and not isinstance(recorder, TraceRecorder):
         raise TypeError(f"recorder must be a TraceRecorder or None, got {type(recorder).__name__}")
     if not isinstance(interpret, bool):
@@ -192,7 +186,7 @@ def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret, po
 
 def rows_per_program(interpret: bool, rows: int | None) -> int:
     """Query rows per faithful-kernel program: whole 32-row waves of one 256-row block.
-    Default: two waves compiled (the fastest on an H200: probe_faithful_h200.json), the
+    Default: two waves compiled (data/results/probe_faithful_h200.json times the others), the
     whole block interpreted (speed). Either is exact: a wave's vote reads only its rows."""
     from fa_lab.models.geometry import BLOCK_M, WAVE_ROWS
 

@@ -21,7 +21,7 @@ rounded to bf16 (RNE) once. Masked scores (outside i - LEFT <= j <= i + RIGHT) a
 Out = bf16(O * rcp(l)), rcp guarded by l > 0 with a window only; LSE (the model's
 read-out) = m ln 2 + ln l, -inf where l = 0.
 
-Numerics: every dot is ``_dots.dot16``: interpreted, the model's exact sum (fp64,
+Numerics: every dot is ``_triton.dots.dot16``: interpreted, the model's exact sum (fp64,
 rounded once); compiled, 16-bit tensor-core dots (fp32 accumulation in the hardware's
 order, from a run-time zero so that Triton cannot fold O into it), or the exact sum
 again inside ``fa_lab.kernels.exact_dots()`` (slow);
@@ -47,15 +47,13 @@ from fa_lab.models.swa import (CTA_ROWS, DEFAULT_THRESHOLD, KERNEL, NEG_FLOOR, c
 from fa_lab.numerics import LN2, f32
 from fa_lab.trace import TraceRecorder
 
-from ._trace_plan import N_FIELDS, TracePlan
-from ._triton_util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
+from ._triton.dots import dot16, launch_dots, load16, program_scratch
+from ._triton.faithful import pv_part, record_step, wave_ballot
+from ._triton.trace_plan import N_FIELDS, TracePlan
+from ._triton.util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
                            rows_per_program as _rows_per_program)
-from ._dots import dot16, launch_dots, load16, program_scratch
-from .swp_bf16 import _pv_part, _record, _wave_any
 
-__all__ = ["KERNEL", "POLICY_CODES", "forward"]
-#: The rescale policy as the kernel's compile-time switch (the model's RESCALE_POLICIES).
-POLICY_CODES = {"lazy": 0, "lazy_unfixed": 1}
+__all__ = ["KERNEL", "forward"]
 
 
 @triton.jit
@@ -84,7 +82,7 @@ def _scores(qs, k_base, stride_ks, stride_kd, rows, col0, S, left, right, scratc
 @triton.jit
 def _v_tile(v_base, stride_vs, stride_vd, col0, S, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
             DOT_MODE: tl.constexpr):
-    """V rows col0 ... col0 + 63 [TILE_N, HEAD_DIM] (see ``_dots.load16``)."""
+    """V rows col0 ... col0 + 63 [TILE_N, HEAD_DIM] (see ``_triton.dots.load16``)."""
     cols = col0 + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     return load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
@@ -101,7 +99,7 @@ def _swa_fwd(
     stride_ob, stride_os, stride_oh, stride_od,
     H, G, S, left, right, nt_max, n_trace_steps,
     temp_scale, threshold,
-    HEAD_DIM: tl.constexpr, WINDOWED: tl.constexpr, POLICY: tl.constexpr, TRACE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, WINDOWED: tl.constexpr, REBASE: tl.constexpr, TRACE: tl.constexpr,
     ROWS: tl.constexpr, WAVE: tl.constexpr, CTA: tl.constexpr, TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
     DOT_MODE: tl.constexpr, SCRATCH_FLOATS: tl.constexpr,
@@ -150,7 +148,7 @@ def _swa_fwd(
     O = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     ones = l + 1.0
     if TRACE:
-        _record(TraceBuf, slot, 0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
+        record_step(TraceBuf, slot, 0, n_trace_steps, yes, m, m, no, no, no, ones, l, O, N_FIELDS)
 
     # Main loop: rescale_defer, one 32-row wave ballot per tile.
     for t in range(1, nt - 3):
@@ -158,27 +156,27 @@ def _swa_fwd(
         pb = round_bf16(pf)
         v = _v_tile(v_base, stride_vs, stride_vd, base + (t - 1) * TILE_N, S, HEAD_DIM, TILE_N,
                     DOT_MODE)
-        O = O + _pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV slice, before the rescale
+        O = O + pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV slice, before the rescale
         s, mt = _scores(qs, k_base, stride_ks, stride_kd, rows, base + t * TILE_N, S, left,
                         right, scratch, HEAD_DIM, TILE_N, WINDOWED, FLOOR, DOT_MODE)
-        if POLICY == 0:  # lazy (upstream): the ballot reads the monotonic target
+        if REBASE == 0:  # "max", upstream's rescale_defer: the ballot reads the monotonic target
             target = fmax(mt, m)
             vote = (target - m) > threshold  # ordered: NaN does not vote
         else:  # lazy_unfixed: the counterfactual own-tile-max rebase
             target = mt
             vote = (mt - m) > threshold
-        fire = _wave_any(vote.to(tl.int32), ROWS, WAVE)
+        fire = wave_ballot(vote.to(tl.int32), ROWS, WAVE)
         dragged = fire & (mt < m)
         corr = tl.where(fire, exp2_ieee(m - target), 1.0)
         O = O * corr[:, None]
         pb = round_bf16(pb * corr[:, None])  # the packs not yet consumed
         l = l * corr
         m = tl.where(fire, target, m)
-        O = O + _pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
+        O = O + pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
-            _record(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
-                    N_FIELDS)
+            record_step(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
+                        N_FIELDS)
 
     # Epilogue: rescale_uncond on the last three tiles (nt >= 4: at least one).
     mt = m
@@ -197,14 +195,14 @@ def _swa_fwd(
         O = O * corr[:, None]
         l = l * corr
         if TRACE:  # the last tile is recorded after the tail below
-            _record(TraceBuf, slot, t, n_trace_steps, rows * 0 + t < nt - 1, m, mt, no, no, no,
-                    corr, l, O, N_FIELDS)
+            record_step(TraceBuf, slot, t, n_trace_steps, rows * 0 + t < nt - 1, m, mt, no, no, no,
+                        corr, l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
     v = _v_tile(v_base, stride_vs, stride_vd, base + (nt - 1) * TILE_N, S, HEAD_DIM, TILE_N,
                 DOT_MODE)
     O = O + dot16(round_bf16(pf), v, scratch, DOT_MODE)
     if TRACE:
-        _record(TraceBuf, slot, nt - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O, N_FIELDS)
+        record_step(TraceBuf, slot, nt - 1, n_trace_steps, yes, m, mt, no, no, no, corr, l, O, N_FIELDS)
 
     # rcp guarded by l > 0 only with a window; LSE -inf where l == 0.
     one = tl.full([ROWS], 1.0, tl.float32)
@@ -221,7 +219,7 @@ def _swa_fwd(
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: int | None,
             window_right: int = 0, causal: bool = True, threshold: float = DEFAULT_THRESHOLD,
-            rescale: str = "lazy", recorder: TraceRecorder | None = None,
+            rescale="lazy", recorder: TraceRecorder | None = None,
             interpret: bool = False, rows_per_program: int | None = None):
     """q [B, S, H, 128], k and v [B, S, Hkv, 128], bf16, S a multiple of 256, any strides.
 
@@ -231,7 +229,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     ``rows_per_program``: query rows per program, whole waves of one CTA (32, 64, 128 or
     256); default 256 interpreted, 32 compiled. Results do not depend on it.
     """
-    check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
+    policy = check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     check_launch((q, k, v), ("q", "k", "v"), batch_heads=B * H, causal=causal,
@@ -267,7 +265,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
             nt_band(window_left, window_right) if windowed else S // BLOCK_N,
             plan.n_steps if plan else 1,
             temperature_scale(D), f32(threshold),
-            HEAD_DIM=D, WINDOWED=windowed, POLICY=POLICY_CODES[rescale], TRACE=plan is not None,
+            HEAD_DIM=D, WINDOWED=windowed, REBASE=policy.codes.rebase, TRACE=plan is not None,
             ROWS=rows, WAVE=WAVE_ROWS, CTA=CTA_ROWS, TILE_N=BLOCK_N, PV_LO=PV_SPLIT,
             N_FIELDS=N_FIELDS, FLOOR=NEG_FLOOR, LN2_F32=f32(LN2),
             **dot_meta,

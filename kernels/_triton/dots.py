@@ -8,15 +8,13 @@ the products are summed:
 - ``DOT_EXACT_SCRATCH`` (compiled, opt-in: ``exact_dots()``): the same sum on the GPU.
   Triton 3.6 cannot compile an fp64 ``tl.dot``, and a register tile cannot be indexed by
   column, so both operands go through a per-program scratch buffer in global memory and
-  an fp64 loop sums one rank-1 product per step. Measured on an H200 at the seed's full
-  size (B2 S8192 H32 D128, swp_bf16): 1.17 s a call against 48.5 ms on the tensor cores,
-  with 512 MB of scratch (``scratch_floats`` fp32 for each of 8,192 programs); in exchange
-  a compiled run agrees with the model bit for bit at any size.
+  an fp64 loop sums one rank-1 product per step: far slower than the tensor cores, with
+  ``scratch_floats`` fp32 of scratch for each program; in exchange a compiled run agrees
+  with the model bit for bit at any size.
 - ``DOT_TENSOR_CORES`` (compiled, the default): the 16-bit tensor-core dot, fp32
-  accumulation in the hardware's order, a few ulps off the exact sum. That is enough to
-  move a handful of borderline overflows among millions (measured in
-  data/results/exact_dots_h200.json), so GPU tests that demand the model's exact masks
-  run under ``exact_dots()``.
+  accumulation in the hardware's order, a few ulps off the exact sum. That can move a
+  borderline overflow (data/results/exact_dots_h200.json), so GPU tests that demand the
+  model's exact masks run under ``exact_dots()``.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_util import runs_interpreted
+from .util import runs_interpreted
 
 DOT_EXACT, DOT_EXACT_SCRATCH, DOT_TENSOR_CORES = 0, 1, 2
 
@@ -127,10 +125,10 @@ def dot16(a, b, scratch, DOT_MODE: tl.constexpr):
     if DOT_MODE == 2:
         # A run-time zero accumulator (scratch_buffer's placeholder holds 0.0): with a
         # constant one, Triton folds ``O + dot(P, V)`` into dot(P, V, acc=O), which adds O
-        # inside the tensor core's sum and, measured on an H200, moved 19 of 1.5M
-        # non-finite outputs (data/results/agree_faithful_h200.json). One scalar load: a
-        # zero reduced from the operand (b * 0) cost two cross-warp reductions per dot,
-        # and is NaN when b holds an inf.
+        # inside the tensor core's sum and so moves non-finite outputs
+        # (data/results/agree_faithful_h200.json). One scalar load: a zero reduced from
+        # the operand (b * 0) would take two cross-warp reductions per dot, and is NaN
+        # when b holds an inf.
         acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + tl.load(scratch)
         r = tl.dot(a.to(b.dtype), b, acc)
     elif DOT_MODE == 1:

@@ -20,7 +20,7 @@ the padding-column mask is skipped by upstream's rule (``skips_kv_pad_mask``: no
 with Sq % 64 == 0) unless ``skip_kv_pad_mask`` forces the build. K/V rows past Skv are
 clamped to row Skv - 1 on the 64-column step and read as zeros on the 128-column step.
 
-Numerics: every dot is ``_dots.dot16``: interpreted, the model's exact sum (fp64,
+Numerics: every dot is ``_triton.dots.dot16``: interpreted, the model's exact sum (fp64,
 rounded once); compiled, 16-bit tensor-core dots (fp32 accumulation in the hardware's
 order, from a run-time zero so that Triton cannot fold O into it), or the exact sum
 again inside ``fa_lab.kernels.exact_dots()`` (slow); the packed P is exactly
@@ -50,11 +50,11 @@ from fa_lab.models.geometry import BLOCK_N
 from fa_lab.numerics import CAUSAL_FLOOR
 from fa_lab.trace import TraceRecorder
 
-from ._trace_plan import N_FIELDS, TracePlan
-from ._triton_util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
+from ._triton.dots import dot16, launch_dots, load16, program_scratch
+from ._triton.faithful import record_step
+from ._triton.trace_plan import N_FIELDS, TracePlan
+from ._triton.util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
                            round_bf16, round_f16, rows_per_program as _rows_per_program)
-from ._dots import dot16, launch_dots, load16, program_scratch
-from .swp_bf16 import _record
 
 __all__ = ["KERNEL", "forward"]
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -161,8 +161,8 @@ def _generic_fwd(
         O = O * corr[:, None] + dot16(_pack_p(p, IS_BF16), v, scratch, DOT_MODE)
         m = m_new
         if TRACE:
-            _record(TraceBuf, slot, t, n_trace_steps, yes, m * c, mt * c, no, no, no, corr, l, O,
-                    N_FIELDS)
+            record_step(TraceBuf, slot, t, n_trace_steps, yes, m * c, mt * c, no, no, no, corr, l, O,
+                        N_FIELDS)
 
     # rcp(l) is guarded by l > 0 in causal builds only; LSE has no guard (-inf at l = 0).
     one = tl.full([ROWS], 1.0, tl.float32)

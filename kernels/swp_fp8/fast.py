@@ -23,7 +23,13 @@ of the tensor cores' fp32 sums, and V is first copied to a [B, Hkv, D, Skv] layo
 ``forward`` and of its timing). When no row of a block voted, the O and l rescale is
 skipped (one block-wide max of the votes; the per-wave vote runs only in that branch);
 with ``row_sum_filter`` the fast path tests the row sums of P against 2**(threshold + H)
-instead of taking row maxes (as in ``fast_bf16``; the same decisions).
+instead of taking row maxes (as in ``swp_bf16.fast``; the same decisions).
+
+Shared with the bf16/f16 fast kernels (``_triton.fast``): the scores and their masks
+(``scores``), the tiles a query block walks (``walk_bounds``), the block and wave votes,
+the tile loader and the launch (autotuned, pinned or interpreted). Its own: the rescale
+(raw-domain maxima, ``ls``, the capped rule), P with its headroom and e4m3 cast, the
+transposed V, the read-out with ``v_descale``.
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ import triton
 import triton.language as tl
 
 from fa_lab.models.swp_fp8 import log2_scale
-from fa_lab.policies import POLICIES_FP8, RescalePolicy
+from fa_lab.capabilities import check_policy
+from fa_lab.policies import Policy
 
-from . import _fast_common as common
-from ._fast_common import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
-                           wave_any)
+from .._triton import fast as common
+from .._triton.fast import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
+                            scores, walk_bounds, wave_any)
 
 KERNEL = "fast_fp8"
 HEAD_DIM = 128
@@ -49,10 +56,8 @@ CANDIDATE_CONFIGS = (
     Config(64, 128, 4, 2, True),
     Config(128, 128, 8, 3, False),
 )
-#: On an H200 (B2 S8192 H32, non-causal; data/results/bench_h200.json) BLOCK_M 64 / 4
-#: warps / TMA led (two blocks per SM: 2.83 ms eager, kernel alone), then BLOCK_M 128 /
-#: 8 warps with plain loads (3.05 ms). The row-sum filter won five of six lazy
-#: comparisons (not the first), so lazy autotunes with and without it.
+#: The autotuner's list (Hopper; the candidates' timings are in
+#: data/results/bench_h200.json). Lazy autotunes with and without the row-sum filter.
 CONFIGS = (
     Config(64, 128, 4, 3, True),
     Config(128, 128, 8, 3, False),
@@ -76,22 +81,6 @@ def _load_vt(desc, base, row0, n0, seqlen_pad, BLOCK_N: tl.constexpr, D: tl.cons
         else:
             tile = tl.load(ptrs)
     return tile
-
-
-@triton.jit
-def _scores(q, k, n0, rows, seqlen_kv, diag, zero, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            CAUSAL: tl.constexpr, MASKED: tl.constexpr):
-    """Raw fp8-product scores, -inf past Skv and beyond the causal diagonal. ``zero``
-    (0.0, as a run-time value) starts the accumulator, so that a second call is a product
-    of its own that the compiler cannot merge with the first."""
-    s = tl.dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32) + zero)
-    if MASKED:
-        cols = n0 + tl.arange(0, BLOCK_N)
-        valid = (cols < seqlen_kv)[None, :]
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None] + diag)
-        s = tl.where(valid, s, float("-inf"))
-    return s
 
 
 @triton.jit
@@ -129,7 +118,8 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
     """128 KV columns: raw scores, the rescale decision, P, and O += e4m3(P) V."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
-    s = _scores(q, k, n0, rows, seqlen_kv, diag, 0.0, BLOCK_M, BLOCK_N, CAUSAL, MASKED)
+    # (INTERPRET False: the fp8 product is a plain tl.dot under the interpreter too)
+    s = scores(q, k, n0, rows, seqlen_kv, diag, 0.0, BLOCK_M, BLOCK_N, CAUSAL, MASKED, False)
     if LAZY:
         if ROW_SUM_FILTER:
             # Optimistic: P on the old base. A row votes only if some P exceeds
@@ -140,8 +130,8 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
             maybe = tl.where(row_sum < vote_limit, 0, 1)  # NaN: maybe
             if block_any(maybe, BLOCK_M):  # rare (always on the first tile): decide exactly
                 # on the scores again (the same product; keeping them live costs registers)
-                s = _scores(q, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
-                            CAUSAL, MASKED)
+                s = scores(q, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
+                           CAUSAL, MASKED, False)
                 acc, l, m = _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M, CAUSAL)
                 p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
                 row_sum = tl.sum(p, 1)
@@ -198,16 +188,9 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
     kv_row0 = b * seqlen_kv
     kv_col0 = hk * D
 
-    n_tiles = tl.cdiv(seqlen_kv, BLOCK_N)
-    n_full = seqlen_kv // BLOCK_N
     diag = seqlen_kv - seqlen_q
-    n_end = n_tiles
-    if CAUSAL:
-        last = m0 + BLOCK_M - 1 + diag
-        n_end = tl.minimum(n_tiles, tl.where(last >= 0, last // BLOCK_N + 1, 0))
-        first = m0 + diag + 1
-        n_full = tl.minimum(n_full, tl.where(first >= 0, first // BLOCK_N, 0))
-    n_end = tl.maximum(n_end, 1)
+    # tiles [0, n_full) unmasked, [n_full, n_end) masked; at least one tile
+    n_full, n_end = walk_bounds(0, seqlen_kv, m0, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -251,7 +234,7 @@ def vote_limit(threshold: float, headroom: float) -> float:
         limit = 2.0 ** (threshold + headroom) * (1.0 - 2.0 ** -8)
     except OverflowError:
         limit = float("inf")
-    return min(limit, 3.4028234663852886e38)
+    return min(limit, common.FP32_MAX)
 
 
 def transpose_v(v8: torch.Tensor) -> torch.Tensor:
@@ -272,7 +255,7 @@ def _descale(name, x) -> float:
 
 
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
-            k_descale: float, v_descale: float, causal: bool, policy: RescalePolicy,
+            k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, interpret: bool = False, config: Config | None = None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
@@ -288,7 +271,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     for name, x in (("causal", causal), ("saturate", saturate)):
         if not isinstance(x, bool):
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
-    common.check_policy(policy, POLICIES_FP8, "fp8")
+    check_policy(policy, "swp_fp8", "fast")
     common.check_device(q8, interpret)
     config = common.check_config(config, fp8=True)
     if config is None and interpret:
@@ -303,25 +286,17 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     block_n = 128
     desc_k = common.make_descriptor(k8.view(B * Skv, Hkv * D), [block_n, D])
     desc_vt = common.make_descriptor(vt.view(B * Hkv * D, vt.shape[-1]), [D, block_n])
-    bound = policy.rebase_bound if policy.rebase_bound is not None else 0.0
+    codes = policy.codes
     args = (q8, k8, vt, out, lse, desc_k, desc_vt,
             q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             H, H // Hkv, Hkv, Sq, Skv, vt.shape[-1], log2_scale(qd, kd, D), vd,
-            float(policy.threshold), vote_limit(policy.threshold, policy.p_headroom),
-            common.REBASE_RULES.get(policy.name, 0), float(bound), float(policy.p_headroom))
-    lazy = policy.name != "eager"
-    meta = dict(D=D, CAUSAL=causal, LAZY=lazy, SATURATE=saturate, INTERPRET=interpret)
-    if config is None:
-        grid = lambda nargs: (triton.cdiv(Sq, nargs["BLOCK_M"]), B * H)  # noqa: E731
-        _TUNED[lazy][grid](*args, **meta)
-        return out, lse
-    grid = (triton.cdiv(Sq, config.block_m), B * H)
-    launch = config.meta(lazy)
-    if interpret:
-        common.run_interpreted(_attn_fwd_fp8, grid, *args, **meta, **launch)
-    else:
-        _attn_fwd_fp8[grid](*args, **meta, **launch)
+            codes.threshold, vote_limit(codes.threshold, codes.headroom),
+            codes.rebase, codes.bound, codes.headroom)
+    meta = dict(D=D, CAUSAL=causal, LAZY=policy.lazy, SATURATE=saturate,
+                INTERPRET=interpret)
+    common.launch_fast(_attn_fwd_fp8, _TUNED, lambda bm: (triton.cdiv(Sq, bm), B * H), args, meta,
+                       config, interpret)
     return out, lse
 
 

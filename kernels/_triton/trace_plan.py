@@ -3,7 +3,7 @@ per-step buffer becomes the recorder's records (``fa_lab.trace``).
 
 The kernel gets a slot per distinct traced (batch, head, row), -1 for every other row,
 and writes ``STEP_FIELDS`` (as fp32, booleans 0/1) for step s of slot i at
-``buf[i, s]`` (the device side is ``swp_bf16._record``). What a step is differs between
+``buf[i, s]`` (the device side is ``faithful.record_step``). What a step is differs between
 kernels, so the caller passes ``schedule``: for a traced row, its steps in order as
 (first KV column, phase) pairs, exactly as that kernel's model records them.
 """

@@ -4,11 +4,12 @@ q is ``[total_q, H, D]``, k and v ``[total_kv, Hkv, D]``; sequence b owns q rows
 ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and the matching kv rows (int32 offsets, as upstream
 and ``fa_lab.varlen`` take them). The grid is (query blocks of the longest sequence,
 B x H); each program reads its sequence's offsets and lengths from the two offset tensors
-and runs the dense kernel's ``_walk`` on that sequence alone, so blocks, the causal diagonal
-(bottom-right, within the sequence) and the 32-row waves all start at the sequence's first
-row: a varlen call computes exactly what one dense call per sequence would, with the same
-tiling. The LSE comes back as ``[B, H, max_seqlen_q]``, -inf past each sequence's end
-(``fa_lab.varlen``'s layout); a sequence without keys gives out 0 and lse -inf.
+and runs the dense kernel's ``walk`` (``_triton.fast``) on that sequence alone, so blocks,
+the causal diagonal (bottom-right, within the sequence) and the 32-row waves all start at
+the sequence's first row: a varlen call computes exactly what one dense call per sequence
+would, with the same tiling. The LSE comes back as ``[B, H, max_seqlen_q]``, -inf past
+each sequence's end (``fa_lab.varlen``'s layout); a sequence without keys gives out 0 and
+lse -inf.
 
 TMA descriptors view K and V as [total_kv, Hkv * D]: a ragged last tile reads the next
 sequence's rows, masked as the dense kernel masks the next batch's.
@@ -21,14 +22,13 @@ import triton
 import triton.language as tl
 
 from fa_lab import varlen
-from fa_lab.policies import POLICIES_BF16, RescalePolicy
+from fa_lab.capabilities import check_policy
+from fa_lab.policies import Policy
 
-from . import _fast_common as common
-from ._fast_common import Config
-from ._triton_util import GRID_Y_MAX
-from .fast_bf16 import (CONFIGS, DTYPES, HEAD_DIMS, INTERPRET_CONFIG, _lse, _load_q,
-                        _normalise, _set_block_shapes, _walk, descriptors,
-                        policy_args)
+from .._triton import fast as common
+from .._triton.fast import (BF16_CONFIGS, BF16_DTYPES, BF16_HEAD_DIMS, BF16_INTERPRET_CONFIG,
+                            Config, load_q, lse, normalise, walk)
+from .._triton.util import GRID_Y_MAX
 
 
 @triton.jit(do_not_specialize=["H", "GROUP", "max_seqlen_q", "max_seqlen_kv", "rebase"])
@@ -50,27 +50,27 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuQ, CuKV, desc_k, desc_v,
     # A block past its sequence's end, or of a sequence without keys, walks one fully masked
     # tile and stores LSE padding (-inf) only (no early return: that would cost registers).
     kv_hi = tl.where(m0 < seqlen_q, seqlen_kv, 0)
-    qs = _load_q(Q + q_start.to(tl.int64) * stride_qt + h * stride_qh, stride_qt, rows, row_ok,
-                 scale_log2, D, DTYPE, INTERPRET)
-    acc, l, m = _walk(qs, desc_k, desc_v, K + kv_start.to(tl.int64) * stride_kt + hk * stride_kh,
-                      V + kv_start.to(tl.int64) * stride_vt + hk * stride_vh, stride_kt, stride_vt,
-                      kv_start, hk * D, 0, kv_hi, m0, rows, seqlen_kv - seqlen_q,
-                      threshold, vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY,
-                      USE_TMA, INTERPRET, ROW_SUM_FILTER, CAUSAL)
+    qs = load_q(Q + q_start.to(tl.int64) * stride_qt + h * stride_qh, stride_qt, rows, row_ok,
+                scale_log2, D, DTYPE, INTERPRET)
+    acc, l, m = walk(qs, desc_k, desc_v, K + kv_start.to(tl.int64) * stride_kt + hk * stride_kh,
+                     V + kv_start.to(tl.int64) * stride_vt + hk * stride_vh, stride_kt, stride_vt,
+                     kv_start, hk * D, 0, kv_hi, m0, rows, seqlen_kv - seqlen_q,
+                     threshold, vote_limit, rebase, DTYPE, D, BLOCK_M, BLOCK_N, CAUSAL, LAZY,
+                     USE_TMA, INTERPRET, ROW_SUM_FILTER, CAUSAL)
     keys = kv_hi > 0  # else (non-causal) that masked tile left m = -inf and NaN in O and l
     acc = tl.where(keys, acc, 0.0)
     l = tl.where(keys, l, 0.0)
-    out = _normalise(acc, l, DTYPE, INTERPRET)
+    out = normalise(acc, l, DTYPE, INTERPRET)
     o_ptrs = (Out + (q_start + rows).to(tl.int64)[:, None] * stride_ot + h * stride_oh
               + tl.arange(0, D)[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     tl.store(Lse + (b * H + h).to(tl.int64) * max_seqlen_q + rows,
-             tl.where(row_ok, _lse(l, m), float("-inf")), mask=rows < max_seqlen_q)
+             tl.where(row_ok, lse(l, m), float("-inf")), mask=rows < max_seqlen_q)
 
 
-_TUNED = common.autotuners(_attn_fwd_varlen, CONFIGS,
+_TUNED = common.autotuners(_attn_fwd_varlen, BF16_CONFIGS,
                            ["max_seqlen_q", "max_seqlen_kv", "H", "GROUP", "D", "CAUSAL"],
-                           _set_block_shapes, row_sum_filters=(True,))
+                           common.set_block_shapes, row_sum_filters=(True,))
 
 
 def _check_packed(q, k, v) -> None:
@@ -81,12 +81,12 @@ def _check_packed(q, k, v) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"varlen {name} must be packed [total, H, D], got shape {tuple(t.shape)}")
-    common.check_qkv(q[None], k[None], v[None], DTYPES, HEAD_DIMS)
+    common.check_qkv(q[None], k[None], v[None], BF16_DTYPES, BF16_HEAD_DIMS)
 
 
 def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor, max_seqlen_q: int,
-                   max_seqlen_kv: int | None = None, *, causal: bool, policy: RescalePolicy,
+                   max_seqlen_kv: int | None = None, *, causal: bool, policy: Policy,
                    interpret: bool = False, config: Config | None = None):
     """Packed q [total_q, H, D], k and v [total_kv, Hkv, D] (bf16 or f16, D 64 or 128);
     ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 [B+1] on q's device; ``max_seqlen_q`` (and
@@ -102,11 +102,11 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    common.check_policy(policy, POLICIES_BF16, "bf16/f16")
+    check_policy(policy, "swp_bf16", "fast")
     common.check_device(q, interpret)
     config = common.check_config(config, fp8=False)
     if config is None and interpret:
-        config = INTERPRET_CONFIG
+        config = BF16_INTERPRET_CONFIG
     B, (total_q, H, D), (total_kv, Hkv, _) = packing.batch, q.shape, k.shape
     if B * H > GRID_Y_MAX:
         raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {GRID_Y_MAX}")
@@ -116,11 +116,11 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     max_q, max_kv = packing.max_seqlen_q, packing.max_seqlen_kv
     out = torch.empty_like(q)
     lse = torch.empty(B, H, max_q, device=q.device, dtype=torch.float32)
-    desc_k, desc_v = descriptors(k.view(total_kv, Hkv * D), v.view(total_kv, Hkv * D), D, config)
+    desc_k, desc_v = common.descriptors(k.view(total_kv, Hkv * D), v.view(total_kv, Hkv * D), D, config)
     args = (q, k, v, out, lse, cu_q, cu_kv, desc_k, desc_v,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), H, H // Hkv, max_q, max_kv, *policy_args(policy, D))
-    meta = dict(D=D, CAUSAL=causal, LAZY=policy.name != "eager", INTERPRET=interpret)
+            out.stride(0), out.stride(1), H, H // Hkv, max_q, max_kv, *common.policy_args(policy, D))
+    meta = dict(D=D, CAUSAL=causal, LAZY=policy.lazy, INTERPRET=interpret)
     common.launch_fast(_attn_fwd_varlen, _TUNED, lambda bm: (triton.cdiv(max_q, bm), B * H), args,
                        meta, config, interpret)
     return out, lse

@@ -1,4 +1,4 @@
-"""Split-K for the faithful DUALWAVE_SWP bf16/f16 port (``swp_bf16``): where each split's
+"""Split-K for the faithful DUALWAVE_SWP bf16/f16 port (``faithful``): where each split's
 tiles start and end, and the pass that combines the splits.
 
 Same semantics as ``fa_lab.models.swp_bf16._split_k``: the forward kernel runs one program
@@ -24,7 +24,7 @@ import triton.language as tl
 
 from fa_lab.numerics import LN2, LOG2E, f32
 
-from ._triton_util import exp2_ieee, fmax, launch, round_bf16, round_f16
+from .._triton.util import exp2_ieee, fmax, launch, round_bf16, round_f16
 
 #: What an empty split stores as its running max (the model's value).
 EMPTY_M = -1e30

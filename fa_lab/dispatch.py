@@ -1,0 +1,379 @@
+"""One table from a checked call to the code that runs it.
+
+``TABLE`` maps (kernel family, backend) to an ``Entry``: the entry point and what it can
+do (dtypes, head dims, features, the policy fields it runs). ``plan`` is the one place
+that decides: upstream's routing (``fa_lab.routing``) picks the family, ``backend="auto"``
+picks an execution, and every capability is checked against the table before any work;
+``run`` executes a planned call. fa_lab reaches the Triton kernels through here only.
+
+Backends: ``emulator`` the exact PyTorch model (any device); ``triton`` the faithful
+Triton ports on GPU tensors; ``interpret`` the same ports on CPU tensors through Triton's
+interpreter; ``fast`` the fast Triton kernels (their own tiling, the same policy
+semantics; compiled on GPU tensors, interpreted on CPU tensors); ``flydsl`` upstream's
+own kernel on an MI355X (``fa_lab.flydsl``); ``auto`` the faithful ports on GPU tensors
+where they cover the call, else the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import capabilities, routing, varlen
+from .capabilities import CAPS, Caps
+from .policies import Policy
+
+BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
+#: Kernel families, as fa_lab/models/<family>.py and kernels/<family>.
+FAMILIES = ("swp_bf16", "swp_fp8", "generic", "swa")
+
+
+# Entry points, imported when first used (Triton is optional and slow to import).
+def _model_swp_bf16():
+    from .models import swp_bf16
+    return swp_bf16
+
+
+def _model_swp_fp8():
+    from .models import swp_fp8
+    return swp_fp8
+
+
+def _model_generic():
+    from .models import generic
+    return generic
+
+
+def _model_swa():
+    from .models import swa
+    return swa
+
+
+def _faithful_swp_bf16():
+    from .kernels.swp_bf16 import faithful
+    return faithful
+
+
+def _fast_swp_bf16():
+    from .kernels.swp_bf16 import fast
+    return fast
+
+
+def _fast_varlen_swp_bf16():
+    from .kernels.swp_bf16 import varlen as fast_varlen
+    return fast_varlen
+
+
+def _faithful_swp_fp8():
+    from .kernels.swp_fp8 import faithful
+    return faithful
+
+
+def _fast_swp_fp8():
+    from .kernels.swp_fp8 import fast
+    return fast
+
+
+def _faithful_generic():
+    from .kernels import generic
+    return generic
+
+
+def _faithful_swa():
+    from .kernels import swa
+    return swa
+
+
+#: The implementation each backend runs (``fa_lab.capabilities``).
+IMPLEMENTATION = {"emulator": "model", "triton": "faithful", "interpret": "faithful",
+                  "fast": "fast"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one (family, backend) runs: its entry point, a native one-launch varlen entry
+    (``varlen_load``; else varlen runs one dense call per sequence), the tensor device
+    type it needs (None: any) and its capabilities (``fa_lab.capabilities.CAPS``)."""
+
+    family: str
+    backend: str
+    load: Callable
+    caps: Caps
+    device: str | None = None
+    varlen_load: Callable | None = None
+
+    @property
+    def triton(self) -> bool:
+        return self.backend in ("triton", "interpret", "fast")
+
+
+def _entries():
+    loaders = {
+        ("swp_bf16", "model"): (_model_swp_bf16, None),
+        ("swp_fp8", "model"): (_model_swp_fp8, None),
+        ("generic", "model"): (_model_generic, None),
+        ("swa", "model"): (_model_swa, None),
+        ("swp_bf16", "faithful"): (_faithful_swp_bf16, _faithful_swp_bf16),
+        ("swp_fp8", "faithful"): (_faithful_swp_fp8, None),
+        ("generic", "faithful"): (_faithful_generic, None),
+        ("swa", "faithful"): (_faithful_swa, None),
+        ("swp_bf16", "fast"): (_fast_swp_bf16, _fast_varlen_swp_bf16),
+        ("swp_fp8", "fast"): (_fast_swp_fp8, None),
+    }
+    # compiled on GPU tensors; the interpreter takes CPU tensors; "fast" goes by the device
+    devices = {"emulator": None, "triton": "cuda", "interpret": "cpu", "fast": None}
+    table = {}
+    for backend, impl in IMPLEMENTATION.items():
+        for (family, i), (load, varlen_load) in loaders.items():
+            if i == impl:
+                table[(family, backend)] = Entry(family, backend, load, CAPS[(family, impl)],
+                                                 devices[backend], varlen_load)
+    return table
+
+
+#: (family, backend) -> Entry: the one table.
+TABLE: dict[tuple[str, str], Entry] = _entries()
+
+
+def entry(family: str, backend: str) -> Entry:
+    if (family, backend) not in TABLE:
+        raise ValueError(f"backend={backend!r} has no {family} kernel; it has "
+                         f"{sorted(f for f, b in TABLE if b == backend)}")
+    return TABLE[(family, backend)]
+
+
+def policy_refusal(e: Entry, policy: Policy) -> str | None:
+    """Why ``e`` cannot run ``policy`` (naming the field and the backend), or None."""
+    return capabilities.policy_refusal(e.caps, policy,
+                                       f"the {e.family} kernel on backend={e.backend!r}")
+
+
+def supports(e: Entry, policy: Policy) -> bool:
+    return policy_refusal(e, policy) is None
+
+
+@dataclass(frozen=True)
+class Call:
+    """A checked call: everything a backend receives, checked once (``api.check_call``).
+
+    ``mods``: the bias / alibi_slopes / sink / num_kv_splits that were given; ``packing``:
+    varlen boundaries (q, k, v then packed [total, H, D]); ``policy_asked``: the caller
+    named a rescale (routing must honour it); ``kernel_asked``: the kernel= given, if any."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    policy: Policy
+    fp8: bool
+    descales: tuple[float, float, float] | None
+    fp8_saturate: bool
+    backend: str
+    mods: dict
+    head_dim: int
+    batch: int
+    seqlen_q: int
+    packing: varlen.Packing | None = None
+    policy_asked: bool = False
+    kernel_asked: str | None = None
+    upstream: str = "fixed"
+    return_lse: bool = False
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return (*self.mods, *(("varlen",) if self.packing is not None else ()))
+
+    @property
+    def dtype(self) -> str:
+        return "fp8" if self.fp8 else {torch.bfloat16: "bf16", torch.float16: "f16"}[self.q.dtype]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A call with its family, backend and entry settled."""
+
+    call: Call
+    family: str
+    backend: str
+    entry: Entry | None  # None for backend="flydsl"
+
+
+def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel: str | None = None,
+                  has_bias: bool = False, has_alibi: bool = False, has_sink: bool = False,
+                  head_dim: int = 128, arch: str = routing.DUALWAVE_ARCH) -> str:
+    """The family ("swp_bf16", "swp_fp8" or "generic") that runs a dense call: upstream's
+    routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or Policy)
+    the routed kernel lacks selects DUALWAVE_SWP, and an explicit ``kernel`` wins but must
+    be able to do what was asked."""
+    from .policies import as_policy
+
+    routing.check_positive_int("batch", batch)
+    routing.check_positive_int("seqlen_q", seqlen_q)
+    routing.check_bool("fp8", fp8)
+    routing.check_positive_int("head_dim", head_dim)
+    routing.check_arch(arch)
+    features = routing.features(has_bias, has_alibi, has_sink)
+    if kernel is not None and (not isinstance(kernel, str) or kernel not in routing.KERNELS):
+        raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
+                         f"{routing.KERNELS} (the SWA kernel is called through swa_attn_func)")
+    policy = None if rescale is None else as_policy(rescale)
+    if fp8:
+        if kernel is not None and kernel != "swp_fp8":
+            raise ValueError(f"kernel={kernel!r} does not take float8_e4m3fn inputs; "
+                             "fp8 runs on kernel='swp_fp8'")
+        routing.check_fp8(features, head_dim, arch)
+        return "swp_fp8"
+    if kernel == "swp_fp8":
+        raise ValueError("kernel='swp_fp8' takes float8_e4m3fn inputs only; bf16/f16 run on "
+                         "'swp_bf16' or 'generic'")
+
+    def implements(family):
+        return policy is None or supports(TABLE[(family, "emulator")], policy)
+
+    if kernel is not None:
+        if not implements(kernel):
+            raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
+                             f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}; drop one "
+                             "of the two, or use kernel='swp_bf16'")
+        if kernel == "generic" and features:
+            raise ValueError(f"kernel='generic' folds in no {features[0]}; use kernel='swp_bf16'")
+        if kernel == "swp_bf16" and not routing.can_dualwave(head_dim, arch):
+            raise ValueError(f"kernel='swp_bf16' (DUALWAVE_SWP) needs D 64 or 128 on gfx950; got "
+                             f"head_dim={head_dim}, arch={arch!r}")
+        return kernel
+    routed = "swp_bf16" if routing.dense_routes_to_dualwave(
+        batch, seqlen_q, has_bias, has_alibi, has_sink, head_dim=head_dim, arch=arch) else "generic"
+    if not implements(routed):
+        # The eager-only generic kernel cannot honour a lazy policy: DUALWAVE_SWP can.
+        if not routing.can_dualwave(head_dim, arch):
+            raise ValueError(f"rescale={policy.name!r} needs the DUALWAVE_SWP kernel (D 64 or 128 "
+                             f"on gfx950); got head_dim={head_dim}, arch={arch!r}, where only the "
+                             "eager generic kernel runs")
+        return "swp_bf16"
+    return routed
+
+
+def auto_backend(family: str, device_type: str, features, policy: Policy, triton: bool) -> str:
+    """What ``backend="auto"`` runs: the faithful Triton port for GPU tensors when Triton
+    imports (``triton``) and the port covers the features and the policy; else the model."""
+    e = TABLE.get((family, "triton"))
+    if device_type == "cuda" and triton and e is not None and supports(e, policy) \
+            and set(features) <= e.caps.features:
+        return "triton"
+    return "emulator"
+
+
+def _resolve_backend(call: Call, family: str) -> str:
+    if call.backend != "auto":
+        return call.backend
+    from .kernels import available
+    return auto_backend(family, call.q.device.type, call.features, call.policy,
+                        call.q.device.type == "cuda" and available())
+
+
+def plan(call: Call) -> Plan:
+    """Route, resolve the backend and check every capability; raises ValueError naming
+    what the chosen backend cannot do. Does no work on the tensors' data."""
+    family = choose_kernel(
+        batch=call.batch, seqlen_q=call.seqlen_q, fp8=call.fp8,
+        rescale=call.policy if call.policy_asked else None, kernel=call.kernel_asked,
+        has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
+        has_sink="sink" in call.mods, head_dim=call.head_dim)
+    if "num_kv_splits" in call.mods and family == "generic":
+        if call.kernel_asked == "generic":
+            raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
+        family = "swp_bf16"  # split-K is a DUALWAVE_SWP build, whatever the length
+    if call.packing is not None and call.kernel_asked is None:
+        # every sequence runs DUALWAVE_SWP (upstream's short-sequence varlen build is not modelled)
+        family = "swp_bf16"
+    if call.backend == "fast" and family == "generic" and call.kernel_asked is None:
+        # the fast kernels implement DUALWAVE_SWP's semantics at every length (upstream's
+        # short-sequence generic kernel has no fast counterpart); kernel="generic" refuses
+        family = "swp_bf16"
+    if family == "generic" and not call.policy_asked:
+        # upstream hands the lazy flag to the DUALWAVE_SWP builders only
+        from .policies import get
+        call = dataclasses.replace(call, policy=get("eager"))
+    backend = _resolve_backend(call, family)
+    if backend == "flydsl":
+        return Plan(call, family, backend, None)
+    e = entry(family, backend)
+    if e.device is not None and call.q.device.type != e.device:
+        hint = ("use backend='interpret' (Triton's CPU interpreter) or 'emulator'"
+                if e.device == "cuda" else "use backend='triton' or 'emulator'")
+        need = "CPU" if e.device == "cpu" else "CUDA/ROCm"
+        raise ValueError(f"backend={backend!r} needs {need} tensors, got tensors on "
+                         f"{call.q.device}; {hint}")
+    if call.dtype not in e.caps.dtypes:
+        raise ValueError(f"backend={backend!r} has no {family} kernel for {call.dtype} inputs")
+    if call.head_dim not in e.caps.head_dims:
+        raise ValueError(f"backend={backend!r}: the {family} kernel takes head dims {e.caps.head_dims}, "
+                         f"got D={call.head_dim}")
+    missing = [f for f in call.features if f not in e.caps.features]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not supported by the {family} kernel on "
+                         f"backend={backend!r}; use backend='emulator'")
+    refusal = policy_refusal(e, call.policy)
+    if refusal:
+        raise ValueError(refusal)
+    if e.triton:
+        from .kernels import available
+        if not available():
+            raise RuntimeError(f"backend={backend!r} needs Triton, which is not installed "
+                               "(pip install 'triton>=3.4')")
+    return Plan(call, family, backend, e)
+
+
+def _kwargs(p: Plan, recorder) -> dict:
+    c, e = p.call, p.entry
+    kw = {"causal": c.causal}
+    if "trace" in e.caps.features:
+        kw["recorder"] = recorder
+    elif recorder is not None:
+        raise ValueError(f"backend={p.backend!r} records no trace; trace the model "
+                         "(backend='emulator') or a faithful port")
+    if e.triton:
+        kw["interpret"] = c.q.device.type == "cpu"
+    if p.family != "generic":
+        kw["policy"] = c.policy
+    if c.fp8:
+        qd, kd, vd = c.descales
+        kw.update(q_descale=qd, k_descale=kd, v_descale=vd, saturate=c.fp8_saturate)
+    return kw
+
+
+def _run_dense(p: Plan, recorder=None):
+    c = p.call
+    return p.entry.load().forward(c.q, c.k, c.v, **_kwargs(p, recorder), **c.mods)
+
+
+def run(p: Plan, recorder=None):
+    """Execute a planned call; returns (out, lse)."""
+    c = p.call
+    if p.backend == "flydsl":
+        if recorder is not None:
+            raise ValueError("backend='flydsl' runs upstream's kernel, which records no trace or "
+                             "counts; trace and count_rescales take the other backends")
+        from . import flydsl
+        return flydsl.forward(c)
+    if c.packing is None:
+        return _run_dense(p, recorder)
+    if recorder is not None:
+        raise ValueError("trace and count_rescales take dense calls, not varlen")
+    pk = c.packing
+    if p.entry.varlen_load is not None:
+        kw = {k: v for k, v in _kwargs(p, None).items() if k != "recorder"}
+        return p.entry.varlen_load().forward_varlen(
+            c.q, c.k, c.v, pk.cu_q_tensor, pk.cu_kv_tensor, pk.max_seqlen_q, pk.max_seqlen_kv,
+            **kw, **c.mods)
+    dense_mods = {k: v for k, v in c.mods.items() if k not in ("bias", "alibi_slopes")}
+
+    def dense(qb, kb, vb, **seq_mods):
+        sub = dataclasses.replace(c, q=qb, k=kb, v=vb, mods={**dense_mods, **seq_mods}, packing=None)
+        return _run_dense(dataclasses.replace(p, call=sub))
+
+    return varlen.run(pk, c.q, c.k, c.v, dense, bias=c.mods.get("bias"),
+                      alibi_slopes=c.mods.get("alibi_slopes"))
