@@ -24,29 +24,101 @@ STEP_FIELDS = ("m", "mt", "vote", "fire", "dragged", "corr", "l", "o_finite", "l
 
 
 def normalize_rows(rows, batch, head, shape_bhs) -> list[tuple[int, int, int]]:
-    """Turn the user's row choice into (batch, head, query row) triples, checked."""
+    """Turn ``fa_lab.trace``'s ``rows`` (with ``batch`` and ``head``) into checked
+    (batch, head, query row) triples, one per traced lane, in the order given.
+
+    ``shape_bhs`` is (B, H, Sq) of q. ``rows`` takes exactly these forms:
+
+    * an integer, e.g. ``5``: that query row of (``batch``, ``head``);
+    * a ``range``, e.g. ``range(0, 32)``: those query rows of (``batch``, ``head``);
+    * a list or tuple of integers, e.g. ``[0, 1, 5]``: those query rows of (``batch``,
+      ``head``);
+    * a list or tuple of (batch, head, row) 3-tuples, e.g. ``[(0, 1, 5), (1, 0, 7)]``: one
+      lane each; ``batch`` and ``head`` are then not used (but still checked).
+
+    An integer is a Python ``int``, a numpy integer scalar or a 0-d integer torch tensor
+    (anything ``operator.index`` takes, except bools); ``batch`` and ``head`` are integers
+    in the same sense. A bare 3-tuple of integers such as ``rows=(0, 1, 5)`` is refused as
+    ambiguous (three rows, or one lane?): write ``[0, 1, 5]`` for rows 0, 1 and 5 of
+    (``batch``, ``head``), or ``[(0, 1, 5)]`` for the lane (batch 0, head 1, row 5). Rows
+    and lanes do not mix in one list. Duplicates are kept (each is its own lane).
+
+    Raises TypeError naming ``rows`` (``rows[i]`` for one entry), ``batch`` or ``head`` for
+    a value that is not an integer (a float, a bool, a string, a tensor of more than zero
+    dimensions) and for a ``rows`` of another type (a str, a set, a generator, an array:
+    pass ``list(...)`` or ``.tolist()``); ValueError naming the argument for an index out of
+    range (0 <= batch < B, 0 <= head < H, 0 <= row < Sq), an empty or missing ``rows``, a
+    tuple in ``rows`` that is not 3 long, rows mixed with lanes, or the bare 3-tuple.
+    """
+    import operator
+
+    forms = ("an int, a range, a list of ints (rows of (batch, head)), or a list of "
+             "(batch, head, row) tuples (one lane each)")
+
+    def index(name, x) -> int:
+        if isinstance(x, (bool, np.bool_)):
+            raise TypeError(f"{name} must be an integer, got the bool {x!r}")
+        if isinstance(x, torch.Tensor) and (x.dim() != 0 or x.dtype == torch.bool):
+            what = f"a {x.dim()}-D tensor" if x.dim() else "a bool tensor"
+            raise TypeError(f"{name} must be an integer (or a 0-d integer tensor), got {what}")
+        try:
+            return operator.index(x)
+        except TypeError:
+            raise TypeError(f"{name} must be an integer (int, numpy integer or 0-d integer "
+                            f"tensor), got {type(x).__name__} {x!r}") from None
+
+    def is_index(x) -> bool:
+        try:
+            index("", x)
+        except TypeError:
+            return False
+        return True
+
     B, H, S = shape_bhs
+    b0, h0 = index("batch", batch), index("head", head)
+    if not 0 <= b0 < B:
+        raise ValueError(f"batch={b0} out of range [0, {B})")
+    if not 0 <= h0 < H:
+        raise ValueError(f"head={h0} out of range [0, {H}) (q's heads)")
     if rows is None:
-        raise ValueError("rows must name the query rows to trace (an int, a range or a list)")
-    if isinstance(rows, int):
-        rows = [rows]
+        raise ValueError(f"rows must name the query rows to trace: {forms}")
+    if is_index(rows) or isinstance(rows, (int, float, np.generic)) or (
+            isinstance(rows, torch.Tensor) and rows.dim() == 0):
+        rows = [index("rows", rows)]  # one row; a bool, float or 0-d float tensor raises here
+    elif isinstance(rows, range):
+        rows = list(rows)
+    elif isinstance(rows, tuple) and len(rows) == 3 and all(is_index(r) for r in rows):
+        r = tuple(index("rows", x) for x in rows)
+        raise ValueError(f"rows={rows!r} is ambiguous: write rows={list(r)} for query rows "
+                         f"{r[0]}, {r[1]} and {r[2]} of (batch, head), or rows=[{r!r}] for "
+                         f"the one lane (batch {r[0]}, head {r[1]}, row {r[2]})")
+    elif not isinstance(rows, (list, tuple)):
+        hint = "; pass .tolist()" if isinstance(rows, (np.ndarray, torch.Tensor)) else ""
+        raise TypeError(f"rows must be {forms}; got {type(rows).__name__}{hint}")
+    if not rows:
+        raise ValueError("rows is empty: name at least one query row to trace")
+    lanes = [isinstance(r, tuple) for r in rows]
+    if any(lanes) and not all(lanes):
+        raise ValueError("rows mixes query rows (ints) and (batch, head, row) tuples; give "
+                         "one form: a list of ints for rows of (batch, head), or a list of "
+                         "3-tuples")
     triples = []
-    for r in rows:
+    for i, r in enumerate(rows):
         if isinstance(r, tuple):
             if len(r) != 3:
-                raise ValueError(f"rows: a tuple must be (batch, head, row), got {r!r}")
-            b, h, s = (int(x) for x in r)
+                raise ValueError(f"rows[{i}]: a tuple must be (batch, head, row), got {r!r}")
+            b, h, s = (index(f"rows[{i}]", x) for x in r)
+        elif isinstance(r, list):
+            raise TypeError(f"rows[{i}] is a list {r!r}: a lane is a (batch, head, row) tuple")
         else:
-            b, h, s = int(batch), int(head), int(r)
-        if not (0 <= b < B):
-            raise ValueError(f"rows: batch {b} out of range [0, {B})")
-        if not (0 <= h < H):
-            raise ValueError(f"rows: head {h} out of range [0, {H})")
-        if not (0 <= s < S):
-            raise ValueError(f"rows: query row {s} out of range [0, {S})")
+            b, h, s = b0, h0, index(f"rows[{i}]", r)
+        if not 0 <= b < B:
+            raise ValueError(f"rows[{i}]: batch {b} out of range [0, {B})")
+        if not 0 <= h < H:
+            raise ValueError(f"rows[{i}]: head {h} out of range [0, {H}) (q's heads)")
+        if not 0 <= s < S:
+            raise ValueError(f"rows[{i}]: query row {s} out of range [0, {S})")
         triples.append((b, h, s))
-    if not triples:
-        raise ValueError("rows is empty: name at least one query row to trace")
     return triples
 
 

@@ -1,0 +1,143 @@
+"""fa_lab.results: load / list / save, names confined to the results directory, errors that
+name the file; the seed-table loader's errors (issue 15, finding 5)."""
+
+import json
+import math
+import os
+
+import pandas as pd
+import pytest
+
+from fa_lab import experiments as ex
+from fa_lab import results
+
+BAD_NAMES = ["../x", "..", ".", "", "  ", "a/b", "a\\b", "/tmp/x", os.path.abspath("x"),
+             ".hidden", "../../etc/passwd", "x/../y"]
+
+
+def _table():
+    return pd.DataFrame([{"k_scale": 8, "policy": "lazy", "rel_l2": 0.01},
+                         {"k_scale": 64, "policy": "lazy_unfixed", "rel_l2": math.nan}])
+
+
+def test_save_load_list_roundtrip(tmp_path):
+    p = results.save("run_b", _table(), params={"S": 256}, root=tmp_path)
+    assert p == tmp_path / "run_b.json"
+    results.save("run_a", {"rows": [1, 2]}, root=tmp_path)
+    assert results.list(root=tmp_path) == ["run_a", "run_b"]
+    obj = results.load("run_b", root=tmp_path)
+    assert obj["name"] == "run_b" and obj["params"] == {"S": 256}
+    assert obj["rows"][1]["rel_l2"] is None  # NaN -> null: standard JSON
+    for key in ("device", "torch", "python", "date", "command"):  # provenance kept
+        assert obj["provenance"][key]
+    assert results.load("run_a.json", root=tmp_path)["rows"] == [1, 2]
+    assert "provenance" in results.load("run_a", root=tmp_path)  # added to dict payloads
+    json.loads(p.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard {c}"))
+
+
+def test_list_is_sorted_and_skips_other_files(tmp_path):
+    for n in ("zeta", "alpha", "Mid"):
+        results.save(n, {"x": 1}, root=tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "zeta.json12345.tmp").write_text("{")  # a write in flight
+    (tmp_path / "sub.json").mkdir()
+    assert results.list(root=tmp_path) == sorted(["zeta", "alpha", "Mid"])
+    assert results.list(root=tmp_path / "missing") == []
+
+
+def test_real_results_dir_lists_the_committed_results():
+    names = results.list(root=results.RESULTS_DIR)
+    assert "seed_bf16_h200" in names and names == sorted(names)
+
+
+def test_env_var_points_the_results_dir_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
+    assert results.results_dir() == tmp_path
+    results.save("envrun", {"x": 1})
+    assert (tmp_path / "envrun.json").is_file() and results.list() == ["envrun"]
+    assert results.load("envrun")["x"] == 1
+    # experiments.save_result (what the CLI and bench use) follows it too
+    ex.save_result("via_ex", _table(), params={}, device="cpu")
+    assert results.list() == ["envrun", "via_ex"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_names_are_confined_to_the_results_dir(tmp_path, name):
+    root = tmp_path / "results"
+    with pytest.raises(ValueError, match="name"):
+        results.save(name, {"x": 1}, root=root)
+    with pytest.raises(ValueError, match="name"):
+        results.load(name, root=root)
+    with pytest.raises(ValueError, match="name"):  # the experiments entry point as well
+        ex.save_result(name, _table(), params={}, directory=root)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [], f"{name!r} wrote {written}"
+
+
+@pytest.mark.parametrize("name", [None, 3, b"x", ["x"]])
+def test_non_string_names_are_type_errors(tmp_path, name):
+    with pytest.raises(TypeError, match="name"):
+        results.save(name, {"x": 1}, root=tmp_path)
+
+
+def test_payload_must_be_a_table_or_dict(tmp_path):
+    with pytest.raises(TypeError, match="payload"):
+        results.save("x", [1, 2], root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_missing_names_the_file_and_lists_what_exists(tmp_path):
+    results.save("have_one", {"x": 1}, root=tmp_path)
+    results.save("have_two", {"x": 1}, root=tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        results.load("nope", root=tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / "nope.json") in msg and "have_one, have_two" in msg
+    with pytest.raises(FileNotFoundError, match=r"\(none\)"):
+        results.load("nope", root=tmp_path / "empty")
+
+
+@pytest.mark.parametrize("text", ['{"name": "x", "rows": [1, 2', "", "not json", '{"a": 1}}'])
+def test_load_invalid_json_is_a_value_error_naming_the_file(tmp_path, text):
+    (tmp_path / "broken.json").write_text(text)
+    with pytest.raises(ValueError) as e:
+        results.load("broken", root=tmp_path)
+    assert type(e.value) is ValueError  # not a bare json.JSONDecodeError
+    assert str(tmp_path / "broken.json") in str(e.value) and "not valid JSON" in str(e.value)
+
+
+def test_load_non_utf8_is_a_value_error_naming_the_file(tmp_path):
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="bin.json"):
+        results.load("bin", root=tmp_path)
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
+    results.save("keep", {"a": 1}, root=tmp_path)
+    with pytest.raises(TypeError):
+        results.save("keep", {"a": object()}, root=tmp_path)
+    assert results.load("keep", root=tmp_path)["a"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.json"]  # no temp file left
+
+
+def test_experiments_reexports_still_work(tmp_path):
+    assert ex.atomic_write_json is results.atomic_write_json
+    assert ex.provenance is results.provenance
+    p = ex.save_result("probe", _table(), params={"S": 1}, directory=tmp_path)
+    assert results.load("probe", root=tmp_path)["params"] == {"S": 1} and p.parent == tmp_path
+
+
+def test_seed_table_names_the_file_on_bad_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(ex, "SEED_DIR", tmp_path)
+    (tmp_path / "pr1033_bf16.json").write_text('{"rows": [{"k_scale": 8,')
+    with pytest.raises(ValueError) as e:
+        ex.seed_table("bf16")
+    assert type(e.value) is ValueError and str(tmp_path / "pr1033_bf16.json") in str(e.value)
+    with pytest.raises(FileNotFoundError, match="pr1033_fp8.json.*bf16"):
+        ex.seed_table("fp8")
+    with pytest.raises(ValueError, match="name"):
+        ex.seed_table("../bf16")
+
+
+def test_seed_table_still_reads_the_real_files():
+    assert ex.seed_table("bf16")["rows"] and ex.seed_table("fp8")["rows"]
