@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import warnings
 
 import torch
 
 from . import dispatch, policies, upstream as upstream_versions, varlen
-from .checks import check_int, check_mod, check_qkv
+from .checks import check_descale, check_int, check_mod, check_qkv
 from .dispatch import BACKENDS, Call
 from .models import swp_fp8
 from .models.geometry import BLOCK_N
@@ -34,21 +33,6 @@ HEAD_DIMS = (64, 128)
 
 __all__ = ["BACKENDS", "Call", "check_call", "flash_attn_func", "trace", "count_rescales",
            "swa_attn_func"]
-
-
-def _descale(name, x) -> float:
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"{name} must be a per-tensor scale (one element), got shape {tuple(x.shape)}")
-        if x.is_floating_point() is False:
-            raise TypeError(f"{name} must be a floating-point scale, got {x.dtype}")
-        x = float(x.reshape(()).item())
-    elif isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(x).__name__}")
-    x = float(x)
-    if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
-    return x
 
 
 def check_forward_only(*tensors) -> None:
@@ -126,7 +110,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         missing = [n for n, x in given.items() if x is None]
         if missing:
             raise ValueError(f"fp8 inputs need per-tensor descales; missing {', '.join(missing)}")
-        descales = tuple(_descale(n, x) for n, x in given.items())
+        descales = tuple(check_descale(n, x) for n, x in given.items())
     else:
         extra = [n for n, x in given.items() if x is not None]
         if extra:

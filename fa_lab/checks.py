@@ -3,6 +3,7 @@ every error is a ValueError/TypeError that names the argument, raised before any
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -21,6 +22,23 @@ def check_int(name: str, value, *, lo: int | None = None) -> int:
     if lo is not None and out < lo:
         raise ValueError(f"{name} must be >= {lo}, got {out}")
     return out
+
+
+def check_descale(name: str, x) -> float:
+    """A per-tensor fp8 descale: a float or a one-element floating tensor, finite and > 0;
+    TypeError/ValueError naming ``name``."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{name} must be a per-tensor scale (one element), got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point scale, got {x.dtype}")
+        x = float(x.reshape(()).item())
+    elif isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a float or a one-element tensor, got {type(x).__name__}")
+    x = float(x)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    return x
 
 
 def _dtype_names(dtypes) -> str:

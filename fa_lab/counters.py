@@ -9,7 +9,6 @@ and how many were scaled *up* (corr > 1, the unfixed rebase's signature).
 
 from __future__ import annotations
 
-import torch
 
 from .models.geometry import WAVE_ROWS
 

@@ -100,7 +100,7 @@ def check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv) -> Pac
 def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None, **kw):
     """Run ``dense_fn(q_b, k_b, v_b, bias=..., alibi_slopes=..., **kw) -> (out, lse)`` once
     per sequence and pack the results."""
-    H, D = q.shape[1], q.shape[2]
+    H = q.shape[1]
     out = torch.zeros_like(q)
     lse = torch.full((packing.batch, H, packing.max_seqlen_q), float("-inf"),
                      dtype=torch.float32, device=q.device)

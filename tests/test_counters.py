@@ -1,7 +1,6 @@
 """Rescale work per policy, counted over the main loop's (wave, tile) steps."""
 
 import pytest
-import torch
 
 from fa_lab.api import count_rescales
 from fa_lab.experiments import bf16_inputs, drag_case, fp8_inputs

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fa_lab
+from _shared import BF16_TOL, check_against_reference
 from fa_lab import experiments as ex
 from fa_lab import policies, reference
 from fa_lab.kernels._triton.fast import Config
@@ -21,7 +22,6 @@ from fa_lab.models import swp_fp8
 
 BF16 = torch.bfloat16
 # bf16 output rounding alone is ~2**-9 relative; P in bf16 adds about as much.
-BF16_TOL = 1e-2
 
 
 def bf16_policy(name, **kw):
@@ -39,18 +39,6 @@ def randn(gen, *shape, dtype=BF16, scale=1.0, device="cpu"):
 
 def nonfinite_rows(out):
     return (~torch.isfinite(out.float())).any(-1)
-
-
-def check_against_reference(out, lse, q, k, v, causal, tol=BF16_TOL):
-    ref, ref_lse = reference.attention(q.cpu(), k.cpu(), v.cpu(), causal=causal)
-    out, lse = out.cpu(), lse.cpu()
-    assert torch.isfinite(out.float()).all()
-    assert rel_l2(out, ref) < tol
-    # rows with no visible key: out 0 and lse -inf, as the reference
-    empty = torch.isinf(ref_lse)
-    assert torch.equal(torch.isinf(lse), empty)
-    assert (out.float().permute(0, 2, 1, 3)[empty] == 0).all()
-    assert torch.allclose(lse[~empty], ref_lse[~empty], atol=2e-2, rtol=0)
 
 
 # ---- bf16 / f16 on the interpreter ----------------------------------------------------

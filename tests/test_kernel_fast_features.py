@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 import torch
+from _shared import check_against_reference
 
 from fa_lab import experiments as ex
 from fa_lab import policies, reference, varlen
@@ -22,7 +23,6 @@ from fa_lab.metrics import rel_l2
 from fa_lab.models import swp_bf16
 
 BF16 = torch.bfloat16
-BF16_TOL = 1e-2  # bf16 output and P roundings, as in test_kernel_fast
 SMALL = Config(64, 64, 4, 1, False)  # the interpreter's default tiles
 SMALL_TMA = Config(64, 64, 4, 1, True)
 
@@ -33,18 +33,6 @@ def pol(name, **kw):
 
 def randn(gen, *shape, scale=1.0, device="cpu"):
     return (torch.randn(shape, generator=gen) * scale).to(BF16).to(device)
-
-
-def check_reference(out, lse, q, k, v, causal, tol=BF16_TOL):
-    """[B, S, H, D] outputs against the fp32 reference; rows that see no key give 0, -inf."""
-    ref, ref_lse = reference.attention(q.cpu(), k.cpu(), v.cpu(), causal=causal)
-    out, lse = out.cpu(), lse.cpu()
-    assert torch.isfinite(out.float()).all()
-    assert rel_l2(out, ref) < tol
-    empty = torch.isinf(ref_lse)
-    assert torch.equal(torch.isinf(lse), empty)
-    assert (out.float().permute(0, 2, 1, 3)[empty] == 0).all()
-    assert torch.allclose(lse[~empty], ref_lse[~empty], atol=2e-2, rtol=0)
 
 
 def same(a, b):
@@ -79,7 +67,7 @@ def test_split_k_matches_reference_and_model(gen, policy, causal, sq, skv, split
     out, lse = fast_bf16.forward(q, k, v, causal=causal, policy=p, interpret=True,
                                  num_kv_splits=splits)
     assert out.dtype == BF16 and out.shape == q.shape and lse.shape == (1, 2, sq)
-    check_reference(out, lse, q, k, v, causal)
+    check_against_reference(out, lse, q, k, v, causal)
     m_out, m_lse = swp_bf16.forward(q, k, v, causal=causal, policy=p, num_kv_splits=splits)
     fin = torch.isfinite(m_lse)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -165,7 +153,7 @@ def test_varlen_is_the_dense_kernel_per_sequence(gen, policy, causal):
         q0, q1, k0, k1 = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]))
         assert (lse[b, :, q1 - q0:] == float("-inf")).all()  # padding past the sequence
         if q1 > q0 and k1 > k0:
-            check_reference(out[None, q0:q1], lse[None, b, :, :q1 - q0], q[None, q0:q1],
+            check_against_reference(out[None, q0:q1], lse[None, b, :, :q1 - q0], q[None, q0:q1],
                             k[None, k0:k1], v[None, k0:k1], causal)
     assert (out[sum(lens_q[:4]):] == 0).all()  # no keys: out 0
 
@@ -261,7 +249,7 @@ def test_gpu_split_k_matches_reference_and_model(gen, policy, causal, config):
     k, v = randn(gen, 2, 3000, 2, 128, device="cuda"), randn(gen, 2, 3000, 2, 128, device="cuda")
     p = pol(policy)
     out, lse = fast_bf16.forward(q, k, v, causal=causal, policy=p, config=config, num_kv_splits=3)
-    check_reference(out, lse, q, k, v, causal)
+    check_against_reference(out, lse, q, k, v, causal)
     _, m_lse = swp_bf16.forward(q, k, v, causal=causal, policy=p, num_kv_splits=3)
     fin = torch.isfinite(m_lse)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -276,7 +264,7 @@ def test_gpu_split_k_long_kv_and_empty_splits(gen):
     k, v = randn(gen, 1, 16384, 4, 128, device="cuda"), randn(gen, 1, 16384, 4, 128, device="cuda")
     for splits in (2, 4, 8, 64):
         out, lse = fast_bf16.forward(q, k, v, causal=False, policy=pol("lazy"), num_kv_splits=splits)
-        check_reference(out, lse, q, k, v, False)
+        check_against_reference(out, lse, q, k, v, False)
 
 
 @pytest.mark.gpu
@@ -307,7 +295,7 @@ def test_gpu_varlen_is_the_dense_kernel_per_sequence(gen, policy, causal, config
     for b in range(5):
         q0, q1, k0, k1 = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]))
         if q1 > q0 and k1 > k0:
-            check_reference(out[None, q0:q1], lse[None, b, :, :q1 - q0], q[None, q0:q1],
+            check_against_reference(out[None, q0:q1], lse[None, b, :, :q1 - q0], q[None, q0:q1],
                             k[None, k0:k1], v[None, k0:k1], causal)
 
 
@@ -319,5 +307,5 @@ def test_gpu_varlen_autotuned_matches_reference(gen, causal):
     out, lse = fast_bf16.forward_varlen(q, k, v, cu, cu, 4000, None, causal=causal, policy=pol("lazy"))
     for b in range(4):
         s0, s1 = int(cu[b]), int(cu[b + 1])
-        check_reference(out[None, s0:s1], lse[None, b, :, :s1 - s0], q[None, s0:s1], k[None, s0:s1],
+        check_against_reference(out[None, s0:s1], lse[None, b, :, :s1 - s0], q[None, s0:s1], k[None, s0:s1],
                         v[None, s0:s1], causal)

@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from _shared import assert_lse_close
 
 import fa_lab
 from fa_lab.kernels import swa
@@ -49,10 +50,7 @@ def assert_matches_model(kernel, ref, v):
         tol = 1e-3 * b[fin].abs().max() + 2 * U * (v.double().abs().max() + b.abs())
         ratio = ((out_k.double() - b).abs() / tol)[fin].max().item()
         assert ratio <= 1, f"out: |kernel - model| up to {ratio:.2f} x the tolerance"
-    fin = torch.isfinite(lse_m)
-    if fin.any():
-        err = (lse_k.double() - lse_m.double())[fin].abs().max()
-        assert err <= 1e-5 * lse_m[fin].abs().max() + 1e-6, f"lse: max |kernel - model| {err:.3g}"
+    assert_lse_close(lse_k, lse_m)
 
 
 def both(q, k, v, **kw):

@@ -10,11 +10,11 @@ raise the api's errors before any launch. GPU tests (marked ``gpu``) do the same
 the compiled kernel on mid-size shapes.
 """
 
-import itertools
 import math
 
 import pytest
 import torch
+from _shared import assert_lse_close, packed
 import triton
 import triton.language as tl
 
@@ -77,10 +77,7 @@ def assert_close_to_model(kernel, model_res, wav, *, roundings=2):
         tol = 1e-3 * b[fin].abs().max() + roundings * u * wav + 2 * u * b.abs()
         ratio = ((out_k.double() - b).abs() / tol)[fin].max().item()
         assert ratio <= 1, f"out: |kernel - model| up to {ratio:.2f} x the tolerance"
-    fin = torch.isfinite(lse_m)
-    if fin.any():
-        err = (lse_k.double() - lse_m.double())[fin].abs().max()
-        assert err <= 1e-5 * lse_m[fin].abs().max() + 1e-6, f"lse: max |kernel - model| {err:.3g}"
+    assert_lse_close(lse_k, lse_m)
 
 
 # GQA 2:1, Sq != Skv, neither a multiple of 64 (the interpreter's cost is per tile and
@@ -261,14 +258,8 @@ def test_padding_rows_vote_with_their_alibi_term():
 # Native varlen: one launch over packed sequences (interpreted)
 # ----------------------------------------------------------------------------------
 
-def packed(lens_q, lens_k, H=4, Hkv=2, D=64, k_scale=48.0, seed=30):
-    g = torch.Generator().manual_seed(seed)
-    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32)
-    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32)
-    q = torch.randn(int(cu_q[-1]), H, D, generator=g).to(BF)
-    k = (torch.randn(int(cu_k[-1]), Hkv, D, generator=g) * k_scale).to(BF)
-    v = torch.randn(int(cu_k[-1]), Hkv, D, generator=g).to(BF)
-    return q, k, v, cu_q, cu_k
+def packed_k48(lens_q, lens_k, **kw):
+    return packed(lens_q, lens_k, **{"k_scale": 48.0, "seed": 30, **kw})
 
 
 def varlen_weighted_abs_v(q, k, v, cu_q, cu_k, causal, bias, alibi, sink):
@@ -292,7 +283,7 @@ def test_varlen_matches_model_in_one_launch(monkeypatch, policy, causal):
     # (its second block starts mid-packed-tensor: waves count from the sequence's first
     # row), Sq > Skv and Sq < Skv; bias [total_q, max_seqlen_kv], ALiBi [B, H], a sink.
     lens_q, lens_k = [270, 40, 0, 257, 30], [330, 0, 20, 200, 90]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H=2, Hkv=1)
+    q, k, v, cu_q, cu_k = packed_k48(lens_q, lens_k, H=2, Hkv=1)
     g = torch.Generator().manual_seed(31)
     bias = (torch.randn(q.shape[0], 330, generator=g) * 4).to(BF)
     alibi = torch.rand(5, 2, generator=g) * 0.1
@@ -318,7 +309,7 @@ def test_varlen_rows_per_program_and_direct_entry():
     # forward_varlen directly: 32-row programs give the 256-row programs' result bit for
     # bit (waves never straddle sequences), and equal per-sequence dense kernel calls.
     lens_q, lens_k = [40, 100, 33], [300, 130, 64]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H=1, Hkv=1, seed=32)
+    q, k, v, cu_q, cu_k = packed_k48(lens_q, lens_k, H=1, Hkv=1, seed=32)
     pol = get_policy("lazy_unfixed")
     slopes = torch.tensor([0.2])
     a = swp_bf16.forward_varlen(q, k, v, cu_q, cu_k, 100, 300, causal=True, policy=pol,
@@ -336,7 +327,7 @@ def test_varlen_rows_per_program_and_direct_entry():
 
 
 def test_api_varlen_uses_the_native_entry_for_triton_backends_only(monkeypatch):
-    q, k, v, cu_q, cu_k = packed([40, 60], [40, 60], H=2, Hkv=1, k_scale=1.0)
+    q, k, v, cu_q, cu_k = packed_k48([40, 60], [40, 60], H=2, Hkv=1, k_scale=1.0)
     calls = []
     real = swp_bf16.forward_varlen
     monkeypatch.setattr(swp_bf16, "forward_varlen", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
@@ -503,7 +494,7 @@ def test_gpu_split_k_matches_model():
 @pytest.mark.usefixtures("exact_dots")
 def test_gpu_varlen_matches_model():
     lens_q, lens_k = [1000, 1, 0, 700, 513, 2000], [1200, 64, 30, 0, 513, 1900]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H=8, Hkv=2, D=128, seed=42)
+    q, k, v, cu_q, cu_k = packed_k48(lens_q, lens_k, H=8, Hkv=2, D=128, seed=42)
     g = torch.Generator().manual_seed(43)
     bias = (torch.randn(q.shape[0], 1900, generator=g) * 4).to(BF)
     alibi = torch.rand(6, 8, generator=g) * 0.05

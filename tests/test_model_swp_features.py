@@ -2,7 +2,6 @@
 eager against the fp64 reference with the same modifiers folded in, and what each one
 does to the unfixed path's NaN."""
 
-import math
 
 import pytest
 import torch

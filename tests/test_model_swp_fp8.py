@@ -1,7 +1,6 @@
 """The fp8 BN128 model against an fp32 reference on dequantised inputs, the seed's V = ones
 cases at small size, and the rebase rules' defining properties."""
 
-import math
 
 import pytest
 import torch

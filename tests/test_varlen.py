@@ -1,24 +1,14 @@
 """Varlen (packed) batches: one dense run per sequence, and every bad boundary argument."""
 
-import itertools
 
 import pytest
 import torch
+from _shared import packed
 
 import fa_lab
 from fa_lab import reference
 
 BF = torch.bfloat16
-
-
-def packed(lens_q, lens_k, H=4, Hkv=2, D=64, k_scale=8.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32)
-    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32)
-    q = torch.randn(int(cu_q[-1]), H, D, generator=g).to(BF)
-    k = (torch.randn(int(cu_k[-1]), Hkv, D, generator=g) * k_scale).to(BF)
-    v = torch.randn(int(cu_k[-1]), Hkv, D, generator=g).to(BF)
-    return q, k, v, cu_q, cu_k
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,7 +1,11 @@
-"""What the models share: the rescale decision a policy makes at one loop step.
+"""What the models share: the head layout and group loop, and the rescale decision.
 
-``decide`` reads a resolved ``fa_lab.Policy``'s fields (``docs/semantics.md`` §9), so a
-user's policy, declarative or a Python rule, runs exactly as a built-in one does.
+``heads`` and ``run_groups`` are the scaffold of every model's ``forward``: q, k, v go
+to the [B, Hkv, G, rows, D] layout in which a group of query blocks walks its KV tiles
+together, each group's rows are computed and stored, and the results come back as
+[B, Sq, H, D] and [B, H, Sq]. ``decide`` reads a resolved ``fa_lab.Policy``'s fields
+(``docs/semantics.md`` §9), so a user's policy, declarative or a Python rule, runs
+exactly as a built-in one does.
 """
 
 from __future__ import annotations
@@ -10,9 +14,39 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import exp2, fmax, le
+from ..numerics import exp2, fmax, ieee_fp32_matmul, le
 from ..policies import Policy
 from .geometry import WAVE_ROWS, wave_any
+
+
+def heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rows: int):
+    """q [B, Sq, H, D] as the kernel loads it (scaled and rounded by the caller), k and v
+    [B, Skv, Hkv, D] -> fp32 q [B, Hkv, G, n_rows, D] (rows past Sq read Q = 0) and
+    k, v [B, Hkv, 1, Skv, D]; G = H / Hkv query heads share a KV head (GQA)."""
+    B, Sq, H, D = q.shape
+    Hkv = k.shape[2]
+    qh = q.float().permute(0, 2, 1, 3).reshape(B, Hkv, H // Hkv, Sq, D)
+    qh = torch.nn.functional.pad(qh, (0, 0, 0, n_rows - Sq))
+    kh = k.float().permute(0, 2, 1, 3).unsqueeze(2)
+    vh = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+    return qh, kh, vh
+
+
+def run_groups(qh: torch.Tensor, groups, run, recorder, out_dtype, seqlen_q: int):
+    """For each ``(rows, extra)`` of ``groups``, ``run(q_rows, rows, extra) -> (out, lse)``
+    computes those query rows (fp32 matmuls rounded as IEEE); the recorder, if any, is
+    bound to them first. Returns (out [B, Sq, H, D] in ``out_dtype``, lse [B, H, Sq])."""
+    B, Hkv, G, n_rows, D = qh.shape
+    out = torch.empty(B, Hkv, G, n_rows, D, device=qh.device)
+    lse = torch.empty(B, Hkv, G, n_rows, device=qh.device)
+    with ieee_fp32_matmul():
+        for rows, extra in groups:
+            if recorder is not None:
+                recorder.bind_group(rows)
+            out[..., rows, :], lse[..., rows] = run(qh[..., rows, :], rows, extra)
+    H, Sq = Hkv * G, seqlen_q
+    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(out_dtype)
+    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
 
 
 @dataclass

@@ -66,8 +66,9 @@ from dataclasses import dataclass
 import torch
 
 from ..numerics import (CAUSAL_FLOOR, LOG2E, bf16_trunc, exact_dot, exp2, f16, f32, fma_f32, fmax,
-                        guarded_rcp, ieee_fp32_matmul, round_to)
+                        guarded_rcp, round_to)
 from ..trace import TraceRecorder
+from ._common import heads, run_groups
 from .geometry import BLOCK_N
 
 KERNEL = "generic"
@@ -131,9 +132,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     if isinstance(num_cus, bool) or not isinstance(num_cus, int) or num_cus < 1:
         raise ValueError(f"num_cus must be a positive int, got {num_cus!r}")
     B, Sq, H, D = q.shape
-    Skv, Hkv = k.shape[1], k.shape[2]
-    G = H // Hkv
-    dev = q.device
+    Skv = k.shape[1]
     tile = launch_tile(B, Sq, H, D, causal, num_cus)
     skip = skips_kv_pad_mask(Sq, causal) if skip_kv_pad_mask is None else skip_kv_pad_mask
     if causal:
@@ -142,24 +141,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     rnd = round_to(q.dtype)
 
     n_rows = math.ceil(Sq / tile.block_m) * tile.block_m
-    qf = q.float().permute(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
-    qf = torch.nn.functional.pad(qf, (0, 0, 0, n_rows - Sq))  # rows past Sq read Q = 0
-    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, Skv, D]
-    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+    qf, kf, vf = heads(q, k, v, n_rows)
 
-    out = torch.empty(B, Hkv, G, n_rows, D, device=dev)
-    lse = torch.empty(B, Hkv, G, n_rows, device=dev)
-    with ieee_fp32_matmul():
-        for n_sub, rows in _block_groups(Sq, Skv, causal, tile, dev):
-            kp, vp = _pad_kv(kf, vf, n_sub * BLOCK_N, clamp=tile.kv_step == BLOCK_N)
-            if recorder is not None:
-                recorder.bind_group(rows)
-            o_g, lse_g = _run_group(qf[..., rows, :], kp, vp, rows, n_sub, Sq, Skv, causal,
-                                    skip, pack, rnd, recorder)
-            out[..., rows, :] = o_g
-            lse[..., rows] = lse_g
-    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(q.dtype)
-    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+    def run(q_rows, rows, n_sub):
+        kp, vp = _pad_kv(kf, vf, n_sub * BLOCK_N, clamp=tile.kv_step == BLOCK_N)
+        return _run_group(q_rows, kp, vp, rows, n_sub, Sq, Skv, causal, skip, pack, rnd, recorder)
+
+    groups = ((rows, n_sub) for n_sub, rows in _block_groups(Sq, Skv, causal, tile, q.device))
+    return run_groups(qf, groups, run, recorder, q.dtype, Sq)
 
 
 def _block_groups(Sq, Skv, causal, tile: LaunchTile, device):

@@ -63,9 +63,10 @@ import math
 import torch
 
 from ..checks import check_int, check_qkv
-from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp, ieee_fp32_matmul
+from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
 from ..policies import Policy, as_policy, check_number
 from ..trace import TraceRecorder
+from ._common import heads, run_groups
 from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
 
 KERNEL = "swa"
@@ -160,28 +161,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     model's natural-log read-out).
     """
     policy = check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
-    B, S, H, D = q.shape
-    Hkv = k.shape[2]
-    G = H // Hkv
-    dev = q.device
+    S, D = q.shape[1], q.shape[3]
+    qs, kf, vf = heads(bf16(q.float() * temperature_scale(D)), k, v, S)
 
-    qs = bf16(q.float() * temperature_scale(D)).permute(0, 2, 1, 3).reshape(B, Hkv, G, S, D)
-    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, S, D]
-    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+    def run(q_rows, rows, band):
+        base, nt = band
+        cols = slice(base, base + nt * BLOCK_N)
+        return _run_group(q_rows, kf[..., cols, :], vf[..., cols, :], rows, base, nt,
+                          window_left, window_right, float(threshold), policy, recorder)
 
-    out = torch.empty(B, Hkv, G, S, D, device=dev)
-    lse = torch.empty(B, Hkv, G, S, device=dev)
-    with ieee_fp32_matmul():
-        for (base, nt), rows in _cta_groups(S, window_left, window_right, dev).items():
-            if recorder is not None:
-                recorder.bind_group(rows)
-            o_g, lse_g = _run_group(qs[..., rows, :], kf[..., base:base + nt * BLOCK_N, :],
-                                    vf[..., base:base + nt * BLOCK_N, :], rows, base, nt,
-                                    window_left, window_right, float(threshold), policy, recorder)
-            out[..., rows, :] = o_g
-            lse[..., rows] = lse_g
-    out = out.reshape(B, H, S, D).permute(0, 2, 1, 3).to(torch.bfloat16)
-    return out.contiguous(), lse.reshape(B, H, S).contiguous()
+    groups = ((rows, band) for band, rows in _cta_groups(S, window_left, window_right, q.device).items())
+    return run_groups(qs, groups, run, recorder, torch.bfloat16, S)
 
 
 def _cta_groups(S, window_left, window_right, device) -> dict[tuple[int, int], torch.Tensor]:

@@ -22,10 +22,10 @@ import math
 import torch
 
 from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
-                        ieee_fp32_matmul, round_to)
+                        round_to)
 from ..policies import Policy
 from ..trace import TraceRecorder
-from ._common import decide
+from ._common import decide, heads, run_groups
 from .geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
 
 KERNEL = "swp_bf16"
@@ -52,36 +52,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     """
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
-    G = H // Hkv
     rnd = round_to(q.dtype)
-    dev = q.device
+    # Q is pre-scaled into log2 units and rounded once.
+    qs, kf, vf = heads(rnd(q.float() * softmax_scale_log2(D)), k, v, padded_rows(Sq))
+    mods = ScoreMods.build(bias, alibi_slopes, sink, B, Hkv, H // Hkv, Sq, Skv, q.device)
 
-    # Q is pre-scaled into log2 units and rounded once; padding rows read Q = 0.
-    c = softmax_scale_log2(D)
-    qs = rnd(q.float() * c).permute(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
-    qs = torch.nn.functional.pad(qs, (0, 0, 0, padded_rows(Sq) - Sq))
-    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, Skv, D]
-    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)
+    def run(q_rows, rows, n_tiles):
+        args = (q_rows, *_pad_kv(kf, vf, n_tiles), rows)
+        if num_kv_splits == 1:
+            return _run_group(*args, n_tiles, Sq, Skv, causal, policy, rnd, recorder, mods)[:2]
+        return _split_k(args, n_tiles, num_kv_splits, Sq, Skv, causal, policy, rnd, recorder, mods)
 
-    mods = ScoreMods.build(bias, alibi_slopes, sink, B, Hkv, G, Sq, Skv, dev)
-    out = torch.empty(B, Hkv, G, padded_rows(Sq), D, device=dev)
-    lse = torch.empty(B, Hkv, G, padded_rows(Sq), device=dev)
-    with ieee_fp32_matmul():
-        for group in block_groups(Sq, Skv, causal, dev):
-            kp, vp = _pad_kv(kf, vf, group.n_tiles)
-            if recorder is not None:
-                recorder.bind_group(group.rows)
-            args = (qs[..., group.rows, :], kp, vp, group.rows)
-            if num_kv_splits == 1:
-                o_g, lse_g, _, _ = _run_group(*args, group.n_tiles, Sq, Skv, causal, policy, rnd,
-                                              recorder, mods)
-            else:
-                o_g, lse_g = _split_k(args, group.n_tiles, num_kv_splits, Sq, Skv, causal, policy,
-                                      rnd, recorder, mods)
-            out[..., group.rows, :] = o_g
-            lse[..., group.rows] = lse_g
-    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(q.dtype)
-    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+    groups = ((g.rows, g.n_tiles) for g in block_groups(Sq, Skv, causal, q.device))
+    return run_groups(qs, groups, run, recorder, q.dtype, Sq)
 
 
 class ScoreMods:

@@ -19,10 +19,10 @@ import math
 import torch
 
 from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
-                        guarded_rcp, ieee_fp32_matmul, bf16)
+                        guarded_rcp, bf16)
 from ..policies import Policy
 from ..trace import TraceRecorder
-from ._common import decide
+from ._common import decide, heads, run_groups
 from .geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from .swp_bf16 import _pad_kv
 
@@ -45,30 +45,18 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
-    B, Sq, H, D = q8.shape
-    Skv, Hkv = k8.shape[1], k8.shape[2]
-    G = H // Hkv
-    dev = q8.device
+    Sq, D = q8.shape[1], q8.shape[3]
+    Skv = k8.shape[1]
     ls = log2_scale(q_descale, k_descale, D)
+    qf, kf, vf = heads(q8, k8, v8, padded_rows(Sq))
 
-    qf = q8.float().permute(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
-    qf = torch.nn.functional.pad(qf, (0, 0, 0, padded_rows(Sq) - Sq))
-    kf = k8.float().permute(0, 2, 1, 3).unsqueeze(2)
-    vf = v8.float().permute(0, 2, 1, 3).unsqueeze(2)
+    def run(q_rows, rows, n_tiles):
+        kp, vp = _pad_kv(kf, vf, n_tiles)
+        return _run_group(q_rows, kp, vp, rows, n_tiles, Sq, Skv, causal, policy, ls,
+                          f32(v_descale), saturate, recorder)
 
-    out = torch.empty(B, Hkv, G, padded_rows(Sq), D, device=dev)
-    lse = torch.empty(B, Hkv, G, padded_rows(Sq), device=dev)
-    with ieee_fp32_matmul():
-        for group in block_groups(Sq, Skv, causal, dev):
-            kp, vp = _pad_kv(kf, vf, group.n_tiles)
-            if recorder is not None:
-                recorder.bind_group(group.rows)
-            o_g, lse_g = _run_group(qf[..., group.rows, :], kp, vp, group.rows, group.n_tiles,
-                                    Sq, Skv, causal, policy, ls, f32(v_descale), saturate, recorder)
-            out[..., group.rows, :] = o_g
-            lse[..., group.rows] = lse_g
-    out = out[..., :Sq, :].reshape(B, H, Sq, D).permute(0, 2, 1, 3).to(torch.bfloat16)
-    return out.contiguous(), lse[..., :Sq].reshape(B, H, Sq).contiguous()
+    groups = ((g.rows, g.n_tiles) for g in block_groups(Sq, Skv, causal, q8.device))
+    return run_groups(qf, groups, run, recorder, torch.bfloat16, Sq)
 
 
 def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):

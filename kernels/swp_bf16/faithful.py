@@ -357,7 +357,6 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
     """One launch of ``_swp_bf16_fwd``. q, k, v, out are [B, S, H, D] (varlen: [1, total, H,
     D] views whose batch index the kernel ignores); lse [B, H, Sq]. ``varlen``: (cu_q,
     cu_kv) int32; ``split``: (num_splits, part_l) with out/lse the partial O and m."""
-    B = q.shape[0]
     H, D = q.shape[2], q.shape[3]
     Hkv = k.shape[2]
     dev = q.device

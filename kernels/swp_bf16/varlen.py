@@ -107,7 +107,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     config = common.check_config(config, fp8=False)
     if config is None and interpret:
         config = BF16_INTERPRET_CONFIG
-    B, (total_q, H, D), (total_kv, Hkv, _) = packing.batch, q.shape, k.shape
+    B, (_, H, D), (total_kv, Hkv, _) = packing.batch, q.shape, k.shape
     if B * H > GRID_Y_MAX:
         raise ValueError(f"B * H = {B * H} exceeds the launch grid's limit {GRID_Y_MAX}")
 

@@ -30,7 +30,6 @@ on CPU tensors, with or without ``TRITON_INTERPRET=1`` in the environment.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -45,7 +44,7 @@ from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 
-from fa_lab.checks import check_qkv
+from fa_lab.checks import check_descale, check_qkv
 
 from .._triton.faithful import record_step
 from .._triton.trace_plan import N_FIELDS as _N_FIELDS
@@ -283,15 +282,6 @@ def round_e4m3(x: torch.Tensor, saturate: bool = True, *, interpret: bool | None
 
 # ---- host side ---------------------------------------------------------------------------
 
-def _check_descale(name: str, x) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
-    x = float(x)
-    if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
-    return x
-
-
 def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
     """What a direct caller could get wrong (the api checks the rest before dispatch)."""
     B, Sq, H, D, Skv, Hkv = check_qkv(q8, k8, v8, dtypes=(_FP8,), head_dims=(HEAD_DIM,),
@@ -317,7 +307,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     compiled. Results do not depend on it: the ballot only reads a wave's own rows.
     """
     _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret)
-    qd, kd, vd = (_check_descale(n, x) for n, x in
+    qd, kd, vd = (check_descale(n, x) for n, x in
                   (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
     rows = _rows_per_program(interpret, rows_per_program)
     codes = policy.codes

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from fa_lab.models.swp_fp8 import log2_scale
 from fa_lab.capabilities import check_policy
+from fa_lab.checks import check_descale
 from fa_lab.policies import Policy
 
 from .._triton import fast as common
@@ -246,14 +247,6 @@ def transpose_v(v8: torch.Tensor) -> torch.Tensor:
     return vt
 
 
-def _descale(name, x) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
-    if not (x > 0 and x < float("inf")):
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
-    return float(x)
-
-
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, interpret: bool = False, config: Config | None = None):
@@ -266,7 +259,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     softmax denominator, as the model's read-out).
     """
     common.check_qkv(q8, k8, v8, (FP8,), (HEAD_DIM,))
-    qd, kd, vd = (_descale(n, x) for n, x in
+    qd, kd, vd = (check_descale(n, x) for n, x in
                   (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
     for name, x in (("causal", causal), ("saturate", saturate)):
         if not isinstance(x, bool):

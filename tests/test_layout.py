@@ -1,0 +1,118 @@
+"""The package's shape: imports run one way, a policy is read through its fields, and
+fa_lab's kernels cannot be taken for FlyDSL's ``kernels`` package."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> file, for fa_lab/ and kernels/ (installed as fa_lab.kernels)."""
+    out = {}
+    for top, pkg in ((ROOT / "fa_lab", "fa_lab"), (ROOT / "kernels", "fa_lab.kernels")):
+        for f in top.rglob("*.py"):
+            parts = list(f.relative_to(top).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def imports(name: str, path: Path, known) -> set[str]:
+    """The fa_lab modules ``name`` imports anywhere in its file (functions included)."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            mod = node.module or ""
+            root = f"{base}.{mod}".strip(".") if node.level else mod
+            subs = [f"{root}.{a.name}" for a in node.names]
+            targets = [t for t in subs if t in known] or [root]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name and not name.startswith(t + "."):  # a package's own parents
+                found.add(t)
+    return found
+
+
+def test_no_import_cycles():
+    mods = modules()
+    graph = {m: imports(m, p, mods) for m, p in mods.items()}
+    # packages' __init__ re-exports are edges too; a cycle is a path back to the start
+    cycles = []
+
+    def visit(node, stack, seen):
+        for nxt in graph[node]:
+            if nxt == stack[0]:
+                cycles.append(stack + [nxt])
+            elif nxt not in seen and nxt > stack[0]:
+                seen.add(nxt)
+                visit(nxt, stack + [nxt], seen)
+
+    for m in sorted(graph):
+        visit(m, [m], {m})
+    # fa_lab/__init__ is imported by every fa_lab.x (Python imports parents first), so
+    # edges into it from its own re-exports are not cycles of the source's making
+    cycles = [c for c in cycles if "fa_lab" not in c]
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles[:10])
+
+
+def test_kernels_reach_fa_lab_only_through_its_core():
+    mods = modules()
+    allowed = {"fa_lab.capabilities", "fa_lab.checks", "fa_lab.models.geometry",
+               "fa_lab.models.swp_bf16", "fa_lab.models.swp_fp8", "fa_lab.models.generic",
+               "fa_lab.models.swa", "fa_lab.numerics", "fa_lab.policies", "fa_lab.trace",
+               "fa_lab.varlen"}
+    for m, p in mods.items():
+        if m.startswith("fa_lab.kernels"):
+            outside = {t for t in imports(m, p, mods) if not t.startswith("fa_lab.kernels")}
+            assert outside <= allowed, (m, outside - allowed)
+    # and fa_lab reaches the kernels through dispatch (and the kernels' own helpers) only
+    for m, p in mods.items():
+        if not m.startswith("fa_lab.kernels"):
+            into = {t for t in imports(m, p, mods) if t.startswith("fa_lab.kernels")}
+            assert not into or m in ("fa_lab.dispatch", "fa_lab.api", "fa_lab.bench"), (m, into)
+
+
+def test_no_policy_name_comparisons_outside_policies():
+    pattern = re.compile(r"policy\.name *(==|!=|in )|\.get\(policy\.name|POLICY_CODES|REBASE_RULES")
+    for f in [*(ROOT / "fa_lab").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]:
+        if f.name == "policies.py":
+            continue
+        hits = [i for i, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
+        assert not hits, f"{f.relative_to(ROOT)}:{hits}"
+
+
+def test_no_sys_modules_injection():
+    # fa_lab's modules load under their own names only (flydsl.py imports FlyDSL's own
+    # ``kernels`` package by its name, which is not an injection of ours)
+    for f in (ROOT / "fa_lab").rglob("*.py"):
+        assert not re.search(r"sys\.modules\[[^]]*fa_lab", f.read_text()), f
+
+
+def test_kernel_source_states_semantics_not_measurements():
+    pattern = re.compile(r"TFLOP|[0-9] ?ms\b|measured")
+    for f in [*(ROOT / "kernels").rglob("*.py"), *(ROOT / "fa_lab" / "models").rglob("*.py")]:
+        hits = [i for i, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
+        assert not hits, f"{f.relative_to(ROOT)}:{hits}"
+
+
+@pytest.mark.parametrize("stmt", ["import kernels", "import kernels.swp_bf16.faithful"])
+def test_the_kernels_folder_is_not_a_top_level_package(stmt):
+    r = subprocess.run([sys.executable, "-c", stmt], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "fa_lab.kernels" in r.stderr
