@@ -22,17 +22,29 @@ test: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
 
-# Jupyter refuses to run as root without --allow-root (containers, CI machines).
-LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+# make lab: JupyterLab on notebooks/.
+# * --allow-root is added when running as root (containers, CI machines); LAB_FLAGS adds to
+#   the defaults, e.g. make lab LAB_FLAGS="--port 8899 --no-browser".
+# * One OpenMP thread that sleeps when idle: on a small shared machine spinning OpenMP
+#   threads multiply a dashboard's redraw time (benchmarks/bench_widgets.py, --load 1).
+# * .jupyter/ joins Jupyter's config path: saving a lesson from the lab strips its outputs,
+#   so autosave never dirties the tracked notebooks.
+LAB_DEFAULTS := $(if $(filter 0,$(shell id -u)),--allow-root,)
+LAB_FLAGS ?=
+LAB_ENV := OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 \
+	JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))"
 
 lab: setup
-	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
+	$(LAB_ENV) $(VENV)/bin/jupyter lab $(LAB_DEFAULTS) $(LAB_FLAGS) notebooks/
 
 table: setup
 	$(VENV)/bin/fa-lab table
 
+# Outputs, execution counts and widget state out of every lesson; cell ids kept.
 strip:
-	$(PY) -m nbstripout notebooks/*.ipynb 2>/dev/null || $(PY) scripts/strip_notebooks.py notebooks/*.ipynb
+	@$(PY) -m nbstripout --version >/dev/null 2>&1 || { \
+		echo "make strip needs nbstripout: $(PY) -m pip install nbstripout" >&2; exit 1; }
+	$(PY) -m nbstripout --keep-id notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

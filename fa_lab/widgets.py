@@ -10,9 +10,15 @@ Each dashboard is two layers:
   reads the controls, calls that function and copies the new figures into
   ``plotly.graph_objects.FigureWidget``s in place.
 
-Inputs, the fp32 reference and outputs are cached by their parameters, so moving the
+The dashboards fit a 1600 x 1000 screen: the controls and a compact summary in a column on
+the left, the main figure (the chosen row, under its policy beside the fix) on the right,
+the secondary figures in tabs under it. Only the figures on screen are redrawn when a
+control moves; a tab's figure is drawn when the tab is opened.
+
+Inputs, the fp32 reference, outputs and traces are cached by their parameters, so moving the
 threshold, the policy or the row reruns only what depends on it; a K-scale move reruns
-everything. ``benchmark(...)`` measures the redraw latency of a dashboard.
+everything. A trace runs the chosen row's 256-row block only (blocks never interact), not
+the whole problem. ``benchmark(...)`` measures the redraw latency of a dashboard.
 """
 
 from __future__ import annotations
@@ -31,14 +37,42 @@ import torch
 from . import metrics, policies, reference, viz
 from .api import flash_attn_func, trace
 from .experiments import bf16_inputs, fp8_inputs, quantize_e4m3
-from .models.geometry import WAVE_ROWS
+from .models.geometry import BLOCK_M, WAVE_ROWS
 
-#: The bf16 policies a dashboard compares, in display order.
+#: The built-in policies a dashboard compares, in display order; registered user policies
+#: join them (``compared``), and every registered policy is in the dropdowns.
 BF16_POLICIES = ("lazy_unfixed", "lazy", "eager")
 FP8_POLICIES = ("lazy_unfixed", "lazy_capped", "lazy", "eager")
 #: Sizes that redraw within 0.3 s on 2 CPU cores (see benchmarks/bench_widgets.py).
 CPU_DEFAULTS = dict(S=1024, H=1, D=128)
 FP8_CPU_DEFAULTS = dict(S=1024, H=1)
+#: Figure sizes (px): the main figure and the tabs' figures share the right column; with
+#: the control column (LEFT_WIDTH) they fit a 1600 x 1000 screen with JupyterLab's file
+#: browser open.
+LEFT_WIDTH = 320
+FIGURE_WIDTH = 860
+MAIN_HEIGHT = 430
+TAB_HEIGHT = 370
+#: The heatmap's choices, by label.
+HEAT_VALUES = (("deficit", "deficit"), ("running max m", "m"), ("tile max", "mt"),
+               ("log2(l)", "l"), ("log2(corr)", "corr"), ("dragged", "dragged"),
+               ("voted", "vote"), ("wave fired", "fire"))
+
+
+def compared(base: tuple, selected: str) -> tuple:
+    """``base``, then every registered user policy, then ``selected`` if still missing."""
+    names = [*base, *(n for n in policies.names() if n not in policies.BUILTIN_NAMES and n not in base)]
+    return tuple(names) + (() if selected in names else (selected,))
+
+
+def _lazy(name: str) -> bool:
+    return policies.get(name).lazy
+
+
+def fix_of(policy: str) -> str:
+    """The policy a row is drawn beside: the fix (``lazy``), or for ``lazy`` itself the
+    unfixed rule it replaced."""
+    return "lazy_unfixed" if policy == "lazy" else "lazy"
 
 
 def default_device() -> str:
@@ -124,27 +158,83 @@ def clear_cache():
     _FIGURES.clear()
 
 
-def _figure(make, source, *extra):
-    """``make()``, memoised on the identity of ``source`` (a cached trace or output) and
+def _figure(make, sources, *extra):
+    """``make()``, memoised on the identity of ``sources`` (cached traces or outputs) and
     ``extra``: when a control leaves a figure's data alone, the same figure object comes
     back, and the dashboard skips redrawing it."""
-    key = (make.__name__ if hasattr(make, "__name__") else "", id(source), *extra)
-    src, fig = _FIGURES.get(key, lambda: (source, make()))
-    if src is not source:  # an id reused after its object was dropped
+    sources = sources if isinstance(sources, tuple) else (sources,)
+    key = (tuple(id(s) for s in sources), *extra)
+    srcs, fig = _FIGURES.get(key, lambda: (sources, make()))
+    if any(a is not b for a, b in zip(srcs, sources)):  # an id reused after its object died
         fig = make()
-        _FIGURES._d[key] = (source, fig)
+        _FIGURES._d[key] = (sources, fig)
     return fig
 
 
-def _trace_figures(tr, out, lane: int, heat_value: str) -> dict:
-    """The figures every dashboard shows: the running-max heat map, one lane's trace, the
-    output's non-finite map (each memoised, see ``_figure``)."""
-    return {
-        "heatmap": _figure(lambda: viz.running_max_heatmap(tr, heat_value), tr, "heat",
-                           heat_value),
-        "lane": _figure(lambda: viz.lane_lines(tr, lane), tr, "lane", lane),
-        "nonfinite": _figure(lambda: viz.nonfinite_map(out), out, "nonfinite"),
+def block_trace(q, k, v, rows: range, *, head: int = 0, causal: bool = False, **options):
+    """``fa_lab.trace`` of ``rows`` run on their 256-row blocks only. Query blocks never
+    interact, so this is the full run's trace, bit for bit, at a fraction of its cost.
+    Non-causal: the blocks that hold ``rows``. Causal masks are bottom-right aligned, so
+    the run keeps every row from the first block on (the mask of each row is unchanged)."""
+    S = q.shape[1]
+    b0 = (rows.start // BLOCK_M) * BLOCK_M
+    b1 = S if causal else min(S, -(-rows.stop // BLOCK_M) * BLOCK_M)
+    if (b0, b1) == (0, S):
+        return trace(q, k, v, rows=rows, head=head, causal=causal, **options)
+    tr = trace(q[:, b0:b1].contiguous(), k, v, rows=range(rows.start - b0, rows.stop - b0),
+               head=head, causal=causal, **options)
+    tr.lanes["row"] = tr.lanes["row"] + b0
+    tr.steps["row"] = tr.steps["row"] + b0
+    return tr
+
+
+def _auto_tile(tr, lane: int) -> int:
+    """The step a wave figure opens on: where the lane first went non-finite, else its
+    first drag, else the first loop step."""
+    first = tr.lanes.loc[lane, "first_nonfinite_step"]
+    if not pd.isna(first):
+        return int(first)
+    d = tr.lane(lane)
+    drags = d.step[d.dragged]
+    return int(drags.iloc[0]) if len(drags) else min(1, tr.n_steps - 1)
+
+
+def _lane_figures(view, names, heat_value, tile) -> dict:
+    """The figures of a lane dashboard, by name (each memoised, see ``_figure``):
+    ``row`` (the row under its policy beside the fix), ``wave`` (its wave at one step),
+    ``heatmap`` (its wave, step by step) and ``nonfinite`` (every bad row)."""
+    tr, other, lane, p = view["trace"], view.get("trace_fix"), view["lane"], view["params"]
+    out, lse = view["out"], view.get("lse")
+    row = p["row"]
+    makers = {
+        "row": lambda: _figure(
+            lambda: viz.row_compare({p["policy"]: tr, other.policy.name: other}, lane,
+                                    height=MAIN_HEIGHT) if other is not None
+            else viz.lane_lines(tr, lane), (tr, other), "row", lane),
+        "wave": lambda: _figure(lambda: viz.wave_ballot(tr, tile, wave=row, highlight=lane),
+                                tr, "wave", tile, lane),
+        "heatmap": lambda: _figure(lambda: viz.running_max_heatmap(tr, heat_value,
+                                                                   highlight=lane), tr, "heat",
+                                   heat_value, lane),
+        "nonfinite": lambda: _figure(lambda: viz.nonfinite_map(
+            out, lse=lse, highlight=(row, p["head"]), height=TAB_HEIGHT), out, "nonfinite",
+            row, p["head"]),
     }
+    return {n: makers[n]() for n in names}
+
+
+LANE_FIGURES = ("row", "wave", "heatmap", "nonfinite")
+
+
+def _which(figures) -> tuple:
+    if figures is True:
+        return LANE_FIGURES
+    if figures is False or figures is None:
+        return ()
+    bad = [f for f in figures if f not in LANE_FIGURES]
+    if bad:
+        raise ValueError(f"figures={list(figures)}: choose among {LANE_FIGURES}")
+    return tuple(figures)
 
 
 def _bf16_inputs(S, H, D, k_scale, seed, device):
@@ -167,26 +257,38 @@ def _stats_row(name, out, ref=None):
     return row
 
 
+def _tile_arg(tile, n_steps):
+    if tile is None:
+        return None
+    return _int("tile", tile, 0, n_steps)
+
+
 # ---- bf16: the lazy rescale ------------------------------------------------------------
 
 def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False,
                          S=CPU_DEFAULTS["S"], seed=0, row=0, *, H=CPU_DEFAULTS["H"],
-                         D=CPU_DEFAULTS["D"], head=0, n_waves=1, heat_value="m",
-                         device=None, backend="auto", figures=True) -> dict:
+                         D=CPU_DEFAULTS["D"], head=0, n_waves=1, heat_value="deficit",
+                         tile=None, device=None, backend="auto", figures=True,
+                         with_trace=True, all_policies=True) -> dict:
     """Everything the bf16 dashboard shows for one setting of its controls.
 
-    Inputs are the seed's (q, v ~ N(0,1), k = N(0,1) x ``k_scale``, bf16, batch 1).
-    Runs every policy of BF16_POLICIES (lazy ones with ``threshold``) and the fp32
-    reference, and traces the ``n_waves`` waves from ``row``'s wave under ``policy``.
+    Inputs are the seed's (q, v ~ N(0,1), k = N(0,1) x ``k_scale``, bf16, batch 1, from
+    ``experiments.bf16_inputs`` with ``seed``). Runs every policy of BF16_POLICIES (lazy
+    ones with ``threshold``) and the fp32 reference, and traces the ``n_waves`` waves from
+    ``row``'s wave under ``policy`` and under the fix (``fix_of``), on the row's block.
 
     Returns a dict: ``stats`` (DataFrame: NaN %, inf %, NaN rows, rel-L2 per policy),
     ``out`` and ``lse`` of ``policy``, ``outputs`` (all policies), ``reference``, ``trace``,
-    ``lane`` (``row``'s lane in the trace), ``summary`` (HTML) and, unless
-    ``figures=False``, ``figures``: heatmap, lane, nonfinite.
+    ``trace_fix``, ``lane`` (``row``'s lane in the trace), ``tile`` (the wave figure's step:
+    ``tile``, or where the row breaks), ``summary`` (HTML) and ``figures``: all of
+    ``LANE_FIGURES`` (``figures=True``), none (False) or the names given.
+    ``all_policies=False`` runs only what the figures asked for need (the traces; the output
+    of ``policy`` for the bad-row map), without the reference (``partial`` is True): what a
+    dashboard draws first, before the summary's numbers.
     """
     k_scale = _positive_number("k_scale", k_scale)
     threshold = _nonneg_number("threshold", threshold)
-    policy = _choice("policy", policy, BF16_POLICIES)
+    policy = _choice("policy", policy, policies.names())
     causal = _bool("causal", causal)
     S = _int("S", S, 1)
     H = _int("H", H, 1)
@@ -196,91 +298,125 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
     _choice("heat_value", heat_value, tuple(viz._TRACE_VALUES))
+    names = _which(figures)
     device = default_device() if device is None else device
 
     key = ("bf16", S, H, D, k_scale, seed, str(device))
     q, k, v = _bf16_inputs(S, H, D, k_scale, seed, device)
-    ref = _CACHE.get(key + ("ref", causal), lambda: reference.attention(q, k, v, causal=causal)[0])
+    ref = (_CACHE.get(key + ("ref", causal), lambda: reference.attention(q, k, v, causal=causal)[0])
+           if all_policies else None)
 
     def run(pol):
-        thr = threshold if pol != "eager" else None
+        thr = threshold if _lazy(pol) else None
         return _CACHE.get(key + (pol, thr, causal, backend), lambda: flash_attn_func(
             q, k, v, causal=causal, rescale=pol, rescale_threshold=thr, return_lse=True,
             backend=backend))
 
-    outputs = {pol: run(pol) for pol in BF16_POLICIES}
-    stats = pd.DataFrame([_stats_row(p, o, ref) for p, (o, _) in outputs.items()])
-    rows = wave_rows(row, S, n_waves)
-    thr = threshold if policy != "eager" else None
-    tr = _CACHE.get(key + ("trace", policy, thr, causal, backend, head, rows.start, rows.stop),
-                    lambda: trace(q, k, v, rows=rows, head=head, causal=causal, rescale=policy,
-                                  rescale_threshold=thr, backend=backend))
-    lane = row - rows.start
-    out, lse = outputs[policy]
+    # all_policies=False: only what the figures asked for need run (a trace runs its block)
+    runs = (compared(BF16_POLICIES, policy) if all_policies else
+            (policy,) if "nonfinite" in names else ())
+    outputs = {pol: run(pol) for pol in runs}
+    stats = pd.DataFrame([_stats_row(p, o, ref) for p, (o, _) in outputs.items()],
+                         columns=["policy", "nan_pct", "inf_pct", "nan_rows", "rows", "rel_l2"])
+    if ref is None:
+        stats["rel_l2"] = math.nan
+    out, lse = outputs.get(policy, (None, None))
     view = {
         "params": dict(k_scale=k_scale, threshold=threshold, policy=policy, causal=causal, S=S,
                        seed=seed, row=row, H=H, D=D, head=head, device=str(device)),
         "stats": stats, "out": out, "lse": lse, "reference": ref,
-        "outputs": {p: o for p, (o, _) in outputs.items()}, "trace": tr, "lane": lane,
+        "outputs": {p: o for p, (o, _) in outputs.items()}, "partial": not all_policies,
     }
+    if not with_trace:
+        view["summary"] = _rescale_summary(view)
+        return view
+    rows = wave_rows(row, S, n_waves)
+
+    def traced(pol):
+        thr = threshold if _lazy(pol) else None
+        return _CACHE.get(key + ("trace", pol, thr, causal, backend, head, rows.start, rows.stop),
+                          lambda: block_trace(q, k, v, rows, head=head, causal=causal, rescale=pol,
+                                              rescale_threshold=thr, backend=backend))
+
+    tr = traced(policy)
+    view["trace"], view["trace_fix"] = tr, traced(fix_of(policy))
+    view["lane"] = lane = row - rows.start
+    view["tile"] = _tile_arg(tile, tr.n_steps)
+    if view["tile"] is None:
+        view["tile"] = _auto_tile(tr, lane)
+    view["params"]["tile"] = view["tile"]
     view["summary"] = _rescale_summary(view)
-    if figures:
-        view["figures"] = _trace_figures(tr, out, lane, heat_value)
+    view["figures"] = _lane_figures(view, names, heat_value, view["tile"])
+    view["make_figures"] = lambda which: _lane_figures(view, which, heat_value, view["tile"])
     return view
 
 
 def _stats_html(stats: pd.DataFrame, highlight: str, columns) -> str:
-    head = "".join(f"<th style='padding:2px 8px'>{html.escape(c)}</th>" for c, _ in columns)
+    head = "".join(f"<th style='padding:1px 5px;white-space:nowrap'>{html.escape(c)}</th>"
+                   for c, _ in columns)
     body = []
     for _, r in stats.iterrows():
         color = viz.policy_color(r["policy"])
         weight = "bold" if r["policy"] == highlight else "normal"
-        cells = "".join(f"<td style='padding:2px 8px;text-align:right'>{fmt(r)}</td>"
-                        for _, fmt in columns[1:])
-        body.append(f"<tr style='font-weight:{weight}'><td style='padding:2px 8px;"
-                    f"color:{color}'>&#9632; {html.escape(str(r['policy']))}</td>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+        cells = "".join(f"<td style='padding:1px 5px;text-align:right;white-space:nowrap'>"
+                        f"{fmt(r)}</td>" for _, fmt in columns[1:])
+        body.append(f"<tr style='font-weight:{weight}'><td style='padding:1px 5px;"
+                    f"white-space:nowrap;color:{color}'>&#9632; {html.escape(str(r['policy']))}"
+                    f"</td>{cells}</tr>")
+    return f"<table style='font-size:12px'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _row_sentence(view) -> str:
+    p = view["params"]
+    if "trace" not in view:
+        return ""
+    lane = view["trace"].lanes.loc[view["lane"]]
+    first = lane["first_nonfinite_step"]
+    where = ("stays finite" if pd.isna(first) else
+             f"goes non-finite at KV step {int(first)}")
+    return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
+            f"<b>{html.escape(p['policy'])}</b> {where}; LSE = "
+            f"{viz._fmt(float(lane['lse']), 6)}; dragged {int(lane['n_dragged'])} times. "
+            f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
 
 def _rescale_summary(view) -> str:
     p = view["params"]
+    pending = view.get("partial", False)
     cols = [("policy", None),
             ("NaN %", lambda r: f"{r['nan_pct']:.3f}"),
-            ("inf %", lambda r: f"{r['inf_pct']:.3f}"),
-            ("NaN rows", lambda r: f"{int(r['nan_rows'])} / {int(r['rows'])}"),
-            ("rel-L2 vs fp32", lambda r: "NaN (output not finite)" if math.isnan(r["rel_l2"])
-             else f"{r['rel_l2']:.4e}")]
-    lane = view["trace"].lanes.loc[view["lane"]]
-    first = lane["first_nonfinite_step"]
-    where = ("stays finite" if pd.isna(first) else
-             f"first goes non-finite at KV tile {int(first)}")
-    return (f"<div class='fa-lab-summary'><b>bf16, K x{p['k_scale']:g}, threshold "
-            f"{p['threshold']:g}, {'causal' if p['causal'] else 'non-causal'}, S={p['S']}, "
-            f"H={p['H']}, D={p['D']}, seed {p['seed']}, {p['device']}</b>"
+            ("NaN rows", lambda r: f"{int(r['nan_rows'])}"),
+            ("rel-L2", lambda r: "..." if pending else "NaN" if math.isnan(r["rel_l2"])
+             else f"{r['rel_l2']:.2e}")]
+    return (f"<div class='fa-lab-summary' style='font-size:12px;line-height:1.35'>"
+            f"<b>bf16, K x{p['k_scale']:g}, threshold {p['threshold']:g}, "
+            f"{'causal' if p['causal'] else 'non-causal'}</b><br>S={p['S']}, H={p['H']}, "
+            f"D={p['D']}, seed {p['seed']}, {p['device']}; rel-L2 against fp32"
             + _stats_html(view["stats"], p["policy"], cols)
-            + f"<div>Row {p['row']} (head {p['head']}) under <b>{p['policy']}</b> "
-              f"{where}; LSE = {viz._fmt(float(lane['lse']), 6)}, dragged "
-              f"{int(lane['n_dragged'])} times.</div></div>")
+            + ("<div style='color:#777'>the policies' numbers against fp32: "
+               "computing...</div>" if pending else "") + _row_sentence(view) + "</div>")
 
 
 # ---- fp8: the rebase rules -------------------------------------------------------------
 
 def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebase_bound=16.0,
                      headroom=False, causal=False, S=FP8_CPU_DEFAULTS["S"], seed=0, row=0, *,
-                     H=FP8_CPU_DEFAULTS["H"], head=0, n_waves=1, heat_value="m",
-                     device=None, backend="auto", figures=True) -> dict:
+                     H=FP8_CPU_DEFAULTS["H"], head=0, n_waves=1, heat_value="deficit",
+                     tile=None, device=None, backend="auto", figures=True) -> dict:
     """Everything the fp8 dashboard shows: the seed's fp8 inputs (q = 0.1 N, k = 0.1 k_scale
-    N, V = ones, per-tensor e4m3) through the fp8 kernel under ``policy``.
+    N, V = ones, per-tensor e4m3) through the fp8 kernel under ``policy``, and the chosen
+    row's wave traced under it and under the fix.
 
     ``threshold``: a number (log2 units) or ``"by_kv_len"`` (PR #1020's rule);
-    ``rebase_bound``: used by ``lazy_capped`` only; ``headroom``: PR #1020's P lift.
+    ``rebase_bound``: used by capped policies only; ``headroom``: PR #1020's P lift.
     Returns a dict with ``stats`` (mean |o - 1| over finite elements, NaN and inf counts),
-    ``out``, ``trace``, ``lane``, ``summary`` and ``figures`` (heatmap, lane, nonfinite).
+    ``out``, ``lse``, ``trace``, ``trace_fix``, ``lane``, ``tile``, ``summary`` and
+    ``figures`` (as ``compute_rescale_view``).
     """
     k_scale = _positive_number("k_scale", k_scale)
     if threshold != "by_kv_len":
         threshold = _nonneg_number("threshold", threshold)
-    policy = _choice("policy", policy, FP8_POLICIES)
+    policy = _choice("policy", policy, policies.names())
     rebase_bound = _nonneg_number("rebase_bound", rebase_bound)
     headroom = _bool("headroom", headroom)
     causal = _bool("causal", causal)
@@ -291,21 +427,34 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
     _choice("heat_value", heat_value, tuple(viz._TRACE_VALUES))
+    names = _which(figures)
     device = default_device() if device is None else device
 
     key = ("fp8", S, H, k_scale, seed, str(device))
     (q8, k8, v8), (qd, kd, vd) = _CACHE.get(key, lambda: fp8_inputs(1, S, H, k_scale, seed=seed,
                                                                       device=device))
-    lazy = policy != "eager"
-    args = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=policy,
-                rescale_threshold=threshold if lazy else None,
-                rebase_bound=rebase_bound if policy == "lazy_capped" else None,
-                p_headroom=True if headroom else None, backend=backend)
-    pkey = key + tuple(sorted((k, str(v)) for k, v in args.items() if "descale" not in k))
-    out = _CACHE.get(pkey, lambda: flash_attn_func(q8, k8, v8, **args))
+
+    def args_for(pol):
+        lazy = _lazy(pol)
+        return dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=pol,
+                    rescale_threshold=threshold if lazy else None,
+                    rebase_bound=rebase_bound if policies.get(pol).rebase == "capped" else None,
+                    p_headroom=True if headroom else None, backend=backend)
+
+    def pkey(args):
+        return key + tuple(sorted((k, str(v)) for k, v in args.items() if "descale" not in k))
+
+    args = args_for(policy)
+    out, lse = _CACHE.get(pkey(args), lambda: flash_attn_func(q8, k8, v8, return_lse=True,
+                                                              **args))
     rows = wave_rows(row, S, n_waves)
-    tr = _CACHE.get(pkey + ("trace", head, rows.start, rows.stop),
-                    lambda: trace(q8, k8, v8, rows=rows, head=head, **args))
+
+    def traced(pol):
+        a = args_for(pol)
+        return _CACHE.get(pkey(a) + ("trace", head, rows.start, rows.stop),
+                          lambda: block_trace(q8, k8, v8, rows, head=head, **a))
+
+    tr = traced(policy)
     fin = metrics.finiteness(out)
     dev = (out.double() - 1.0).abs()
     ok = torch.isfinite(dev)
@@ -317,28 +466,33 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
         "params": dict(k_scale=k_scale, threshold=threshold, policy=policy,
                        rebase_bound=rebase_bound, headroom=headroom, causal=causal, S=S,
                        seed=seed, row=row, H=H, head=head, device=str(device)),
-        "policy": tr.policy, "stats": stats, "out": out, "trace": tr, "lane": lane,
+        "policy": tr.policy, "stats": stats, "out": out, "lse": lse, "trace": tr,
+        "trace_fix": traced(fix_of(policy)), "lane": lane,
     }
+    view["tile"] = _tile_arg(tile, tr.n_steps)
+    if view["tile"] is None:
+        view["tile"] = _auto_tile(tr, lane)
+    view["params"]["tile"] = view["tile"]
     view["summary"] = _fp8_summary(view)
-    if figures:
-        view["figures"] = _trace_figures(tr, out, lane, heat_value)
+    view["figures"] = _lane_figures(view, names, heat_value, view["tile"])
+    view["make_figures"] = lambda which: _lane_figures(view, which, heat_value, view["tile"])
     return view
 
 
 def _fp8_summary(view) -> str:
     p, s, pol = view["params"], view["stats"], view["policy"]
-    lane = view["trace"].lanes.loc[view["lane"]]
     color = viz.policy_color(p["policy"])
-    return (f"<div class='fa-lab-summary'><b>fp8, k x{p['k_scale']:.4g}, S={p['S']}, H={p['H']}, "
-            f"{'causal' if p['causal'] else 'non-causal'}, seed {p['seed']}, {p['device']}</b><br>"
-            f"<span style='color:{color}'>&#9632;</span> policy <b>{html.escape(pol.describe())}"
-            f"</b> (threshold {pol.threshold:g} log2 units"
+    return (f"<div class='fa-lab-summary' style='font-size:12px;line-height:1.35'>"
+            f"<b>fp8, k x{p['k_scale']:.6g}, {'causal' if p['causal'] else 'non-causal'}</b>"
+            f"<br>S={p['S']}, H={p['H']}, seed {p['seed']}, {p['device']}<br>"
+            f"<span style='color:{color}'>&#9632;</span> <b>{html.escape(pol.describe())}</b> "
+            f"(threshold {pol.threshold:g} log2 units"
             + (f", P headroom {pol.p_headroom:.3f}" if pol.p_headroom else "") + ")<br>"
-            f"mean |o - 1| over finite elements: <b>{viz._fmt(s['mean_abs_dev'], 4)}</b>; "
-            f"NaN elements: <b>{s['nan']}</b>, inf: {s['inf']} of {s['elements']} "
-            f"({100 * s['nan'] / s['elements']:.3f} % NaN; {s['nan_rows']} of {s['rows']} rows)"
-            f"<br>Row {p['row']}: LSE = {viz._fmt(float(lane['lse']), 6)}, dragged "
-            f"{int(lane['n_dragged'])} times.</div>")
+            f"mean |o - 1| over finite elements: <b>{viz._fmt(s['mean_abs_dev'], 4)}</b><br>"
+            f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
+            f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
+            f"{s['nan_rows']} of {s['rows']} rows NaN"
+            + _row_sentence(view) + "</div>")
 
 
 # ---- lazy vs eager vs fp8 --------------------------------------------------------------
@@ -352,7 +506,7 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
     ``reference``, ``summary`` and ``figures`` (difference)."""
     k_scale = _positive_number("k_scale", k_scale)
     threshold = _nonneg_number("threshold", threshold)
-    fp8_policy = _choice("fp8_policy", fp8_policy, FP8_POLICIES)
+    fp8_policy = _choice("fp8_policy", fp8_policy, policies.names())
     causal = _bool("causal", causal)
     S = _int("S", S, 1)
     H = _int("H", H, 1)
@@ -361,11 +515,12 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
     head = _int("head", head, 0, H)
     device = default_device() if device is None else device
     base = compute_rescale_view(k_scale, threshold, "lazy", causal, S, seed, 0, H=H, D=D,
-                                head=head, device=device, backend=backend, figures=False)
+                                head=head, device=device, backend=backend, figures=False,
+                                with_trace=False)
     q, k, v = _bf16_inputs(S, H, D, k_scale, seed, device)
     key = ("fp8-of-bf16", S, H, D, k_scale, seed, str(device))
     (q8, qd), (k8, kd), (v8, vd) = _CACHE.get(key, lambda: tuple(quantize_e4m3(x) for x in (q, k, v)))
-    thr = threshold if fp8_policy != "eager" else None
+    thr = threshold if _lazy(fp8_policy) else None
     o8 = _CACHE.get(key + (fp8_policy, thr, causal, backend), lambda: flash_attn_func(
         q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=fp8_policy,
         rescale_threshold=thr, backend=backend))
@@ -379,14 +534,21 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
     p = view["params"]
     cols = [("output", None),
             ("NaN %", lambda r: f"{r['nan_pct']:.3f}"),
-            ("rel-L2 vs fp32", lambda r: "NaN" if math.isnan(r["rel_l2"]) else f"{r['rel_l2']:.4e}")]
-    view["summary"] = (f"<div class='fa-lab-summary'><b>K x{p['k_scale']:g}, threshold "
-                       f"{p['threshold']:g}, S={p['S']}, H={p['H']}, fp8 = e4m3 per tensor "
-                       f"under {fp8_policy}</b>" + _stats_html(stats, "", cols) + "</div>")
-    if figures:
-        view["figures"] = {"difference": _figure(
-            lambda: viz.output_difference_rows(outputs, ref, head=head), o8, "difference",
-            *(id(o) for o in outputs.values()), head)}
+            ("rel-L2", lambda r: "NaN" if math.isnan(r["rel_l2"]) else f"{r['rel_l2']:.3e}")]
+    view["summary"] = (f"<div class='fa-lab-summary' style='font-size:12px'><b>K x{p['k_scale']:g}, "
+                       f"threshold {p['threshold']:g}</b><br>S={p['S']}, H={p['H']}; fp8 = e4m3 "
+                       f"per tensor under {html.escape(fp8_policy)}; rel-L2 against fp32"
+                       + _stats_html(stats, "", cols) + "</div>")
+
+    def make(which):
+        if "difference" not in which:
+            return {}
+        fig = _figure(lambda: viz.output_difference_rows(outputs, ref, head=head),
+                      (o8, *(o for o in outputs.values())), "difference", head)
+        return {"difference": fig}
+
+    view["figures"] = make(("difference",) if figures else ())
+    view["make_figures"] = make
     return view
 
 
@@ -394,8 +556,8 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
 
 def assign_figure(widget: go.FigureWidget, fig: go.Figure):
     """Copy ``fig`` into ``widget`` in place: trace by trace when the two have the same
-    traces (what viz keeps), else by replacing the data; layout shapes and annotations
-    are replaced, so stale markers do not stay."""
+    traces (what viz keeps), else by replacing the data; layout shapes, annotations and
+    buttons are replaced, so stale markers do not stay. The widget keeps its own size."""
     with widget.batch_update():
         same = len(widget.data) == len(fig.data) and all(
             a.type == b.type for a, b in zip(widget.data, fig.data))
@@ -407,77 +569,165 @@ def assign_figure(widget: go.FigureWidget, fig: go.Figure):
             widget.add_traces(fig.data)
         layout = fig.layout.to_plotly_json()
         layout.pop("template", None)
+        for fixed in ("width", "height"):   # the dashboard's size, not the figure's
+            if getattr(widget.layout, fixed) is not None:
+                layout.pop(fixed, None)
         widget.layout.update(layout, overwrite=True)
         widget.layout.shapes = fig.layout.shapes
         widget.layout.annotations = fig.layout.annotations
+        widget.layout.updatemenus = fig.layout.updatemenus
 
 
-#: Widths (px) of the dashboards' figures, so that two fit side by side.
-FIGURE_WIDTHS = {"heatmap": 900, "difference": 900, "lane": 600, "nonfinite": 400}
+#: Sizes (width, height) of the dashboards' figures.
+#: A tab's figure is narrower than the main one by the tab panel's border and padding.
+FIGURE_SIZES = {"row": (FIGURE_WIDTH, MAIN_HEIGHT), "wave": (FIGURE_WIDTH - 24, TAB_HEIGHT),
+                "heatmap": (FIGURE_WIDTH - 24, TAB_HEIGHT),
+                "nonfinite": (FIGURE_WIDTH - 24, TAB_HEIGHT), "difference": (FIGURE_WIDTH, 560)}
+#: The tabs under a lane dashboard's main figure: (figure name, tab title).
+LANE_TABS = (("wave", "wave at one step"), ("heatmap", "wave, step by step"),
+             ("nonfinite", "every bad row"))
 
 
 class Dashboard:
     """Controls + FigureWidgets + a summary, redrawn by ``compute(**values)``.
 
     ``controls`` maps each compute argument to its widget; ``update()`` reads them, calls
-    ``compute`` and assigns the figures; ``last`` is the latest view, ``last_seconds`` how
-    long the redraw took. A bad value shows its error in the summary instead of a figure.
+    ``compute`` and assigns the figures on screen (``main`` and the open tab; the other
+    tabs' figures are drawn when opened); ``last`` is the latest view, ``last_seconds`` how
+    long the redraw took. Controls named in ``auto`` (the wave figure's step) are passed as
+    None (chosen by the view) when any other control moves, and follow the view's choice.
+    A bad value shows its error in the summary instead of a figure.
     """
 
-    def __init__(self, compute, controls: dict, fixed: dict, layout):
+    def __init__(self, compute, controls: dict, fixed: dict, *, main=("row",), tabs=LANE_TABS,
+                 auto=("tile",), layout=None, figures_first=False):
         import ipywidgets as W
 
         self.compute = compute
+        self.figures_first = figures_first
         self.controls = controls
         self.fixed = fixed
-        self.summary = W.HTML(layout=W.Layout(min_height="3em"))
+        self.main = tuple(main)
+        self.tab_names = tuple(name for name, _ in tabs)
+        self.auto = tuple(a for a in auto if a in controls)
+        self._auto_values = {a: None for a in self.auto}
+        self._silent = False
+        self.summary = W.HTML(layout=W.Layout(min_height="3em", width="100%"))
         self.summary.add_class("fa-lab-summary-box")
         self.figures: dict[str, go.FigureWidget] = {}
         self.last = None
         self.last_seconds = math.nan
+        self.figures_seconds = math.nan
         self.errors = 0
+        self.redraws = 0
+        self._drawn: dict = {}
+        self._stale: set = set()
         view = self._view()
-        self._drawn = {}
-        for name, fig in view["figures"].items():
+        for name, fig in view["make_figures"](self.main + self.tab_names).items():
             self.figures[name] = go.FigureWidget(fig)
-            self.figures[name].layout.width = FIGURE_WIDTHS.get(name)
+            w, h = FIGURE_SIZES.get(name, (FIGURE_WIDTH, TAB_HEIGHT))
+            self.figures[name].layout.width, self.figures[name].layout.height = w, h
             self._drawn[name] = fig
+        self.tabs = None
+        if self.tab_names:
+            self.tabs = W.Tab(children=[self.figures[n] for n in self.tab_names])
+            for i, (_, title) in enumerate(tabs):
+                self.tabs.set_title(i, title)
+            self.tabs.observe(self._on_tab, names="selected_index")
         self._show(view)
-        self.widget = layout(self)
+        self.widget = (layout or _side_layout)(self)
         for w in controls.values():
             w.observe(self._on_change, names="value")
 
+    # -- reading and computing
     def values(self) -> dict:
-        return {name: w.value for name, w in self.controls.items()}
+        vals = {name: w.value for name, w in self.controls.items()}
+        for a in self.auto:
+            vals[a] = self._auto_values[a]
+        return vals
 
-    def _view(self):
-        return self.compute(**self.values(), **self.fixed)
+    def on_screen(self) -> tuple:
+        if self.tabs is None:
+            return self.main
+        i = self.tabs.selected_index
+        return self.main + ((self.tab_names[i],) if i is not None else ())
+
+    def _view(self, **extra):
+        names = self.on_screen() if hasattr(self, "tabs") else self.main
+        return self.compute(**self.values(), **self.fixed, figures=names, **extra)
 
     def _show(self, view):
         self.last = view
         self.summary.value = view["summary"]
+        self._silent = True
+        try:   # auto controls follow the view's choice without triggering a redraw
+            for a in self.auto:
+                w, val = self.controls[a], view["params"].get(a)
+                if val is None:
+                    continue
+                n = getattr(view.get("trace"), "n_steps", None)
+                if n is not None and hasattr(w, "max"):
+                    w.max = max(n - 1, 0)
+                w.value = val
+        finally:
+            self._silent = False
 
-    def update(self):
-        """Recompute from the controls and redraw; returns the seconds it took."""
+    def _draw(self, figures: dict):
+        for name, fig in figures.items():
+            if fig is not self._drawn.get(name):  # unchanged figures stay as they are
+                assign_figure(self.figures[name], fig)
+                self._drawn[name] = fig
+            self._stale.discard(name)
+
+    def update(self, changed: str | None = None):
+        """Recompute from the controls and redraw what is on screen; returns the seconds it
+        took. ``changed``: the control that moved (an ``auto`` control keeps its value
+        only when it is the one that moved)."""
         t0 = time.perf_counter()
+        for a in self.auto:
+            self._auto_values[a] = self.controls[a].value if changed == a else None
         try:
-            view = self._view()
+            if self.figures_first:
+                # what the figures need first, so the browser redraws them while the kernel
+                # runs the other policies and the reference for the summary
+                first = self._view(all_policies=False)
+                self._show(first)
+                self._draw(first["figures"])
+                self.figures_seconds = time.perf_counter() - t0
+                view = self.compute(**self.values(), **self.fixed, figures=())
+            else:
+                view = self._view()
+                self.figures_seconds = math.nan
         except (ValueError, TypeError) as e:
             self.errors += 1
             self.last_seconds = math.nan
             self.summary.value = (f"<div class='fa-lab-error' style='color:#b00'>"
                                   f"{html.escape(str(e))}</div>")
             return math.nan
-        for name, fig in view["figures"].items():
-            if fig is not self._drawn.get(name):  # unchanged figures stay as they are
-                assign_figure(self.figures[name], fig)
-                self._drawn[name] = fig
         self._show(view)
+        self._draw(view["figures"])
+        self._stale |= set(self.figures) - set(self.on_screen())
+        if not self.figures_first:
+            self.figures_seconds = time.perf_counter() - t0
         self.last_seconds = time.perf_counter() - t0
+        # the kernel's share of the redraw, for the reader (and the browser test)
+        self.summary.value = view["summary"] + (
+            f"<div class='fa-lab-timing' style='color:#777;font-size:11px;line-height:1.2'>"
+            f"redraw {self.redraws + 1}: figures after {self.figures_seconds:.2f} s, "
+            f"all {self.last_seconds:.2f} s (kernel)</div>")
+        self.redraws += 1
         return self.last_seconds
 
     def _on_change(self, change):
-        self.update()
+        if self._silent:
+            return
+        name = next((n for n, w in self.controls.items() if w is change["owner"]), None)
+        self.update(name)
+
+    def _on_tab(self, change):
+        name = self.tab_names[change["new"]] if change["new"] is not None else None
+        if name in self._stale and self.last is not None:
+            self._draw(self.last["make_figures"]((name,)))
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
@@ -487,66 +737,83 @@ class Dashboard:
         display(self.widget)
 
 
-def _slider_style():
-    return {"description_width": "110px"}
-
-
-def _heat_value_control(value="m"):
+def _side_layout(d):
+    """Controls and summary in a column on the left; on the right the main figure and, under
+    it, the tabs. About 1180 x 860 px: one 1600 x 1000 screen."""
     import ipywidgets as W
 
-    return W.Dropdown(options=[("running max m", "m"), ("tile max", "mt"), ("log2(l)", "l"),
-                               ("log2(corr)", "corr"), ("dragged", "dragged")],
-                      value=value, description="heatmap", style=_slider_style(),
-                      layout=W.Layout(width="260px"))
+    left = W.VBox([*d.controls.values(), d.summary],
+                  layout=W.Layout(width=f"{LEFT_WIDTH}px", flex=f"0 0 {LEFT_WIDTH}px",
+                                  padding="4px 8px 0 0"))
+    right = [d.figures[n] for n in d.main] + ([d.tabs] if d.tabs is not None else [])
+    return W.HBox([left, W.VBox(right, layout=W.Layout(width=f"{FIGURE_WIDTH + 10}px"))],
+                  layout=W.Layout(align_items="flex-start", width=f"{LEFT_WIDTH + FIGURE_WIDTH + 20}px"))
 
 
-def _lane_dashboard_layout(d, first_row, second_row):
-    """Two rows of controls (by name), the summary, the heatmap, then the lane and
-    non-finite figures side by side (wrapping on narrow screens)."""
+def _style():
+    return {"description_width": "95px"}
+
+
+def _wide():
     import ipywidgets as W
 
-    c = d.controls
-    return W.VBox([
-        W.HBox([c[name] for name in first_row]),
-        W.HBox([c[name] for name in second_row]),
-        d.summary,
-        d.figures["heatmap"],
-        W.HBox([d.figures["lane"], d.figures["nonfinite"]], layout=W.Layout(flex_flow="row wrap")),
-    ])
+    return W.Layout(width=f"{LEFT_WIDTH - 10}px")
+
+
+def _policy_control(value):
+    import ipywidgets as W
+
+    return W.Dropdown(options=list(policies.names()), value=value, description="policy",
+                      style=_style(), layout=_wide())
+
+
+def _heat_value_control(value="deficit"):
+    import ipywidgets as W
+
+    return W.Dropdown(options=list(HEAT_VALUES), value=value, description="heatmap",
+                      style=_style(), layout=_wide())
+
+
+def _row_and_tile(S, row):
+    import ipywidgets as W
+
+    return {
+        "row": W.IntSlider(value=int(row), min=0, max=S - 1, description="row",
+                           continuous_update=False, style=_style(), layout=_wide()),
+        "tile": W.IntSlider(value=0, min=0, max=1, description="wave at step",
+                            continuous_update=False, style=_style(), layout=_wide()),
+    }
 
 
 def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["D"], *,
                       k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False, seed=0,
                       row=None, n_waves=1, device=None, backend="auto") -> Dashboard:
-    """bf16 dashboard: K scale, threshold, policy, causal, S, seed and row controls; shows
-    the running max of the row's wave, that row's lane, the NaN map of the output and a
-    summary of every policy against fp32. ``row=None`` picks the first row the unfixed
-    lazy rescale turns non-finite (row 0 when there is none)."""
+    """bf16 dashboard: K scale, threshold, policy, causal, S, seed, row, the wave figure's
+    step and the heatmap's value; shows the row under its policy beside the fix, its wave
+    at one step, its wave step by step, the map of every bad row, and a summary of every
+    policy against fp32. ``row=None`` picks the first row the unfixed lazy rescale turns
+    non-finite (row 0 when there is none)."""
     import ipywidgets as W
 
     S = _int("S", S, 1)
     if row is None:
         row = first_bad_row(k_scale, threshold, causal, S, seed, H=H, D=D, device=device,
                             backend=backend)
-    style = _slider_style()
-    lay = W.Layout(width="360px")
+    style, wide = _style(), _wide()
     controls = {
         "k_scale": W.IntSlider(value=int(k_scale), min=1, max=128, description="K scale",
-                               continuous_update=False, style=style, layout=lay),
+                               continuous_update=False, style=style, layout=wide),
         "threshold": W.FloatSlider(value=float(threshold), min=0, max=32, step=0.5,
-                                   description="threshold (log2)", continuous_update=False,
-                                   style=style, layout=lay),
-        "policy": W.Dropdown(options=[(f"{p}: {policies.POLICIES_BF16[p][:48]}...", p)
-                                      for p in BF16_POLICIES], value=policy,
-                             description="policy", style=style, layout=W.Layout(width="520px")),
-        "causal": W.Checkbox(value=causal, description="causal", indent=False),
-        "S": W.Dropdown(options=sorted({256, 512, 1024, 2048, S}), value=S, description="S",
-                        style=style, layout=W.Layout(width="220px")),
-        "seed": W.BoundedIntText(value=seed, min=0, max=10**6, description="seed", style=style,
-                                 layout=W.Layout(width="220px")),
-        "row": W.IntSlider(value=int(row), min=0, max=S - 1, description="row (lane)",
-                           continuous_update=False, style=style, layout=lay),
+                                   description="threshold", continuous_update=False,
+                                   style=style, layout=wide),
+        "policy": _policy_control(policy),
+        **_row_and_tile(S, row),
         "heat_value": _heat_value_control(),
+        "S": W.Dropdown(options=sorted({256, 512, 1024, 2048, S}), value=S, description="S",
+                        style=style, layout=wide),
+        "seed": W.BoundedIntText(value=seed, min=0, max=10**6, description="seed", style=style,
+                                 layout=wide),
+        "causal": W.Checkbox(value=causal, description="causal", indent=False),
     }
 
     def keep_row_in_range(change):
@@ -554,12 +821,8 @@ def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["
 
     controls["S"].observe(keep_row_in_range, names="value")
     fixed = dict(H=H, D=D, n_waves=n_waves, device=device, backend=backend)
-
-    def layout(d):
-        return _lane_dashboard_layout(d, ["k_scale", "threshold", "row"],
-                                      ["policy", "causal", "S", "seed", "heat_value"])
-
-    d = Dashboard(compute_rescale_view, controls, fixed, layout)
+    d = Dashboard(compute_rescale_view, controls, fixed, figures_first=True)
+    d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-rescale-dashboard")
     return d
 
@@ -570,23 +833,31 @@ def first_bad_row(k_scale=32, threshold=8.0, causal=False, S=CPU_DEFAULTS["S"], 
     """The first query row of ``head`` whose output the unfixed lazy rescale makes
     non-finite, or 0."""
     view = compute_rescale_view(k_scale, threshold, "lazy_unfixed", causal, S, seed, 0, H=H,
-                                D=D, head=head, device=device, backend=backend, figures=False)
+                                D=D, head=head, device=device, backend=backend, figures=False,
+                                with_trace=False)
     bad = (~torch.isfinite(view["outputs"]["lazy_unfixed"][0, :, head]).all(-1)).nonzero()
     return int(bad[0]) if len(bad) else 0
 
 
 def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5000.0,
                   threshold=8.0, policy="lazy_unfixed", rebase_bound=16.0, headroom=False,
-                  causal=False, seed=0, row=0, n_waves=1, device=None,
+                  causal=False, seed=0, row=None, n_waves=1, device=None,
                   backend="auto") -> Dashboard:
     """fp8 dashboard: k scale (log slider), threshold (or PR #1020's by-KV-length rule),
-    rebase bound (lazy_capped), P headroom, policy; shows mean |o - 1|, NaN counts, the
-    running max of the row's wave, that row's lane and the NaN map."""
+    rebase bound (capped policies), P headroom, policy, row and the wave figure's step;
+    shows mean |o - 1|, NaN counts, the row under its policy beside the fix, its wave and
+    the map of every bad row. ``row=None`` picks the first row the unfixed rule turns
+    non-finite at this k scale (row 0 when there is none)."""
     import ipywidgets as W
 
     S = _int("S", S, 1)
-    style = _slider_style()
-    lay = W.Layout(width="360px")
+    if row is None:
+        first = compute_fp8_view(k_scale, threshold, "lazy_unfixed", rebase_bound, headroom,
+                                 causal, S, seed, 0, H=H, device=device, backend=backend,
+                                 figures=False)
+        bad = (~torch.isfinite(first["out"][0, :, 0]).all(-1)).nonzero()
+        row = int(bad[0]) if len(bad) else 0
+    style, wide = _style(), _wide()
     thr_options = [("by KV length (PR #1020)", "by_kv_len")] + [(f"{t:g}", float(t)) for t in
                                                                (0, 2, 4, 6, 8, 12, 16, 24, 32)]
     if threshold not in [v for _, v in thr_options]:
@@ -594,39 +865,31 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
     controls = {
         "k_scale": W.FloatLogSlider(value=float(k_scale), base=10, min=2, max=5, step=0.05,
                                     description="k scale", continuous_update=False,
-                                    style=style, layout=lay, readout_format=".4g"),
-        "threshold": W.Dropdown(options=thr_options, value=threshold,
-                                description="threshold (log2)", style=style,
-                                layout=W.Layout(width="300px")),
+                                    style=style, layout=wide, readout_format=".4g"),
+        "policy": _policy_control(policy),
+        "threshold": W.Dropdown(options=thr_options, value=threshold, description="threshold",
+                                style=style, layout=wide),
         "rebase_bound": W.FloatSlider(value=float(rebase_bound), min=1, max=64, step=1,
                                       description="rebase bound", continuous_update=False,
-                                      style=style, layout=lay),
+                                      style=style, layout=wide),
+        **_row_and_tile(S, row),
+        "heat_value": _heat_value_control(),
         "headroom": W.Checkbox(value=headroom, description="P headroom (PR #1020)",
                                indent=False),
-        "policy": W.Dropdown(options=[(f"{p}: {policies.POLICIES_FP8[p][:44]}...", p)
-                                      for p in FP8_POLICIES], value=policy,
-                             description="policy", style=style, layout=W.Layout(width="520px")),
         "causal": W.Checkbox(value=causal, description="causal", indent=False),
-        "row": W.IntSlider(value=int(row), min=0, max=S - 1, description="row (lane)",
-                           continuous_update=False, style=style, layout=lay),
-        "heat_value": _heat_value_control(),
     }
     fixed = dict(S=S, H=H, seed=seed, n_waves=n_waves, device=device, backend=backend)
 
     def enable_what_applies(_=None):
-        # The eager rescale has no threshold; only lazy_capped has a rebase bound.
+        # The eager rescale has no threshold; only capped policies have a rebase bound.
         pol = controls["policy"].value
-        controls["threshold"].disabled = pol == "eager"
-        controls["rebase_bound"].disabled = pol != "lazy_capped"
+        controls["threshold"].disabled = not _lazy(pol)
+        controls["rebase_bound"].disabled = policies.get(pol).rebase != "capped"
 
     enable_what_applies()
     controls["policy"].observe(enable_what_applies, names="value")
-
-    def layout(d):
-        return _lane_dashboard_layout(d, ["k_scale", "rebase_bound", "row"],
-                                      ["policy", "threshold", "headroom", "causal", "heat_value"])
-
-    d = Dashboard(compute_fp8_view, controls, fixed, layout)
+    d = Dashboard(compute_fp8_view, controls, fixed)
+    d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-fp8-dashboard")
     return d
 
@@ -638,24 +901,19 @@ def compare_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], *, k_scale=32, t
     scale moves."""
     import ipywidgets as W
 
-    style = _slider_style()
+    style, wide = _style(), _wide()
     controls = {
         "k_scale": W.IntSlider(value=int(k_scale), min=1, max=128, description="K scale",
-                               continuous_update=False, style=style,
-                               layout=W.Layout(width="360px")),
-        "fp8_policy": W.Dropdown(options=list(FP8_POLICIES), value=fp8_policy,
-                                 description="fp8 policy", style=style),
+                               continuous_update=False, style=style, layout=wide),
+        "fp8_policy": W.Dropdown(options=list(policies.names()), value=fp8_policy,
+                                 description="fp8 policy", style=style, layout=wide),
         "causal": W.Checkbox(value=causal, description="causal", indent=False),
     }
     fixed = dict(threshold=threshold, S=S, H=H, seed=seed, head=head, device=device,
                  backend=backend)
-
-    def layout(d):
-        c = d.controls
-        return W.VBox([W.HBox([c["k_scale"], c["fp8_policy"], c["causal"]]), d.summary,
-                       d.figures["difference"]])
-
-    d = Dashboard(compute_compare_view, controls, fixed, layout)
+    d = Dashboard(compute_compare_view, controls, fixed, main=("difference",), tabs=(),
+                  auto=())
+    d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-compare-dashboard")
     return d
 
@@ -672,7 +930,7 @@ def benchmark(dashboard: Dashboard, control: str, values, *, repeat: int = 1,
     the individual times."""
     if control not in dashboard.controls:
         raise ValueError(f"control={control!r}; the dashboard has {sorted(dashboard.controls)}")
-    times = []
+    times, figures = [], []
     w = dashboard.controls[control]
     for _ in range(repeat):
         for v in values:
@@ -682,5 +940,9 @@ def benchmark(dashboard: Dashboard, control: str, values, *, repeat: int = 1,
             if math.isnan(dashboard.last_seconds) or dashboard.last["params"].get(control) != v:
                 raise RuntimeError(f"redraw failed for {control}={v!r}: {dashboard.summary.value}")
             times.append(elapsed)
+            # the share until the figures were sent (wall time), scaled to this clock
+            share = dashboard.figures_seconds / dashboard.last_seconds
+            figures.append(elapsed * min(1.0, share))
     return {"control": control, "median_s": statistics.median(times), "min_s": min(times),
-            "max_s": max(times), "times_s": times}
+            "max_s": max(times), "times_s": times,
+            "figures_median_s": statistics.median(figures)}

@@ -123,7 +123,7 @@ def test_lane_lines_values_events_and_lse(bf16_case):
     tr, lane = bf16_case["trace"], bf16_case["lane"]
     d = tr.lane(lane)
     fig = viz.lane_lines(tr, lane)
-    np.testing.assert_array_equal(by_name(fig, "m, running max").y, d.m.to_numpy(float))
+    np.testing.assert_array_equal(by_name(fig, "m, running max (the base)").y, d.m.to_numpy(float))
     np.testing.assert_array_equal(by_name(fig, "tile max").y, d.mt.to_numpy(float))
     with np.errstate(divide="ignore"):
         log_l = np.log2(d["l"].to_numpy(float))
@@ -137,7 +137,18 @@ def test_lane_lines_values_events_and_lse(bf16_case):
     assert len(vlines) == 2  # both panels
     assert any(f"step {first}" in a.text for a in fig.layout.annotations)
     assert "final LSE = +inf" in fig.layout.title.text
-    assert fig.layout.yaxis.title.text == "m, tile max (log2 units)"
+    assert fig.layout.yaxis.title.text == "m, maxima (log2 units)"
+    # the true running max and the deficit, against an independent cummax
+    best = np.maximum.accumulate(d.mt.to_numpy(float))
+    np.testing.assert_array_equal(by_name(fig, "true running max (largest tile max so far)").y, best)
+    dfc = np.asarray(by_name(fig, "deficit = true max - m").y, dtype=float)
+    want = best - d.m.to_numpy(float)
+    np.testing.assert_array_equal(dfc[np.isfinite(want)], want[np.isfinite(want)])
+    # opened zoomed on the break, with buttons to widen it to every step
+    hi = min(tr.n_steps - 1, max(first + 4, 7))
+    assert tuple(fig.layout.xaxis2.range) == (-0.5, hi + 0.5)
+    labels = [b.label for b in fig.layout.updatemenus[0].buttons]
+    assert labels[1] == f"all {tr.n_steps} steps"
     # l overflowed: marked at the top edge of the lower panel, with the fp32 ceiling drawn
     edge = [t for t in fig.data if t.name.startswith("not finite")][1]
     assert len(edge.x) > 0 and max(edge.y) >= np.nanmax(got)
@@ -150,6 +161,13 @@ def test_lane_lines_of_a_finite_lane_has_no_marks(bf16_case):
     fig = viz.lane_lines(tr, int(ok[0]))
     assert not [s for s in fig.layout.shapes if s.line.dash == "dash"]
     assert "final LSE = " in fig.layout.title.text and "inf" not in fig.layout.title.text
+    # l = 0 before any P is added and corr = 0 at the first step are log2 = -inf, but not
+    # failures: no "not finite" marker anywhere, step 0 included
+    d = tr.lane(int(ok[0]))
+    assert d["l"].iloc[0] == 0
+    edges = [t for t in fig.data if t.name.startswith("not finite")]
+    assert len(edges) == 2 and all(len(t.x) == 0 for t in edges)
+    assert not fig.layout.updatemenus          # nothing broke: every step, no zoom
 
 
 def test_lane_lines_fp8_threshold_in_log2_units(fp8_trace):
@@ -163,20 +181,43 @@ def test_lane_lines_fp8_threshold_in_log2_units(fp8_trace):
 
 # ---- outputs -----------------------------------------------------------------------------
 
-def test_nonfinite_map_categories_and_counts():
+def test_nonfinite_map_marks_every_bad_row_once():
     out = torch.zeros(2, 6, 3, 4)
     out[1, 0, 0, 1] = math.nan
     out[1, 1, 2, 0] = math.inf
     out[1, 2, 1, 3] = -math.inf
     out[1, 3, 1, 0], out[1, 3, 1, 1] = math.nan, math.inf  # NaN wins
-    fig = viz.nonfinite_map(out, batch=1)
-    want = np.zeros((6, 3), dtype=int)
-    want[0, 0], want[1, 2], want[2, 1], want[3, 1] = 1, 2, 3, 1
-    np.testing.assert_array_equal(np.array(fig.data[0].z), want)
-    ticks = fig.data[0].colorbar.ticktext
-    assert ticks == ("finite (14 rows)", "NaN (2 rows)", "+inf (1 rows)", "-inf (1 rows)")
-    assert "4 of 18" in fig.layout.title.text
-    assert viz.nonfinite_map(out, batch=0).data[0].colorbar.ticktext[0] == "finite (18 rows)"
+    fig = viz.nonfinite_map(out, batch=1, highlight=(3, 1))
+    marks = {t.name.split(":")[0]: sorted(zip(t.x, t.y)) for t in fig.data[:3]}
+    assert marks == {"NaN": [(0, 0), (1, 3)], "+inf": [(2, 1)], "-inf": [(1, 2)]}
+    assert [t.name.split(": ")[1] for t in fig.data[:3]] == ["2 rows", "1 rows", "1 rows"]
+    assert all(t.marker.symbol == "line-ew" and t.marker.size >= 8 for t in fig.data[:3])
+    ring = fig.data[3]
+    assert list(ring.x) == [1] and list(ring.y) == [3] and ring.name == "followed row"
+    assert "4 of 18" in fig.layout.title.text and "14 finite" in fig.layout.title.text
+    assert len(viz.nonfinite_map(out, batch=0).data[0].x) == 0
+
+
+def test_nonfinite_map_with_lse_names_how_each_row_died():
+    out = torch.zeros(1, 5, 1, 4)
+    lse = torch.zeros(1, 1, 5)
+    out[0, 0, 0, 0] = -math.inf                      # O overflowed, LSE finite
+    out[0, 1, 0] = math.nan
+    lse[0, 0, 1] = math.inf                          # l overflowed
+    out[0, 2, 0] = math.nan
+    lse[0, 0, 2] = math.nan                          # inf * 0
+    codes = viz.row_fates(out, lse)[0, :, 0].tolist()
+    assert codes == [2, 1, 3, 0, 0]
+    fig = viz.nonfinite_map(out, lse=lse)
+    names = [t.name for t in fig.data]
+    assert names[0].startswith("NaN output, LSE = +inf") and list(fig.data[0].y) == [1]
+    assert names[1].startswith("inf output, LSE finite") and list(fig.data[1].y) == [0]
+    assert names[2].startswith("LSE = NaN") and list(fig.data[2].y) == [2]
+    # one mark per row at any H: a tall, one-head output keeps every bad row visible
+    tall = torch.zeros(1, 8192, 1, 2)
+    tall[0, [5, 4000, 8191], 0, 0] = math.nan
+    t = viz.nonfinite_map(tall).data[0]
+    assert sorted(t.y) == [5, 4000, 8191] and t.marker.size >= 8
 
 
 def test_lse_rows_puts_nonfinite_rows_on_the_edges():
@@ -210,8 +251,8 @@ def test_output_difference_rows_against_hand_computed():
     np.testing.assert_array_equal(y[:3], [2.0 ** -10, 0.5, 0.25])
     assert 0 < y[3] < 2.0 ** -10  # equal to the reference: the bottom edge
     assert fp8.y[0] == 2.0 ** -9 and np.isnan(fp8.y[3])
-    assert lazy.marker.color == viz.POLICY_COLORS["lazy"]
-    assert fp8.marker.color == viz.POLICY_COLORS["fp8"]
+    assert lazy.marker.color == viz.policy_color("lazy")
+    assert fp8.marker.color == viz.policy_color("fp8")
     bad = fig.data[3]
     assert list(bad.x) == [3] and bad.y[0] > 0.5
     assert "1 non-finite rows" in bad.name
@@ -239,7 +280,7 @@ def test_bf16_table_curves_values_colours_and_seed():
     assert list(nan.y) == [0.0, 10.0, 80.0]
     for t in fig.data:
         pol = t.legendgroup
-        assert t.marker.color == viz.POLICY_COLORS[pol], t.name
+        assert t.marker.color == viz.policy_color(pol), t.name
     seed_rel = [t for t in fig.data if t.name.startswith("lazy (seed")][0]
     assert list(seed_rel.y) == [r["lazy"] for r in seed["rows"]]
     assert seed_rel.marker.symbol.endswith("-open")
@@ -261,7 +302,8 @@ def test_fp8_table_curves_values_zero_edge_and_seed():
     mad, zero, nan = unfixed
     assert mad.y[0] == 1e-4 and np.isnan(mad.y[1])
     assert list(zero.x) == [5000] and zero.y[0] < 1e-4  # exactly 0: bottom edge
-    assert list(nan.y) == [0.0, 50.0]
+    assert nan.y[1] == 50.0 and 0 < nan.y[0] < 50.0     # no NaN: the log axis' bottom edge
+    assert nan.marker.symbol[0] == "triangle-down" and nan.marker.symbol[1] == "square"
     b16 = [t for t in fig.data if t.name.startswith("bound 16 (seed")][0]
     want = [r for r in seed["rows"] if r["policy"] == "lazy_capped" and r.get("bound") == 16]
     assert list(b16.x) == [r["k_scale"] for r in want]
@@ -270,12 +312,13 @@ def test_fp8_table_curves_values_zero_edge_and_seed():
     seed_nan = [t for t in fig.data if t.name.startswith("unfixed NaN (seed")][0]
     assert seed_nan.y[1] == pytest.approx(100 * 20.0e6 / n_seed)
     for t in fig.data:
-        assert t.marker.color == viz.POLICY_COLORS[t.legendgroup]
+        assert t.marker.color == viz.policy_color(t.legendgroup)
     assert fig.layout.xaxis.type == "log"
 
 
 def test_policy_colours_are_distinct_and_shared():
-    c = viz.POLICY_COLORS
+    c = {n: viz.policy_color(n) for n in ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fp8",
+                                          "unfixed", "monotonic", "bound 8", "bound 16", "bound 32")}
     assert len({c["eager"], c["lazy"], c["lazy_unfixed"], c["lazy_capped"], c["fp8"]}) == 5
     assert c["unfixed"] == c["lazy_unfixed"] and c["monotonic"] == c["lazy"]
     assert c["bound 16"] == c["lazy_capped"]  # the default bound
@@ -288,7 +331,12 @@ def test_policy_colours_are_distinct_and_shared():
 def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
     tr = bf16_case["trace"]
     figs = [viz.running_max_heatmap(tr), viz.running_max_heatmap(tr, "l"),
+            viz.running_max_heatmap(tr, "deficit", highlight=3),
+            viz.running_max_heatmap(tr, "dragged"),
             viz.lane_lines(tr, bf16_case["lane"]), viz.lane_lines(fp8_trace, 0),
+            viz.row_compare({"lazy_unfixed": tr, "again": tr}, bf16_case["lane"]),
+            viz.wave_ballot(tr, 3, highlight=bf16_case["lane"]), viz.wave_ballot(fp8_trace, 0),
+            viz.nonfinite_map(bf16_case["out"], lse=bf16_case["lse"], highlight=(0, 0)),
             viz.nonfinite_map(bf16_case["out"]), viz.lse_rows(bf16_case["lse"], bf16_case["out"]),
             viz.output_difference_rows({"lazy_unfixed": bf16_case["out"]}, bf16_case["out"].float()),
             viz.bf16_table_curves(bf16_table(), experiments.seed_table("bf16"))]
@@ -311,6 +359,13 @@ def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
     (lambda t: viz.fp8_table_curves([1, 2]), TypeError, "DataFrame"),
     (lambda t: viz.bf16_table_curves(bf16_table(), seed={"no": "rows"}), TypeError, "seed"),
     (lambda t: viz.to_png(go.Figure(), "/tmp/x.jpg"), ValueError, ".png"),
+    (lambda t: viz.wave_ballot(t, t.n_steps), ValueError, "step="),
+    (lambda t: viz.wave_ballot(t, 1.5), TypeError, "step must be an int"),
+    (lambda t: viz.wave_ballot(t, 1, wave=4096), ValueError, "no traced lane"),
+    (lambda t: viz.row_compare({}, 0), ValueError, "non-empty dict"),
+    (lambda t: viz.row_compare({"a": t}, 32), ValueError, "lane=32"),
+    (lambda t: viz.nonfinite_map(torch.zeros(1, 3, 2, 4), lse=torch.zeros(1, 3, 2)), ValueError,
+     "does not match"),
 ])
 def test_bad_input_is_refused(bf16_case, call, err, words):
     with pytest.raises(err, match=None) as e:
@@ -324,3 +379,101 @@ def test_to_png_writes_a_png_in_place(tmp_path):
     assert path == tmp_path / "sub" / "t.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == ["t.png"]  # no temp file left
+
+
+# ---- the mechanism: deficit, one wave, fixed beside unfixed ------------------------------
+
+@pytest.fixture(scope="module")
+def wave_traces(bf16_case):
+    c = bf16_case
+    w0 = c["bad"][0] // 32 * 32
+    return {pol: trace(c["q"], c["k"], c["v"], rows=range(w0, w0 + 32), causal=False, rescale=pol)
+            for pol in ("lazy_unfixed", "lazy", "eager")}
+
+
+def test_deficit_is_the_true_max_minus_m(wave_traces):
+    tr = wave_traces["lazy_unfixed"]
+    d = viz.deficit(tr).to_numpy()
+    st = tr.steps
+    lane = st[st.lane == 5]
+    want = np.maximum.accumulate(lane.mt.to_numpy(float)) - lane.m.to_numpy(float)
+    fin = np.isfinite(want)
+    np.testing.assert_array_equal(d[5][fin], want[fin])
+    assert np.nanmax(np.where(np.isfinite(d), d, np.nan)) > 100       # unfixed: deep
+    assert (viz.deficit(wave_traces["eager"]).to_numpy() == 0).all()   # eager: none
+    fixed = viz.deficit(wave_traces["lazy"]).to_numpy()
+    assert (fixed >= 0).all() and fixed.max() <= 8                     # fixed: at most THR
+
+
+def test_heatmap_flags_are_two_colours_and_ranges_stay_fixed(wave_traces):
+    tr = wave_traces["lazy_unfixed"]
+    flags = viz.running_max_heatmap(tr, "dragged")
+    heat = flags.data[1]
+    assert heat.zmin == 0 and heat.zmax == 1
+    assert [c[1] for c in heat.colorscale] == ["#eeeeee", "#eeeeee", "#ff2d2d", "#ff2d2d"]
+    assert heat.colorbar.ticktext == ("no", "dragged")
+    assert len(flags.data[2].x) == len(flags.data[3].x) == 0           # no markers over flags
+    d1 = viz.running_max_heatmap(tr, "deficit").data[1]
+    d2 = viz.running_max_heatmap(wave_traces["lazy"], "deficit").data[1]
+    assert (d1.zmin, d1.zmax) == (d2.zmin, d2.zmax) == viz.FIXED_RANGES["deficit"]
+    hl = viz.running_max_heatmap(tr, "deficit", highlight=7)
+    assert [(s.y0, s.y1) for s in hl.layout.shapes] == [(6.5, 7.5)]
+
+
+def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
+    tr = wave_traces["lazy_unfixed"]
+    st = tr.steps
+    step = int(st[st.dragged].step.iloc[0])
+    fig = viz.wave_ballot(tr, step, highlight=bf16_case["lane"])
+    at = st[st.step == step]
+    n_vote, n_drag = int(at.vote.sum()), int(at.dragged.sum())
+    lanes_voted = fig.data[1]                                          # drawn on top
+    assert len(lanes_voted.x) == 2 * n_vote                            # two lanes per row
+    voted = [t for t in fig.data if t.name and t.name.startswith("voted")][0]
+    dragged = [t for t in fig.data if t.name and t.name.startswith("dragged")][0]
+    assert voted.name.endswith(f": {n_vote}") and dragged.name.endswith(f": {n_drag}")
+    assert all(x < 0 for x in dragged.x) and all(x > 8 for x in voted.x)
+    assert f"{n_vote} voted, the wave fired, {n_drag} dragged" in fig.layout.title.text
+    assert any("FIRE" in a.text for a in fig.layout.annotations)
+
+
+def test_row_compare_puts_fixed_beside_unfixed(wave_traces, bf16_case):
+    lane = bf16_case["lane"]
+    fig = viz.row_compare({"lazy_unfixed": wave_traces["lazy_unfixed"], "lazy": wave_traces["lazy"]},
+                          lane)
+    heads = [a.text for a in fig.layout.annotations if a.text.startswith("<b>")]
+    assert heads[0].startswith("<b>lazy_unfixed</b>") and "non-finite from step" in heads[0]
+    assert heads[1] == "<b>lazy</b>: stays finite"
+    ms = [t for t in fig.data if t.name == "m, the base"]
+    assert [t.line.color for t in ms] == [viz.policy_color("lazy_unfixed"), viz.policy_color("lazy")]
+    np.testing.assert_array_equal(ms[1].y, wave_traces["lazy"].lane(lane).m.to_numpy(float))
+    first = int(wave_traces["lazy_unfixed"].lanes.loc[lane, "first_nonfinite_step"])
+    assert fig.layout.xaxis.range[0] == -0.5 and fig.layout.xaxis.range[1] >= first
+    assert fig.layout.yaxis3.range == fig.layout.yaxis4.range          # one deficit scale
+    wide = viz.row_compare({"a": wave_traces["lazy"]}, lane, window=None)
+    assert wide.layout.xaxis.range[1] == wave_traces["lazy"].n_steps - 0.5
+    with pytest.raises(ValueError, match="same rows"):
+        viz.row_compare({"a": wave_traces["lazy"], "b": trace(
+            bf16_case["q"], bf16_case["k"], bf16_case["v"], rows=range(480, 512), causal=False)}, 0)
+
+
+def test_fp8_nan_share_sits_on_a_log_axis():
+    table = pd.DataFrame([
+        {"k_scale": 5000, "variant": "bound 32", "mean_abs_dev": 1e-4, "nan": 3, "elements": 10**6},
+        {"k_scale": 5000, "variant": "unfixed", "mean_abs_dev": 1e-4, "nan": 8 * 10**5, "elements": 10**6},
+        {"k_scale": 5000, "variant": "bound 16", "mean_abs_dev": 1e-4, "nan": 0, "elements": 10**6},
+    ])
+    fig = viz.fp8_table_curves(table)
+    assert fig.layout.yaxis2.type == "log"
+    b32 = [t for t in fig.data if t.legendgroup == "bound 32" and t.xaxis == "x2"][0]
+    assert b32.y[0] == pytest.approx(3e-4)                 # a leak of 3 in a million shows
+    b16 = [t for t in fig.data if t.legendgroup == "bound 16" and t.xaxis == "x2"][0]
+    assert 0 < b16.y[0] < 3e-4 and b16.marker.symbol[0].startswith("triangle-down")
+
+
+def test_one_colour_per_implementation():
+    assert viz.impl_color("fast_lazy") == viz.policy_color("lazy")
+    assert viz.impl_color("fast_eager") == viz.policy_color("eager")
+    assert viz.impl_color("fast_lazy_unfixed") == viz.policy_color("lazy_unfixed")
+    assert len(set(viz.IMPL_COLORS.values())) == len(viz.IMPL_COLORS)
+    assert viz.impl_color("lazy_capped") == viz.policy_color("lazy_capped")

@@ -11,7 +11,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+import pandas as pd
+
 from fa_lab import experiments, flash_attn_func, metrics, reference, viz, widgets
+from fa_lab import trace as fa_trace
 
 S, H = 512, 1  # small: K x64 still makes NaN rows here, K x8 none
 
@@ -37,9 +40,10 @@ def test_rescale_view_changes_with_k_scale(views):
     assert z_lo.shape == z_hi.shape == (32, S // 64)
     assert np.nanmax(z_hi) > np.nanmax(z_lo)  # a wider score range, a larger running max
     assert "K x64" in hi["summary"] and "K x8" in lo["summary"]
-    cats_hi = np.array(hi["figures"]["nonfinite"].data[0].z)
-    assert (cats_hi > 0).sum() == st_hi.loc["lazy_unfixed", "nan_rows"] + (
-        (cats_hi == 2) | (cats_hi == 3)).sum()
+    # every non-finite row of the output is one mark on the bad-row map
+    marks = sum(len(t.x) for t in hi["figures"]["nonfinite"].data[:-1])
+    assert marks == int((~torch.isfinite(hi["out"]).all(-1)).sum()) > 0
+    assert sum(len(t.x) for t in lo["figures"]["nonfinite"].data[:-1]) == 0
 
 
 def test_rescale_view_numbers_match_an_independent_run(views):
@@ -61,7 +65,9 @@ def test_rescale_view_trace_is_the_rows_wave(views):
     # the traced lane ends where the full output does
     finite_row = bool(torch.isfinite(v["out"][0, 7, 0]).all())
     assert bool(tr.lanes.loc[lane, "out_finite"]) == finite_row
-    assert v["figures"]["lane"].layout.title.text.startswith("row 7 ")
+    assert v["figures"]["row"].layout.title.text.startswith("row 7 ")
+    # the row beside the fix, on the same rows
+    assert v["trace_fix"].policy.name == "lazy" and list(v["trace_fix"].lanes.row) == list(range(32))
 
 
 def test_threshold_and_policy_reach_the_kernel():
@@ -81,7 +87,7 @@ def test_threshold_and_policy_reach_the_kernel():
     (dict(k_scale=0), ValueError, "k_scale"),
     (dict(k_scale="32"), TypeError, "k_scale"),
     (dict(threshold=-1.0), ValueError, "threshold"),
-    (dict(policy="lazy_capped"), ValueError, "policy='lazy_capped'"),
+    (dict(policy="capped"), ValueError, "policy='capped'"),
     (dict(causal=1), TypeError, "causal"),
     (dict(S=0), ValueError, "S=0"),
     (dict(row=S), ValueError, f"row={S}"),
@@ -126,7 +132,7 @@ def test_compare_view_has_every_output_against_fp32():
     assert set(v["outputs"]) == {"lazy_unfixed", "lazy", "eager", "fp8"}
     fig = v["figures"]["difference"]
     colours = {t.legendgroup: t.marker.color for t in fig.data}
-    assert colours == {n: viz.POLICY_COLORS[n] for n in v["outputs"]}
+    assert colours == {n: viz.policy_color(n) for n in v["outputs"]}
     st = v["stats"].set_index("policy")
     ref = v["reference"]
     assert st.loc["fp8", "rel_l2"] == metrics.rel_l2(v["outputs"]["fp8"], ref)
@@ -138,23 +144,74 @@ def test_compare_view_has_every_output_against_fp32():
 
 def test_dashboard_slider_updates_figurewidgets_in_place():
     d = widgets.rescale_dashboard(S=256, H=H, k_scale=32, row=3)
-    heat = d.figures["heatmap"]
-    assert isinstance(heat, go.FigureWidget)
-    z0 = np.array(heat.data[1].z, dtype=float)
+    main = d.figures["row"]
+    assert isinstance(main, go.FigureWidget)
+    y0 = np.array(main.data[1].y, dtype=float)
     summary0 = d.summary.value
     d.controls["k_scale"].value = 64
-    assert d.figures["heatmap"] is heat  # the same widget, new data
-    z1 = np.array(heat.data[1].z, dtype=float)
-    assert not np.array_equal(z0, z1, equal_nan=True)
+    assert d.figures["row"] is main  # the same widget, new data
+    y1 = np.array(main.data[1].y, dtype=float)
+    assert not np.array_equal(y0, y1, equal_nan=True)
     assert "K x64" in d.summary.value and d.summary.value != summary0
     assert d.last["params"]["k_scale"] == 64 and d.last_seconds > 0
-    np.testing.assert_array_equal(
-        z1, np.array(d.last["figures"]["heatmap"].data[1].z, dtype=float))
+    drawn = d.last["make_figures"](("row",))["row"]    # the same (memoised) figure
+    np.testing.assert_array_equal(y1, np.array(drawn.data[1].y, dtype=float))
+    assert "figures after" in d.summary.value and "NaN" in d.summary.value
+    assert (main.layout.width, main.layout.height) == widgets.FIGURE_SIZES["row"]
+    # a figure in a closed tab is drawn when its tab opens, with the latest values
     d.controls["heat_value"].value = "corr"
+    heat = d.figures["heatmap"]
+    assert "log2(corr)" not in heat.data[1].colorbar.title.text
+    d.tabs.selected_index = widgets.LANE_TABS.index(("heatmap", "wave, step by step"))
     assert "log2(corr)" in heat.data[1].colorbar.title.text
+    z = np.array(heat.data[1].z, dtype=float)
+    np.testing.assert_array_equal(
+        z, np.array(viz.running_max_heatmap(d.last["trace"], "corr").data[1].z, dtype=float))
     # a new S moves the row slider's range with it
     d.controls["S"].value = 512
     assert d.controls["row"].max == 511 and d.last["params"]["S"] == 512
+
+
+def test_wave_step_follows_the_row_until_moved():
+    d = widgets.rescale_dashboard(S=512, H=H, k_scale=64, row=0)
+    tr, lane = d.last["trace"], d.last["lane"]
+    auto = d.controls["tile"].value
+    assert auto == d.last["tile"] == widgets._auto_tile(tr, lane)
+    assert d.controls["tile"].max == tr.n_steps - 1
+    d.controls["tile"].value = 2                  # the user picks a step: it stays
+    assert d.last["tile"] == 2 and "step 2" in d.figures["wave"].layout.title.text
+    d.controls["row"].value = 40                  # another row: the step follows it again
+    assert d.last["tile"] == widgets._auto_tile(d.last["trace"], d.last["lane"])
+    assert d.controls["tile"].value == d.last["tile"]
+
+
+def test_block_trace_is_the_full_trace():
+    q, k, v = experiments.bf16_inputs(1, 768, 1, 128, 48)
+    for causal in (False, True):
+        rows = range(288, 320)
+        full = fa_trace(q, k, v, rows=rows, causal=causal, rescale="lazy_unfixed")
+        part = widgets.block_trace(q, k, v, rows, causal=causal, rescale="lazy_unfixed")
+        pd.testing.assert_frame_equal(full.steps, part.steps)
+        pd.testing.assert_frame_equal(full.lanes, part.lanes)
+        assert torch.equal(full.out.nan_to_num(7.0), part.out.nan_to_num(7.0))
+    (q8, k8, v8), (qd, kd, vd) = experiments.fp8_inputs(1, 768, 1, 5000.0)
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, rescale="lazy_unfixed")
+    full = fa_trace(q8, k8, v8, rows=range(512, 544), **kw)
+    part = widgets.block_trace(q8, k8, v8, range(512, 544), **kw)
+    pd.testing.assert_frame_equal(full.steps, part.steps)
+
+
+def test_dashboards_fit_one_screen():
+    # the control column and the figures side by side within 1600 px with JupyterLab's file
+    # browser open (about 1200 px for a cell's output); the main figure, the tab bar and a
+    # tab's figure within 1000 px minus JupyterLab's bars
+    assert widgets.LEFT_WIDTH + widgets.FIGURE_WIDTH + 20 <= 1200
+    assert widgets.MAIN_HEIGHT + 40 + widgets.TAB_HEIGHT <= 860
+    d = widgets.fp8_dashboard(S=256, H=1)
+    assert set(d.figures) == set(widgets.LANE_FIGURES)
+    for name, fig in d.figures.items():
+        assert (fig.layout.width, fig.layout.height) == widgets.FIGURE_SIZES[name]
+        assert fig.layout.width <= widgets.FIGURE_WIDTH
 
 
 def test_dashboard_shows_errors_instead_of_raising():
@@ -191,3 +248,17 @@ def test_benchmark_reports_each_move():
     assert d.last["params"]["k_scale"] == 18
     with pytest.raises(ValueError, match="control='K'"):
         widgets.benchmark(d, "K", [1])
+
+
+def test_figures_first_runs_only_what_the_figures_need():
+    widgets.clear_cache()
+    v = widgets.compute_rescale_view(40, S=256, H=1, row=5, figures=("row", "wave"),
+                                     all_policies=False)
+    assert v["partial"] and v["reference"] is None and v["outputs"] == {} and v["out"] is None
+    assert set(v["figures"]) == {"row", "wave"} and "computing" in v["summary"]
+    full = widgets.compute_rescale_view(40, S=256, H=1, row=5, figures=("row",))
+    assert not full["partial"] and set(full["outputs"]) == set(widgets.BF16_POLICIES)
+    assert full["figures"]["row"] is v["figures"]["row"]    # the same traces, the same figure
+    with_map = widgets.compute_rescale_view(40, S=256, H=1, row=5, figures=("nonfinite",),
+                                            all_policies=False)
+    assert set(with_map["outputs"]) == {"lazy_unfixed"} and with_map["out"] is not None
