@@ -346,6 +346,9 @@ def _table(args) -> int:
                 table = ex.fp8_table(**sizes, **common, saturate=args.fp8_saturate)
             print(format_fp8(table))
             seed = ex.SEED_SIZES["fp8"]
+        versions = ex.seed_table(kind)["upstream"]
+        print("(the seed's columns ran under: " + "; ".join(f"{k}: {v}" for k, v in versions.items())
+              + ")")
         if {k: sizes[k] for k in seed} != seed:
             print("(sizes differ from the seed's: NaN onset and counts scale with S, "
                   "since a longer KV walk gives more chances to be dragged)")
