@@ -1,4 +1,4 @@
-"""The gfx950 primitives the models are written in (semantics doc, section 1).
+"""The gfx950 primitives the models are written in (docs/semantics.md §1.1).
 
 Every function takes and returns fp32 tensors (the kernels' accumulators are fp32), so a
 rounding is always explicit: ``bf16(x)`` is an fp32 tensor holding bfloat16 values.

@@ -1,7 +1,7 @@
 """Faithful Triton port of the generic bf16/f16 forward (``flash_attn_generic.py``,
 gfx942 and gfx950).
 
-Same semantics as ``fa_lab.models.generic`` (semantics doc, section 4), step for step.
+Same semantics as ``fa_lab.models.generic`` (docs/semantics.md §4), step for step.
 Eager only, no ballot, so every query row is independent: one program per (batch, head,
 run of rows inside one q-block of BLOCK_M rows); the q-block only decides how many
 64-column subtiles the rows visit and which padding rows exist. Per subtile, with

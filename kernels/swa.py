@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 GQA sliding-window kernel (``swa_gfx950.py``).
 
-Same semantics as ``fa_lab.models.swa`` (semantics doc, section 5), decision for
+Same semantics as ``fa_lab.models.swa`` (docs/semantics.md §5), decision for
 decision. One program per (batch, head, run of whole 32-row waves inside one 256-row
 CTA): one wave compiled, the whole CTA in the interpreter; either is exact because the
 ballot is a vote of a wave's own 32 rows. Each program walks its CTA's band of nt KV

@@ -1,5 +1,5 @@
 """Exact model of the generic bf16/f16 forward, ``flash_attn_generic.py`` (gfx942 and
-gfx950; semantics doc, section 4).
+gfx950; docs/semantics.md §4).
 
 Plain vectorised PyTorch, in the kernel's order: every 64-column KV subtile is a full
 online-softmax step, eager, with no wave ballot. Per row, with c = f32(sm_scale * log2 e):
@@ -11,7 +11,7 @@ online-softmax step, eager, with no wave ballot. Per row, with c = f32(sm_scale 
   O    += pack(P) @ V                       bf16: TRUNCATED (low 16 bits dropped); f16: RNE
   out   = round(O * rcp(l)) to the input dtype; LSE = m * f32(sm_scale) + ln(l)
 
-Where the doc is silent, upstream (ROCm/FlyDSL ``main`` 11c4174d) decides; references are
+Where docs/semantics.md §4 is silent, upstream (ROCm/FlyDSL ``main`` 11c4174d) decides; references are
 to kernels/attention/flash_attn_generic.py (``generic.py``), flash_attn_utils.py
 (``utils.py``) and flash_attn_interface.py (``interface.py``):
 

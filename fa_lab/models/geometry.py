@@ -1,4 +1,4 @@
-"""Work decomposition shared by the gfx950 forward kernels (semantics doc, section 2).
+"""Work decomposition shared by the gfx950 forward kernels (docs/semantics.md §1.2).
 
 A workgroup owns BLOCK_M = 256 query rows, 8 waves of 32 rows; KV is walked in tiles of
 BLOCK_N = 64 columns, N of them, N even and at least 4. Causal blocks stop at the diagonal,

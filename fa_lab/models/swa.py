@@ -1,5 +1,5 @@
-"""Exact model of the gfx950 GQA sliding-window kernel, ``swa_gfx950.py`` (semantics doc,
-section 5). Not routed by ``flydsl_flash_attn_func``: upstream calls ``build_gqa_attn``
+"""Exact model of the gfx950 GQA sliding-window kernel, ``swa_gfx950.py`` (docs/semantics.md
+§5). Not routed by ``flydsl_flash_attn_func``: upstream calls ``build_gqa_attn``
 directly, and so does this model's caller.
 
 Plain vectorised PyTorch, in the kernel's order. References are to
@@ -26,7 +26,7 @@ the model requires Sq = Skv, a multiple of 256, D = 128 and bf16, as the kernel 
 Domain. ``Qs = bf16(f32(Q) * TS)`` with TS = f32(0.08838834764 * 1.44269504089) for D = 128
 (l.65-68, l.588-590): scores are in log2 units. Masked scores are -inf.
 
-Schedule (the same shape as the DUALWAVE_SWP bf16 kernel, section 2; l.609-1051):
+Schedule (the same shape as the DUALWAVE_SWP bf16 kernel, docs/semantics.md §2.2; l.609-1051):
 
   prologue (tile 0)   m = rowmax(S_0), floored at -30 with a window (NEG_FLOOR, l.101, l.619)
                       Pf = exp2(S_0 - m); l = 0; O = 0

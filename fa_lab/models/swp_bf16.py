@@ -1,4 +1,4 @@
-"""Exact model of the gfx950 DUALWAVE_SWP bf16/f16 forward (semantics doc, section 2).
+"""Exact model of the gfx950 DUALWAVE_SWP bf16/f16 forward (docs/semantics.md §2).
 
 Plain vectorised PyTorch: every row of a block group advances one KV tile per step, in the
 kernel's order, so each rescale decision, rounding and overflow happens as on the GPU. Runs

@@ -1,5 +1,5 @@
 """Exact model of the gfx950 fp8 BN128 forward, ``DualwaveFp8SoftmaxHelper``
-(semantics doc, section 3).
+(docs/semantics.md §3).
 
 Inputs are float8_e4m3fn with fp32 per-tensor descales. Scores stay in the raw fp8-product
 domain (the running max m too); ``ls`` converts a raw difference to log2 units. KV tiles

@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 DUALWAVE_SWP bf16/f16 forward.
 
-Same semantics as ``fa_lab.models.swp_bf16`` (semantics doc, section 2), decision for
+Same semantics as ``fa_lab.models.swp_bf16`` (docs/semantics.md §2), decision for
 decision. One program per (batch, head, run of whole 32-row waves inside one 256-row
 block): one wave when compiled, the whole block in the interpreter. Either is exact
 because the lazy ballot is a vote of a wave's own 32 rows (padding rows past Sq read

@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 fp8 BN128 forward, ``DualwaveFp8SoftmaxHelper``.
 
-Same decisions as the model ``fa_lab.models.swp_fp8`` (semantics doc, section 3), row for
+Same decisions as the model ``fa_lab.models.swp_fp8`` (docs/semantics.md §3), row for
 row: scores and the running max stay in the raw fp8-product domain, 64-column tiles are
 taken in pairs, the lazy policies vote per 32-row wave, P = exp2(fma(S, ls, -ls*m + H)),
 l sums P in fp32 before P is rounded to e4m3, and O accumulates e4m3(P) @ V8.
