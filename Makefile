@@ -1,10 +1,10 @@
-# make setup | make test | make lab | make table | make strip
+# make setup | make test | make lab | make table | make strip | make screenshots
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test lab table strip clean
+.PHONY: setup test lab table strip screenshots clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,11 @@ strip:
 	@$(PY) -m nbstripout --version >/dev/null 2>&1 || { \
 		echo "make strip needs nbstripout: $(PY) -m pip install nbstripout" >&2; exit 1; }
 	$(PY) -m nbstripout --keep-id notebooks/*.ipynb
+
+# The dashboards in headless Chromium at 1600x1000 (tests/test_browser.py), saved to
+# docs/img/ for the README; needs Debian's chromium.
+screenshots: setup
+	FA_LAB_SCREENSHOT_DIR=docs/img OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests/test_browser.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
