@@ -210,9 +210,10 @@ def _eq(a, b):
     return all(_same(x, y) for x, y in zip(a, b))
 
 
-def test_fixed_fp8_defaults_are_pr1020():
-    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 1024, 1, 2000.0, seed=0)
-    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, backend="emulator",
+@pytest.mark.parametrize("backend", ["emulator", "interpret"])
+def test_fixed_fp8_defaults_are_pr1020(backend):
+    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 512, 1, 2000.0, seed=0)
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, backend=backend,
               return_lse=True)
     bare = fa_lab.flash_attn_func(q8, k8, v8, **kw)
     spelled = fa_lab.flash_attn_func(q8, k8, v8, rescale="lazy", rescale_threshold="by_kv_len",
@@ -237,13 +238,14 @@ def test_pr1020_normalisation_holds_with_defaults():
     assert (out.float() - 1).abs().max() < 0.05
 
 
-def test_main_11c4174d_defaults():
-    q, k, v = bf16_inputs(1, 1024, 1, 64, 32.0, seed=0)
-    kw = dict(causal=False, backend="emulator", return_lse=True)
+@pytest.mark.parametrize("backend", ["emulator", "interpret"])
+def test_main_11c4174d_defaults(backend):
+    q, k, v = bf16_inputs(1, 512, 1, 64, 64.0, seed=0)
+    kw = dict(causal=False, backend=backend, return_lse=True)
     bare = fa_lab.flash_attn_func(q, k, v, upstream="main-11c4174d", **kw)
     assert _eq(bare, fa_lab.flash_attn_func(q, k, v, rescale="lazy_unfixed", **kw))
     assert not _eq(bare, fa_lab.flash_attn_func(q, k, v, **kw))  # "fixed" differs here
-    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 1024, 1, 5000.0, seed=0)
+    (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 512, 1, 5000.0, seed=0)
     kw8 = dict(kw, q_descale=qd, k_descale=kd, v_descale=vd)
     with fa_lab.using_upstream("main-11c4174d"):
         flag_off = fa_lab.flash_attn_func(q8, k8, v8, dualwave_swp_lazy_rescale=False, **kw8)
