@@ -24,11 +24,9 @@ import torch
 
 from . import capabilities, routing, varlen
 from .capabilities import CAPS, Caps
-from .policies import Policy
+from .policies import Policy, as_policy, get
 
 BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
-#: Kernel families, as fa_lab/models/<family>.py and kernels/<family>.
-FAMILIES = ("swp_bf16", "swp_fp8", "generic", "swa")
 
 
 # Entry points, imported when first used (Triton is optional and slow to import).
@@ -208,8 +206,6 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or Policy)
     the routed kernel lacks selects DUALWAVE_SWP, and an explicit ``kernel`` wins but must
     be able to do what was asked."""
-    from .policies import as_policy
-
     routing.check_positive_int("batch", batch)
     routing.check_positive_int("seqlen_q", seqlen_q)
     routing.check_bool("fp8", fp8)
@@ -295,7 +291,6 @@ def plan(call: Call) -> Plan:
         family = "swp_bf16"
     if family == "generic" and not call.policy_asked:
         # upstream hands the lazy flag to the DUALWAVE_SWP builders only
-        from .policies import get
         call = dataclasses.replace(call, policy=get("eager"))
     backend = _resolve_backend(call, family)
     if backend == "flydsl":

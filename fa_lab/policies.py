@@ -166,10 +166,6 @@ class Policy:
         return Codes(VOTES.index(self.vote), REBASES.index(self.rebase), float(self.threshold),
                      float(self.rebase_bound or 0.0), float(self.p_headroom))
 
-    def fields(self) -> dict:
-        """The fields that define the decision (what backends are checked against)."""
-        return {"vote": self.vote, "rebase": self.rebase, "rule": self.rule}
-
     def describe(self) -> str:
         parts = [self.name]
         if self.lazy:
