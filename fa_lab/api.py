@@ -158,15 +158,17 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
 
 
 def warn_fp8_scale(call: Call) -> None:
-    """Warn when fp8 descales put scores where the kernel's fp32 addend ``-ls * m`` loses
-    the row max (scores of 2**24 log2 units and more): the kernel then returns all-zero rows
-    with an infinite LSE (NaN without saturation), as on the GPU. One pass over q and k."""
+    """Warn when fp8 descales can put scores where the kernel's fp32 addend ``-ls * m``
+    loses the row max: its rounding error reaches tens of log2 units once |ls * m| passes
+    2**32, and the kernel then returns all-zero rows with an infinite LSE (NaN without
+    saturation), as on the GPU. The bound is |q| max x |k| max x D x ls (one pass over q
+    and k; the true scores are smaller, so this warns only where overflow is possible)."""
     if not call.fp8:
         return
     qd, kd, _ = call.descales
     ls = swp_fp8.log2_scale(qd, kd, call.head_dim)
     bound = ls * float(call.q.float().abs().amax()) * float(call.k.float().abs().amax()) * call.head_dim
-    if bound >= 2.0 ** 24:
+    if bound >= 2.0 ** 32:
         warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} puts fp8 scores up to {bound:.3g} log2 "
                       "units: the kernel's fp32 addend -ls*m then loses the row max, so rows may "
                       "come out all-zero with an infinite LSE (NaN with fp8_saturate=False), as on "

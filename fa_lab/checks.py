@@ -3,6 +3,7 @@ every error is a ValueError/TypeError that names the argument, raised before any
 
 from __future__ import annotations
 
+import argparse
 import math
 import operator
 
@@ -22,6 +23,28 @@ def check_int(name: str, value, *, lo: int | None = None) -> int:
     if lo is not None and out < lo:
         raise ValueError(f"{name} must be >= {lo}, got {out}")
     return out
+
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+class BoolValueError(argparse.ArgumentTypeError, ValueError):
+    """A word that is not a boolean (argparse reports its message as the flag's error)."""
+
+
+def parse_bool(text) -> bool:
+    """The one boolean grammar of the command line: true/false, 1/0, yes/no, on/off in any
+    case (and real bools); anything else (``ture``, ``maybe``, ``2``) raises, so a typo
+    never means False."""
+    if isinstance(text, bool):
+        return text
+    word = str(text).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise BoolValueError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}")
 
 
 def check_descale(name: str, x) -> float:

@@ -23,29 +23,13 @@ import pandas as pd
 
 from . import experiments as ex
 from . import results
+from .checks import parse_bool
 
 PROG = "fa-lab"
 
 
 # ---- argument types: one parser per kind of value, shared by every subcommand --------------
-
-TRUE_WORDS = ("true", "1", "yes", "on")
-FALSE_WORDS = ("false", "0", "no", "off")
-
-
-def parse_bool(text) -> bool:
-    """``true/false``, ``1/0``, ``yes/no``, ``on/off`` in any case (and real bools); anything
-    else (``ture``, ``maybe``, ``2``) raises ``argparse.ArgumentTypeError``."""
-    if isinstance(text, bool):
-        return text
-    word = str(text).strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise argparse.ArgumentTypeError(
-        f"expected a boolean (true/false, 1/0, yes/no, on/off), got {text!r}")
-
+# (booleans: fa_lab.checks.parse_bool, which fa-lab sweep shares)
 
 def _int_at_least(lo: int, what: str, hi: int | None = None):
     def parse(text) -> int:

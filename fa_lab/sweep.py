@@ -71,6 +71,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
+from .checks import parse_bool
+
 ROOT = Path(__file__).resolve().parent.parent
 ATLAS_DIR = ROOT / "data" / "atlas"
 
@@ -875,7 +877,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=int, default=1, help="points per Parquet part (default 1)")
     s.add_argument("--counts", choices=("auto", "always", "never"), default="auto",
                    help="rescale counts: where free (auto), always (bf16), never")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--no-progress", dest="no_progress", nargs="?", const=True, default=False,
+                   type=parse_bool, metavar="BOOL", help="no progress bar")
 
 
 def add_subparser(subparsers) -> argparse.ArgumentParser:
