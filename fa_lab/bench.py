@@ -1,15 +1,52 @@
-"""Forward throughput of the fast Triton kernels beside their peers, in one run on one GPU.
+"""Forward throughput of the fast Triton kernels beside their peers, in one run on one GPU,
+timed in interleaved rounds.
 
 Every implementation runs on the same inputs in the same process: the fast kernels with
 each rescale policy (``fast_lazy``, ``fast_lazy_unfixed``, ``fast_eager``, and the fp8
 kernel's ``fast_fp8_lazy`` / ``fast_fp8_eager`` on the same data quantised per tensor),
 torch SDPA with its FlashAttention and cuDNN backends, compiled ``flex_attention``, and
 the faithful Triton port (``faithful_lazy``, first shape only) when it is importable.
-TFLOP/s counts ``4 B H Sq Skv D`` (halved when causal); times are medians of
-``triton.testing.do_bench``. Each row also carries the output's rel-L2 against SDPA's
-FlashAttention backend, so that a wrong kernel cannot post a fast number unnoticed.
+TFLOP/s counts ``4 B H Sq Skv D`` (halved when causal).
 
-Suites (``SUITES``; ``fa-lab bench --suite dense,splitk,varlen``): ``dense`` is the above.
+**Rounds** (``time_rounds``). Per shape, every implementation is first called once
+(compile, autotune, and the output checked), then warmed for ``warmup`` ms, then timed in
+``rounds`` rounds. Each round times every implementation once, for at least ``min_calls``
+calls and ``rep`` ms, in an order rotated from round to round (``round_orders``: the
+starting point moves through the list), so that a drift of the GPU (clocks, heat) hits
+every implementation alike. A round's value is the median ms of its calls. Each row holds
+the per-round values (``ms_rounds``, ``tflops_rounds``, ``calls_rounds``), their median
+(``ms``; ``tflops`` is the FLOP count over that median ms) and their min and max. Ratios
+between implementations are taken **within each round** (``A / B`` is B's ms over A's ms
+in the same round: A's speed over B's, > 1 when A is faster; so ``fast_lazy /
+fast_eager`` is eager's time over lazy's) and summarised by median and min-max over
+rounds (``RATIO_PAIRS``; the table's ``attrs["ratios"]`` and the JSON's ``ratios``).
+
+**Timer.** On a CUDA device (``CudaTimer``): CUDA events around each call, the L2 flushed
+before each call (a 256 MB memset, as ``triton.testing.do_bench``), and a spin kernel
+(``torch.cuda._sleep``) ahead of each chunk of calls, sized from the host's measured
+enqueue time, so that the host stays ahead of the GPU and launch overhead does not enter
+the timing. On the CPU (``CpuTimer``): ``time.perf_counter`` around each call, the same
+rounds, warm-up and statistics (what the CPU tests exercise).
+
+**Clocks** (``gpu_clocks``). The GPU's SM clock, its maximum, the memory clock,
+temperature, power and active clock-event (throttle) reasons are read at the start and end
+of each shape's rounds: through pynvml where it imports, else ``nvidia-smi``, else
+``torch.cuda.clock_rate`` (SM clock only); the reading names its ``source``. With pynvml a
+thread also samples the SM clock every 50 ms during the rounds (``ClockSampler``), giving
+each round's min / median / max clock: a slow round under a lower clock is drift, a ratio
+that holds in every round under the same clocks is real.
+
+**Correctness beside speed.** Every row carries ``rel_l2``: its output against fp32
+attention (``fa_lab.reference.attention``, IEEE fp32 products) of the same bf16 inputs, on
+a sub-sample of heads (``reference_heads``: evenly spaced, all of them below
+``REF_SCORE_BUDGET`` (query, key) pairs x heads). fp8 rows also carry ``rel_l2_dequant``,
+against fp32 attention of their own quantised inputs (the kernel's error without the
+quantisation's). The autotuner's pick is each fast row's ``config``.
+
+Suites (``SUITES``; ``fa-lab bench --suite dense,splitk,varlen``): ``dense`` is the above,
+at the shapes of ``SHAPES`` (issue 14's table: B2 S8192 H32 D128 non-causal and causal,
+B4 S4096 H32 Hkv8 (GQA) D128 causal, B4 S4096 H32 D64, B16 S1024 H16 D128 causal,
+B1 S16384 H32 D128, and B1 S61380 H32 D128 causal).
 ``splitk`` is two decode-like long-KV shapes (B1 Sq512 Skv65536 D128, non-causal, H32 and
 H8: 128 and 32 programs of 128 query rows for an H200's 132 SMs) where the fast kernel
 runs dense (``fast_lazy``) and with 2, 4, 8 KV splits (``fast_lazy_split<S>``), beside
@@ -17,10 +54,10 @@ SDPA and flex.
 ``varlen`` is a packed batch of 8 sequences of 1k..8k tokens (``VARLEN_LENGTHS``, ~32k in
 all), causal and not: the fast varlen kernel in one launch (``fast_lazy_varlen``) beside the
 dense kernel called once per sequence (``fast_lazy``), SDPA once per sequence
-(``sdpa_flash``, the rel-L2 reference, and ``sdpa_cudnn``) and flex with a document mask
-(``flex``, one call). Per-sequence loops return their outputs unpacked (no copy is timed);
-the varlen kernel checks its offsets on the host, one small copy back per call, as timed.
-Rows carry ``suite``, ``Skv``, ``lengths`` and ``flops`` besides the dense columns.
+(``sdpa_flash`` and ``sdpa_cudnn``) and flex with a document mask (``flex``, one call).
+Per-sequence loops return their outputs unpacked (no copy is timed); the varlen kernel
+checks its offsets on the host, one small copy back per call, as timed.
+Rows carry ``suite``, ``Skv``, ``Hkv``, ``lengths`` and ``flops`` besides the dense columns.
 """
 
 from __future__ import annotations
@@ -28,13 +65,17 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
-from dataclasses import asdict, dataclass
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import policies
+from . import policies, reference
 from .experiments import quantize_e4m3, save_result
 
 
@@ -42,7 +83,8 @@ from .experiments import quantize_e4m3, save_result
 class Shape:
     """B, S (= Sq), H, D, causal; ``Skv`` when the KV length differs from S; ``lengths``
     for a packed (varlen) batch of B sequences with equal q and kv lengths (S is then the
-    longest)."""
+    longest); ``Hkv`` when K and V have fewer heads than Q (GQA / MQA: q head h reads kv
+    head h // (H / Hkv))."""
 
     B: int
     S: int
@@ -51,10 +93,19 @@ class Shape:
     causal: bool
     Skv: int | None = None
     lengths: tuple[int, ...] | None = None
+    Hkv: int | None = None
+
+    def __post_init__(self):
+        if self.Hkv is not None and (self.Hkv < 1 or self.H % self.Hkv):
+            raise ValueError(f"Hkv={self.Hkv} must divide H={self.H}")
 
     @property
     def seqlen_kv(self) -> int:
         return self.S if self.Skv is None else self.Skv
+
+    @property
+    def heads_kv(self) -> int:
+        return self.H if self.Hkv is None else self.Hkv
 
     @property
     def varlen(self) -> bool:
@@ -62,7 +113,8 @@ class Shape:
 
     @property
     def name(self) -> str:
-        tail = f"H{self.H} D{self.D}{' causal' if self.causal else ''}"
+        kv = f" Hkv{self.Hkv}" if self.Hkv is not None else ""
+        tail = f"H{self.H}{kv} D{self.D}{' causal' if self.causal else ''}"
         if self.varlen:
             return f"varlen B{self.B} T{sum(self.lengths)} Smax{self.S} {tail}"
         if self.Skv is not None:
@@ -84,11 +136,15 @@ def varlen_shape(lengths, H: int, D: int, causal: bool) -> Shape:
     return Shape(len(lengths), max(lengths), H, D, causal, lengths=lengths)
 
 
-#: The benchmark's shapes. S = 61,380 (not a multiple of 64; one of upstream's MI355X
-#: throughput claims) runs with B = 1, H = 32, causal: 0.5 GB per tensor, ~31 TFLOP.
+#: The dense suite: issue 14's shapes (long and short sequences, GQA, D64), then
+#: S = 61,380 (not a multiple of 64; one of upstream's MI355X throughput claims) with
+#: B = 1, H = 32, causal: 0.5 GB per tensor, ~31 TFLOP.
 SHAPES = (
     Shape(2, 8192, 32, 128, False),
     Shape(2, 8192, 32, 128, True),
+    Shape(4, 4096, 32, 128, True, Hkv=8),
+    Shape(4, 4096, 32, 64, False),
+    Shape(16, 1024, 16, 128, True),
     Shape(1, 16384, 32, 128, False),
     Shape(1, 61380, 32, 128, True),
 )
@@ -120,6 +176,15 @@ SUITES = {
     "splitk": (SPLITK_SHAPES, ("fast_lazy", *FAST_SPLITK, *PEERS)),
     "varlen": (VARLEN_SHAPES, ("fast_lazy", *FAST_VARLEN, "sdpa_flash", "sdpa_cudnn", "flex")),
 }
+#: Per-round ratios besides ``fast_lazy`` against every other implementation
+#: (``ratio_pairs``): the targets of issue 14 that are not already among those.
+EXTRA_RATIO_PAIRS = (
+    ("fast_fp8_lazy", "fast_lazy"),
+    ("fast_fp8_lazy", "sdpa_cudnn"),
+    ("fast_fp8_lazy", "fast_fp8_eager"),
+    ("fast_eager", "sdpa_cudnn"),
+    ("fast_lazy_varlen", "sdpa_cudnn"),
+)
 
 
 def applies(impl: str, shape: Shape) -> bool:
@@ -174,9 +239,19 @@ def _faithful_module():
 _FLEX = {}
 
 
+#: torch.compile recompiles flex per shape (dynamic=False); past dynamo's recompile limit
+#: (8 by default: fewer than the suites' shapes together) it would fall back to eager
+#: flex, which materialises the scores. The benchmark raises the limit to this.
+FLEX_RECOMPILE_LIMIT = 64
+
+
 def _flex_fn():
     if "fn" not in _FLEX:
+        import torch._dynamo.config as dynamo_config
         from torch.nn.attention.flex_attention import flex_attention
+        for name in ("recompile_limit", "cache_size_limit"):  # the newer name, the older
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(getattr(dynamo_config, name), FLEX_RECOMPILE_LIMIT))
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["fn"]
 
@@ -187,8 +262,9 @@ def _causal_mask(b, h, q_idx, kv_idx):
 
 @dataclass
 class Inputs:
-    """One shape's inputs: q [B, S, H, D], k and v [B, Skv, H, D] bf16; packed [T, H, D]
-    with int32 offsets ``cu`` for a varlen shape; the fp8 quantisation when asked for."""
+    """One shape's inputs: q [B, S, H, D], k and v [B, Skv, Hkv, D] bf16; packed [T, H, D]
+    with int32 offsets ``cu`` for a varlen shape; the fp8 quantisation when asked for
+    (``((q8, k8, v8), (q_descale, k_descale, v_descale))``)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -208,7 +284,8 @@ def _bf16_policy(rescale: str, shape: Shape):
 
 def _runner(impl: str, shape: Shape, inp: Inputs):
     """A no-argument callable running ``impl`` once, returning out [B, S, H, D] (packed:
-    [T, H, D], or a list of per-sequence [L, H, D] for the per-sequence loops)."""
+    [T, H, D], or a list of per-sequence [L, H, D] for the per-sequence loops). A runner
+    may carry a ``note`` (how it had to run), which goes into its row."""
     if shape.varlen:
         return _varlen_runner(impl, shape, inp)
     q, k, v = inp.q, inp.k, inp.v
@@ -235,13 +312,29 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
         pol = _bf16_policy("lazy", shape)
         return lambda: mod.forward(q, k, v, causal=causal, policy=pol)[0]
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
+    gqa = shape.heads_kv != shape.H
     if impl in ("sdpa_flash", "sdpa_cudnn"):
         use, sdpa = _sdpa(impl)
 
         def run():
             with use():
-                return sdpa(qt, kt, vt, is_causal=causal).transpose(1, 2)
-        return run
+                return sdpa(qt, kt, vt, is_causal=causal, **({"enable_gqa": True} if gqa else {})
+                            ).transpose(1, 2)
+        if not gqa:
+            return run
+        try:
+            run()  # a backend without a GQA kernel refuses here
+            return run
+        except RuntimeError as e:
+            why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        ke, ve = (x.repeat_interleave(shape.H // shape.heads_kv, dim=1) for x in (kt, vt))
+
+        def run_expanded():
+            with use():
+                return sdpa(qt, ke, ve, is_causal=causal).transpose(1, 2)
+        run_expanded.note = (f"K and V expanded to {shape.H} heads outside the timing: "
+                             f"enable_gqa refused ({why})")
+        return run_expanded
     if impl == "flex":
         block_mask = None
         if causal:
@@ -249,7 +342,8 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
             block_mask = create_block_mask(_causal_mask, None, None, shape.S, shape.seqlen_kv,
                                            device=q.device)
         flex = _flex_fn()
-        return lambda: flex(qt, kt, vt, block_mask=block_mask).transpose(1, 2)
+        kw = {"enable_gqa": True} if gqa else {}
+        return lambda: flex(qt, kt, vt, block_mask=block_mask, **kw).transpose(1, 2)
     raise ValueError(f"unknown implementation {impl!r}; choose from {ALL_IMPLS}")
 
 
@@ -310,19 +404,73 @@ def _inputs(shape: Shape, device, seed: int, fp8: bool = False) -> Inputs:
         return torch.randn(dims, generator=g, device=device, dtype=torch.bfloat16)
     if shape.varlen:
         total = sum(shape.lengths)
-        q, k, v = (randn(total, shape.H, shape.D) for _ in range(3))
+        q = randn(total, shape.H, shape.D)
+        k, v = (randn(total, shape.heads_kv, shape.D) for _ in range(2))
         cu = torch.tensor([0, *itertools.accumulate(shape.lengths)], dtype=torch.int32, device=device)
         return Inputs(q, k, v, cu=cu)
     q = randn(shape.B, shape.S, shape.H, shape.D)
-    k, v = (randn(shape.B, shape.seqlen_kv, shape.H, shape.D) for _ in range(2))
+    k, v = (randn(shape.B, shape.seqlen_kv, shape.heads_kv, shape.D) for _ in range(2))
     inp = Inputs(q, k, v)
     if fp8:
         inp.fp8 = tuple(zip(*(quantize_e4m3(x.float()) for x in (q, k, v))))
     return inp
 
 
-def _rel_l2(out, ref) -> float:
-    o, r = out.float(), ref.float()
+# ---- the fp32 reference ----------------------------------------------------------------------
+
+#: The fp32 reference scores at most this many (query, key) pairs x heads: beyond it, it
+#: runs on an evenly spaced sub-sample of heads (``reference_heads``). 2**34 takes every
+#: head of every dense shape but the longest (B1 S61380: 4 of 32 heads).
+REF_SCORE_BUDGET = 2**34
+
+
+def reference_heads(shape: Shape, budget: int = REF_SCORE_BUDGET) -> list[int]:
+    """The query heads the fp32 reference covers: all of them when ``shape`` scores at most
+    ``budget`` (query, key) pairs x heads, else as many as fit (at least one), evenly spaced
+    from head 0 to head H - 1."""
+    per_head = sum(n * n for n in shape.lengths) if shape.varlen else shape.B * shape.S * shape.seqlen_kv
+    n = max(1, min(shape.H, budget // per_head))
+    if n >= shape.H:
+        return list(range(shape.H))
+    if n == 1:
+        return [0]
+    return [round(i * (shape.H - 1) / (n - 1)) for i in range(n)]
+
+
+def _take_heads(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., heads, D] at heads ``idx`` (fp8 through a byte view: index_select has no
+    fp8 kernel everywhere)."""
+    if x.element_size() == 1 and x.is_floating_point():
+        return x.view(torch.uint8).index_select(-2, idx).view(x.dtype)
+    return x.index_select(-2, idx)
+
+
+def _reference(shape: Shape, inp: Inputs, heads, *, fp8: bool = False) -> torch.Tensor:
+    """fp32 attention (``fa_lab.reference.attention``) of query heads ``heads``: of the bf16
+    inputs, or of their fp8 quantisation dequantised (``fp8``). [B, S, len(heads), D], or
+    packed [T, len(heads), D] for a varlen shape."""
+    hq = torch.tensor(heads, device=inp.q.device, dtype=torch.long)
+    hk = hq // (shape.H // shape.heads_kv)  # each sampled q head with its own kv head
+    if fp8:
+        (q, k, v), (qd, kd, vd) = inp.fp8
+        scales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q, k, v, scales = inp.q, inp.k, inp.v, {}
+    q, k, v = _take_heads(q, hq), _take_heads(k, hk), _take_heads(v, hk)
+    if not shape.varlen:
+        return reference.attention(q, k, v, causal=shape.causal, **scales)[0]
+    return torch.cat([reference.attention(q[None, a:b], k[None, a:b], v[None, a:b],
+                                          causal=shape.causal, **scales)[0][0]
+                      for a, b in inp.spans(shape)], 0)
+
+
+def _rel_l2(out, ref, heads=None) -> float:
+    """||out - ref|| / ||ref|| in fp32 (NaN when ``out`` holds a non-finite value); with
+    ``heads``, ``out`` is first cut to those heads (its dim -2), as ``ref`` was."""
+    o = _packed(out)
+    if heads is not None:
+        o = o.index_select(-2, torch.tensor(heads, device=o.device, dtype=torch.long))
+    o, r = o.float(), ref.float()
     if not bool(torch.isfinite(o).all()):
         return math.nan
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
@@ -364,36 +512,415 @@ def _tuning(impl, shape):
     return None
 
 
-def _time_ms(fn, warmup, rep) -> float:
-    """Median ms of ``fn``: do_bench, except for a slow implementation (over 250 ms a
-    call): the mean of that probe and one more call, timed with CUDA events."""
-    from triton.testing import do_bench
+# ---- timers -----------------------------------------------------------------------------------
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    if start.elapsed_time(end) < 250:
-        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-    first = start.elapsed_time(end)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return (first + start.elapsed_time(end)) / 2
+class CpuTimer:
+    """Wall-clock time of each call: ``now()`` (seconds; ``time.perf_counter`` by default)
+    read before and after it. The benchmark's timer on the CPU; a test passes its own
+    ``now`` to make the clock's readings exact."""
+
+    name = "perf_counter per call"
+
+    def __init__(self, now=time.perf_counter):
+        self.now = now
+
+    def probe(self, fn) -> float:
+        """ms of one call."""
+        return self.times(fn, 1)[0]
+
+    def times(self, fn, n: int) -> list[float]:
+        """ms of each of ``n`` calls."""
+        out = []
+        for _ in range(n):
+            t0 = self.now()
+            fn()
+            out.append((self.now() - t0) * 1e3)
+        return out
 
 
-def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, warmup=25, rep=100,
-        faithful_shapes=1, progress=True, on_shape=None, tuning=None) -> pd.DataFrame:
-    """Time every implementation at every shape. One row per (shape, impl):
-    suite, shape, B, S, H, D, causal, Skv, lengths, impl, dtype, flops, ms, tflops, rel_l2
-    (vs sdpa_flash), config, note. ``jobs`` (``suite_jobs``: (suite, shape, impls) triples)
-    replaces ``shapes`` x ``impls``; there, implementations that do not apply to a shape
-    (``applies``) are left out.
-    ``faithful_lazy`` runs at the first ``faithful_shapes`` shapes only (it is slow).
-    ``on_shape(table)`` is called after each shape with the rows so far (to save them);
-    ``tuning``, a list, receives the autotuner's timings of every config it tried."""
+class CudaTimer:
+    """GPU time of each call: CUDA events just before and after it, on the current stream.
+
+    Before each call the L2 is flushed (a memset of a 256 MB buffer, as
+    ``triton.testing.do_bench``: a call never finds its inputs in the 60 MB L2 left warm
+    by the call before). Before each chunk of ``chunk`` calls a spin kernel
+    (``torch.cuda._sleep``) holds the GPU for ``host_margin`` times the host's enqueue
+    time of those calls (measured by ``probe``), so the host is ahead when the GPU starts
+    them and launch overhead stays out of every call's time. ``probe`` itself spins for
+    ``probe_spin_ms`` first. The memsets and spins fall outside the events."""
+
+    name = "cuda events per call, L2 flushed, host kept ahead"
+    #: spin-kernel cycles per ms: an H200's top SM clock (1980 MHz), rounded up; at a lower
+    #: clock the spin only lasts longer
+    CYCLES_PER_MS = 2_000_000
+
+    def __init__(self, device="cuda", *, chunk: int = 32, host_margin: float = 1.5,
+                 probe_spin_ms: float = 1.0, max_spin_ms: float = 200.0, flush_mb: int = 256):
+        self.device = torch.device(device)
+        self.chunk, self.host_margin, self.probe_spin_ms = chunk, host_margin, probe_spin_ms
+        self.max_spin_ms = max_spin_ms  # a host hiccup in the probe must not stall a round
+        self.cache = torch.empty(flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
+        self.host_ms = 0.0
+        self._spin = getattr(torch.cuda, "_sleep", None)
+
+    def _spin_ms(self, ms: float) -> None:
+        if self._spin is not None and ms > 0:
+            self._spin(int(ms * self.CYCLES_PER_MS))
+
+    def _event(self):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def probe(self, fn) -> float:
+        """ms of one call, which also measures the host's enqueue time (``host_ms``)."""
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize()
+            self._spin_ms(self.probe_spin_ms)
+            self.cache.zero_()
+            start = self._event()
+            t0 = time.perf_counter()
+            fn()
+            self.host_ms = (time.perf_counter() - t0) * 1e3
+            end = self._event()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end)
+
+    def times(self, fn, n: int) -> list[float]:
+        with torch.cuda.device(self.device):
+            pairs = []
+            for c0 in range(0, n, self.chunk):
+                k = min(self.chunk, n - c0)
+                # the memset and two event records cost the host some tens of microseconds too
+                self._spin_ms(min(self.max_spin_ms, self.host_margin * k * (self.host_ms + 0.05)))
+                for _ in range(k):
+                    self.cache.zero_()
+                    start = self._event()
+                    fn()
+                    pairs.append((start, self._event()))
+            torch.cuda.synchronize()
+            return [s.elapsed_time(e) for s, e in pairs]
+
+
+def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
+            max_calls: int = 10_000) -> tuple[float, int]:
+    """(median ms per call, calls) of ``fn`` over at least ``min_calls`` calls and about
+    ``min_ms`` ms of them (at most ``max_calls``): one probe call, which sizes the rest and
+    counts among them."""
+    first = timer.probe(fn)
+    n = max(min_calls, math.ceil(min_ms / first) if first > 0 else max_calls)
+    n = max(1, min(n, max(max_calls, min_calls)))
+    times = [first, *timer.times(fn, n - 1)] if n > 1 else [first]
+    return statistics.median(times), n
+
+
+# ---- interleaved rounds -------------------------------------------------------------------------
+
+def round_orders(impls, rounds: int) -> list[list[str]]:
+    """The order of each round: ``impls`` rotated to start at offset ``r * n // rounds``
+    in round r (n implementations), so that over the rounds the starting points spread
+    evenly through the list (with more rounds than implementations: offset r mod n)."""
+    impls = list(impls)
+    n = len(impls)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if n == 0:
+        return [[] for _ in range(rounds)]
+    orders = []
+    for r in range(rounds):
+        k = (r * n // rounds) % n if rounds <= n else r % n
+        orders.append(impls[k:] + impls[:k])
+    return orders
+
+
+@dataclass
+class Rounds:
+    """What ``time_rounds`` measured: per implementation and round, the median ms of that
+    round's calls and their number (None where it was not timed: it failed, in that round
+    or before); each round's order and its (start, end) ``time.perf_counter`` readings;
+    the error of each implementation that failed."""
+
+    impls: list[str]
+    orders: list[list[str]]
+    ms: dict[str, list[float | None]]
+    calls: dict[str, list[int | None]]
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def time_rounds(fns: dict, *, rounds: int = 5, min_calls: int = 10, min_ms: float = 100.0,
+                warmup_ms: float = 25.0, timer=None, max_calls: int = 10_000,
+                on_step=None) -> Rounds:
+    """Time each of ``fns`` ({name: no-argument callable}) in ``rounds`` interleaved rounds:
+    first ``warmup_ms`` ms of untimed calls each (at least one), then in each round every
+    implementation once, in ``round_orders``' rotated order, by ``measure`` (at least
+    ``min_calls`` calls and ``min_ms`` ms). An implementation that raises is left out of
+    the rounds after (its error in ``errors``). ``timer``: ``CpuTimer()`` by default.
+    ``on_step(round, impl)`` is called after each timing (round -1: warm-up)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if min_calls < 1:
+        raise ValueError(f"min_calls must be >= 1, got {min_calls}")
+    if min_ms < 0 or warmup_ms < 0:
+        raise ValueError(f"min_ms and warmup_ms must be >= 0, got {min_ms}, {warmup_ms}")
+    timer = CpuTimer() if timer is None else timer
+    impls = list(fns)
+    res = Rounds(impls, round_orders(impls, rounds), {i: [None] * rounds for i in impls},
+                 {i: [None] * rounds for i in impls})
+    for impl in impls:
+        try:
+            first = timer.probe(fns[impl])
+            more = math.ceil(warmup_ms / first) - 1 if first > 0 else 0
+            if more > 0:
+                timer.times(fns[impl], min(more, max_calls))
+        except Exception as e:  # an OOM, a kernel that fails at this shape ...
+            res.errors[impl] = f"warm-up: {_err(e)}"
+        if on_step is not None:
+            on_step(-1, impl)
+    for r, order in enumerate(res.orders):
+        t0 = time.perf_counter()
+        for impl in order:
+            if impl not in res.errors:
+                try:
+                    res.ms[impl][r], res.calls[impl][r] = measure(
+                        fns[impl], timer, min_calls=min_calls, min_ms=min_ms, max_calls=max_calls)
+                except Exception as e:
+                    res.errors[impl] = f"round {r + 1}: {_err(e)}"
+            if on_step is not None:
+                on_step(r, impl)
+        res.spans.append((t0, time.perf_counter()))
+    return res
+
+
+def spread(values) -> dict:
+    """median, min, max and count of the values that are not None (all None when none is)."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def ratio_rounds(ms: dict, a: str, b: str) -> list[float | None]:
+    """``a / b`` in each round: b's ms over a's ms (a's speed over b's), None where either
+    was not timed."""
+    return [None if x is None or y is None or x == 0 else y / x for x, y in zip(ms[a], ms[b])]
+
+
+def ratio_pairs(impls) -> list[tuple[str, str]]:
+    """The (a, b) pairs whose per-round ratio ``a / b`` is reported: ``fast_lazy`` against
+    every other implementation, then ``EXTRA_RATIO_PAIRS``, where both are present."""
+    impls = list(impls)
+    pairs = [("fast_lazy", i) for i in impls if i != "fast_lazy"] if "fast_lazy" in impls else []
+    pairs += [p for p in EXTRA_RATIO_PAIRS if p[0] in impls and p[1] in impls and p not in pairs]
+    return pairs
+
+
+# ---- GPU clocks ------------------------------------------------------------------------------
+
+#: NVML's clock-event (throttle) reason bits.
+CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                 0x100: "display_clock_setting"}
+
+
+def clock_reasons(mask) -> list[str] | None:
+    """The names of the reason bits set in ``mask`` (unknown bits as hex), None for None."""
+    if mask is None:
+        return None
+    mask = int(mask)
+    names = [n for bit, n in CLOCK_REASONS.items() if mask & bit]
+    rest = mask & ~sum(CLOCK_REASONS)
+    return names + ([hex(rest)] if rest else [])
+
+
+def _cuda_index(device) -> int:
+    dev = torch.device(device)
+    return torch.cuda.current_device() if dev.index is None else dev.index
+
+
+def _gpu_uuid(device) -> str | None:
+    """The device's UUID as NVML and nvidia-smi name it (``GPU-...``), or None."""
+    try:
+        u = str(torch.cuda.get_device_properties(_cuda_index(device)).uuid)
+    except Exception:
+        return None
+    return u if u.startswith("GPU-") else f"GPU-{u}"
+
+
+_NVML: dict = {}
+
+
+def _nvml(device):
+    """(pynvml, the device's NVML handle), found by UUID (CUDA and NVML may number GPUs
+    differently), else by torch's NVML index, else by the CUDA index."""
+    import pynvml
+    if "init" not in _NVML:
+        pynvml.nvmlInit()
+        _NVML["init"] = True
+    idx = _cuda_index(device)
+    if idx not in _NVML:
+        try:
+            _NVML[idx] = pynvml.nvmlDeviceGetHandleByUUID(_gpu_uuid(device))
+        except Exception:
+            try:
+                nvml_idx = torch.cuda._get_nvml_device_index(idx)
+            except Exception:
+                nvml_idx = idx
+            _NVML[idx] = pynvml.nvmlDeviceGetHandleByIndex(nvml_idx)
+    return pynvml, _NVML[idx]
+
+
+def _clocks_nvml(device) -> dict:
+    nv, h = _nvml(device)
+
+    def get(fn, *a):
+        try:
+            return fn(h, *a)
+        except Exception:
+            return None
+    power = get(nv.nvmlDeviceGetPowerUsage)
+    reasons_fn = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                  or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+    return {"source": "pynvml", "sm_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+            "max_sm_mhz": get(nv.nvmlDeviceGetMaxClockInfo, nv.NVML_CLOCK_SM),
+            "mem_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
+            "temp_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+            "power_w": None if power is None else power / 1000,
+            "reasons": clock_reasons(get(reasons_fn))}
+
+
+#: nvidia-smi's fields, in the order of ``parse_smi``'s columns.
+SMI_FIELDS = ("clocks.sm", "clocks.max.sm", "clocks.mem", "temperature.gpu", "power.draw",
+              "clocks_event_reasons.active")
+
+
+def parse_smi(line: str) -> dict:
+    """One line of ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits``."""
+    cells = [c.strip() for c in line.strip().split(",")]
+
+    def num(c, kind=float):
+        try:
+            return kind(c)
+        except ValueError:
+            return None  # "[N/A]", "[Not Supported]"
+    cells += [""] * (len(SMI_FIELDS) - len(cells))
+    sm, max_sm, mem, temp, power, reasons = cells[:len(SMI_FIELDS)]
+    mask = num(reasons, lambda c: int(c, 16))
+    return {"source": "nvidia-smi", "sm_mhz": num(sm, int), "max_sm_mhz": num(max_sm, int),
+            "mem_mhz": num(mem, int), "temp_c": num(temp, int), "power_w": num(power),
+            "reasons": clock_reasons(mask)}
+
+
+def _clocks_smi(device) -> dict:
+    target = _gpu_uuid(device) or str(_cuda_index(device))
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}",
+                        "--format=csv,noheader,nounits", f"--id={target}"],
+                       capture_output=True, text=True, timeout=10, check=False)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"nvidia-smi exited {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}")
+    return parse_smi(r.stdout.strip().splitlines()[0])
+
+
+def gpu_clocks(device="cuda") -> dict:
+    """The GPU's clocks now: ``{"source", "sm_mhz", "max_sm_mhz", "mem_mhz", "temp_c",
+    "power_w", "reasons"}`` (fields a source cannot give are None). Sources in turn:
+    pynvml, ``nvidia-smi``, ``torch.cuda.clock_rate`` (SM clock only); none working:
+    ``{"source": None, "note": why}``. Not a CUDA device: ``{"source": None, ...}``."""
+    if torch.device(device).type != "cuda":
+        return {"source": None, "note": f"{device}: no GPU clocks"}
+    why = []
+    for read in (_clocks_nvml, _clocks_smi):
+        try:
+            return read(device)
+        except Exception as e:
+            why.append(f"{read.__name__[len('_clocks_'):]}: {_err(e)}")
+    try:
+        return {"source": "torch.cuda.clock_rate", "sm_mhz": torch.cuda.clock_rate(_cuda_index(device))}
+    except Exception as e:
+        why.append(f"torch.cuda.clock_rate: {_err(e)}")
+    return {"source": None, "note": "; ".join(why)}
+
+
+class ClockSampler:
+    """The SM clock every ``interval`` s on a thread while in use (``with``), through pynvml
+    only (a call of microseconds, no process started); without pynvml it samples nothing.
+    ``summary(t0, t1)``: min, median and max of the samples between two
+    ``time.perf_counter`` readings."""
+
+    def __init__(self, device="cuda", interval: float = 0.05):
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._read = None
+        if torch.device(device).type == "cuda":
+            try:
+                nv, h = _nvml(device)
+                nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                self._read = lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+            except Exception:
+                self._read = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    @property
+    def active(self) -> bool:
+        return self._read is not None
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append((time.perf_counter(), int(self._read())))
+            except Exception:
+                return
+
+    def __enter__(self):
+        if self.active:
+            self._thread = threading.Thread(target=self._loop, name="fa-lab clock sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return False
+
+    def summary(self, t0: float, t1: float) -> dict | None:
+        v = [mhz for t, mhz in self.samples if t0 <= t <= t1]
+        if not self.active:
+            return None
+        return spread(v)
+
+
+# ---- the benchmark -----------------------------------------------------------------------------
+
+def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=5, min_calls=10,
+        warmup=25, rep=100, faithful_shapes=1, progress=True, on_shape=None, tuning=None,
+        timer=None) -> pd.DataFrame:
+    """Time every implementation at every shape in ``rounds`` interleaved rounds
+    (``time_rounds``: each round at least ``min_calls`` calls and ``rep`` ms of each, after
+    ``warmup`` ms of untimed calls). One row per (shape, impl):
+    suite, shape, B, S, H, D, causal, Skv, Hkv, lengths, impl, dtype, flops,
+    ms / tflops (median over rounds), ms_min, ms_max, tflops_min, tflops_max, spread_pct
+    ((max - min) / median ms, %), rounds (how many timed it), ms_rounds, tflops_rounds,
+    calls_rounds, rel_l2 (vs fp32 attention), rel_l2_dequant (fp8), config, note.
+
+    ``jobs`` (``suite_jobs``: (suite, shape, impls) triples) replaces ``shapes`` x
+    ``impls``; there, implementations that do not apply to a shape (``applies``) are left
+    out. ``faithful_lazy`` runs at the first ``faithful_shapes`` shapes only (it is slow).
+    ``device`` "cuda[:N]" times with ``CudaTimer``, "cpu" with ``CpuTimer`` (``timer``
+    replaces either). ``on_shape(table)`` is called after each shape with the table so far
+    (to save it); ``tuning``, a list, receives the autotuner's timings of every config.
+
+    The table's ``attrs`` hold ``ratios`` (one dict per (shape, pair): median, min, max and
+    the per-round values of ``a / b``, see ``ratio_pairs``), ``shapes`` (per shape: round
+    orders, GPU clocks at the start and end of its rounds and per round, the autotuner's
+    choices, the reference's heads, seconds) and ``timing`` (the method and its
+    parameters)."""
     if jobs is None:
         _check_impls(impls)
         if not shapes:
@@ -402,52 +929,141 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, warmup=
                 for s in shapes]
     elif not jobs:
         raise ValueError("jobs is empty")
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"the benchmark needs a CUDA device, got device={device!r}")
+    for name, value, lo, kinds in (("rounds", rounds, 1, int), ("min_calls", min_calls, 1, int),
+                                   ("warmup", warmup, 0, (int, float)), ("rep", rep, 0, (int, float))):
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise TypeError(f"{name} must be a{'n int' if kinds is int else ' number'}, got {value!r}")
+        if value < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {value!r}")
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"the benchmark runs on a CUDA device or the CPU, got device={device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"the benchmark needs a CUDA device for device={device!r}, and none is "
+                         f"available (torch.cuda.is_available() is False); device='cpu' times on the CPU")
+    if timer is None:
+        timer = CudaTimer(dev) if dev.type == "cuda" else CpuTimer()
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+    jobs = [(suite, shape, tuple(i for i in chosen if i != FAITHFUL or si < faithful_shapes))
+            for si, (suite, shape, chosen) in enumerate(jobs)]
     shapes = [shape for _, shape, _ in jobs]
-    rows = []
-    bar = tqdm(total=sum(len(i) for _, _, i in jobs), desc="bench", disable=not progress)
-    for si, (suite, shape, impls) in enumerate(jobs):
+    rows, ratio_rows, shape_info = [], [], []
+    timing = {"timer": timer.name, "rounds": rounds, "min_calls": min_calls, "rep_ms": rep,
+              "warmup_ms": warmup, "order": "rotated each round (round_orders)",
+              "reference": f"fa_lab.reference.attention fp32, heads sub-sampled above "
+                           f"{REF_SCORE_BUDGET} (query, key) pairs x heads"}
+
+    def table_so_far():
+        t = _ordered(rows, shapes)
+        t.attrs.update(ratios=list(ratio_rows), shapes=list(shape_info), timing=dict(timing))
+        return t
+    bar = tqdm(total=sum(len(i) * (rounds + 2) for _, _, i in jobs), desc="bench", disable=not progress)
+    for suite, shape, impls in jobs:
+        t_shape = time.perf_counter()
         inp = _inputs(shape, device, seed, fp8=any(i in FAST_FP8 for i in impls))
-        ref = None
-        for impl in sorted(impls, key=lambda i: i != "sdpa_flash"):  # the reference first
-            bar.set_postfix_str(f"{shape.name}: {impl}")
+        heads = reference_heads(shape)
+        info = {"suite": suite, "shape": shape.name, "impls": list(impls),
+                "reference_heads": heads, "reference_of": shape.H, "note": None}
+        try:
+            ref = _reference(shape, inp, heads)
+        except Exception as e:  # an OOM ...
+            ref, info["note"] = None, f"fp32 reference failed: {_err(e)}"
+            if cuda:
+                torch.cuda.empty_cache()
+        ref8 = {}
+        fns, by_impl = {}, {}
+        for impl in impls:
+            bar.set_postfix_str(f"{shape.name}: {impl} (first call)")
             row = {"suite": suite, **asdict(shape), "Skv": shape.seqlen_kv,
                    "lengths": list(shape.lengths) if shape.varlen else None,
                    "shape": shape.name, "impl": impl,
                    "dtype": "float8_e4m3fn" if impl in FAST_FP8 else "bfloat16",
-                   "flops": shape.flops(), "ms": None, "tflops": None, "rel_l2": None,
-                   "config": None, "note": None}
-            if impl == FAITHFUL and si >= faithful_shapes:
-                bar.update()
-                continue
+                   "flops": shape.flops(), "ms": None, "tflops": None, "ms_min": None,
+                   "ms_max": None, "tflops_min": None, "tflops_max": None, "spread_pct": None,
+                   "rounds": 0, "ms_rounds": None, "tflops_rounds": None, "calls_rounds": None,
+                   "rel_l2": None, "rel_l2_dequant": None, "config": None, "note": None}
             try:
                 fn = _runner(impl, shape, inp)
-                out = _packed(fn())  # compile / autotune outside the timing
-                torch.cuda.synchronize()
+                out = fn()  # compile / autotune outside the timing
+                sync()
                 if tuning is not None and _tuning(impl, shape):
                     tuning.extend({"shape": shape.name, "impl": impl, **t} for t in _tuning(impl, shape))
-                if impl == "sdpa_flash":
-                    ref = out
-                elif ref is not None:
-                    row["rel_l2"] = _rel_l2(out, ref)
+                row["config"] = _fast_config(impl, shape, inp)
+                row["note"] = getattr(fn, "note", None)
+                fns[impl] = fn
+                try:
+                    if ref is not None:
+                        row["rel_l2"] = _rel_l2(out, ref, heads)
+                    if impl in FAST_FP8:
+                        if "ref" not in ref8:
+                            ref8["ref"] = _reference(shape, inp, heads, fp8=True)
+                        row["rel_l2_dequant"] = _rel_l2(out, ref8["ref"], heads)
+                except Exception as e:  # the check, not the kernel, failed (an OOM ...)
+                    row["note"] = "; ".join(x for x in (row["note"], f"rel-L2 failed: {_err(e)}") if x)
                 del out
-                ms = _time_ms(fn, warmup, rep)
-                row.update(ms=ms, tflops=shape.flops() / (ms * 1e-3) / 1e12,
-                           config=_fast_config(impl, shape, inp))
             except Unavailable as e:
                 row["note"] = str(e)
             except Exception as e:  # a peer that has no kernel for this shape, an OOM ...
-                row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                torch.cuda.empty_cache()
+                row["note"] = _err(e)
+                if cuda:
+                    torch.cuda.empty_cache()
             rows.append(row)
+            by_impl[impl] = row
             bar.update()
-        del inp, ref
-        torch.cuda.empty_cache()
+        ref8.clear()
+        del ref
+
+        def step(r, impl, name=shape.name):
+            bar.set_postfix_str(f"{name}: {'warm-up' if r < 0 else f'round {r + 1}'} {impl}")
+            bar.update()
+        bar.update(len(impls) - len(fns))  # warm-up steps of those that did not run
+        clocks_start = gpu_clocks(device)
+        with ClockSampler(device) as sampler:
+            res = time_rounds(fns, rounds=rounds, min_calls=min_calls, min_ms=rep,
+                              warmup_ms=warmup, timer=timer, on_step=step)
+        clocks_end = gpu_clocks(device)
+        bar.update((len(impls) - len(fns)) * rounds)
+        for impl in fns:
+            row, ms = by_impl[impl], res.ms[impl]
+            s = spread(ms)
+            if s["n"]:
+                f = shape.flops()
+                row.update(ms=s["median"], tflops=f / (s["median"] * 1e-3) / 1e12,
+                           ms_min=s["min"], ms_max=s["max"],
+                           tflops_min=f / (s["max"] * 1e-3) / 1e12,
+                           tflops_max=f / (s["min"] * 1e-3) / 1e12,
+                           spread_pct=100 * (s["max"] - s["min"]) / s["median"], rounds=s["n"],
+                           ms_rounds=ms, calls_rounds=res.calls[impl],
+                           tflops_rounds=[None if x is None else f / (x * 1e-3) / 1e12 for x in ms])
+            if impl in res.errors:
+                row["note"] = "; ".join(x for x in (row["note"], res.errors[impl]) if x)
+        for a, b in ratio_pairs(list(fns)):
+            per_round = ratio_rounds(res.ms, a, b)
+            s = spread(per_round)
+            if s["n"]:
+                ratio_rows.append({"suite": suite, "shape": shape.name, "ratio": f"{a} / {b}",
+                                   "a": a, "b": b, **s, "rounds": per_round})
+        info.update(
+            rounds=rounds, orders=res.orders,
+            clocks={"start": clocks_start, "end": clocks_end,
+                    "rounds_sm_mhz": ([sampler.summary(t0, t1) for t0, t1 in res.spans]
+                                      if sampler.active else None),
+                    "sampled": "pynvml every 50 ms" if sampler.active else None},
+            autotune={i: by_impl[i]["config"] for i in impls if by_impl[i]["config"]},
+            round_seconds=[t1 - t0 for t0, t1 in res.spans],
+            seconds=time.perf_counter() - t_shape)
+        shape_info.append(info)
+        del inp, fns
+        if cuda:
+            torch.cuda.empty_cache()
         if on_shape is not None:
-            on_shape(_ordered(rows, shapes))
+            on_shape(table_so_far())
     bar.close()
-    return _ordered(rows, shapes)
+    return table_so_far()
 
 
 def _ordered(rows, shapes) -> pd.DataFrame:
@@ -457,7 +1073,9 @@ def _ordered(rows, shapes) -> pd.DataFrame:
 
 
 def ratios(table: pd.DataFrame, impl="fast_lazy") -> pd.DataFrame:
-    """Per shape: ``impl``'s TFLOP/s over each other implementation's."""
+    """Per shape: ``impl``'s (median) TFLOP/s over each other implementation's. The
+    per-round ratios (``table.attrs["ratios"]``, ``ratio_table``) are the ones to trust;
+    this serves tables without rounds (older results)."""
     wide = table.pivot_table(index="shape", columns="impl", values="tflops", sort=False)
     if impl not in wide:
         raise ValueError(f"{impl!r} has no timings in this table")
@@ -465,21 +1083,110 @@ def ratios(table: pd.DataFrame, impl="fast_lazy") -> pd.DataFrame:
     return out.add_prefix(f"{impl} / ")
 
 
+def ratio_table(table_or_ratios) -> pd.DataFrame:
+    """The per-round ratios as a table: suite, shape, ratio, a, b, median, min, max, n,
+    rounds; from a ``run`` table (its ``attrs``), a loaded result (``{"ratios": ...}``)
+    or the list itself."""
+    if isinstance(table_or_ratios, pd.DataFrame):
+        items = table_or_ratios.attrs.get("ratios", [])
+    elif isinstance(table_or_ratios, dict):
+        items = table_or_ratios.get("ratios", [])
+    else:
+        items = table_or_ratios
+    cols = ["suite", "shape", "ratio", "a", "b", "median", "min", "max", "n", "rounds"]
+    return pd.DataFrame(list(items), columns=cols)
+
+
+def _fmt(x, spec=".1f", none="—"):
+    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _clock_text(c: dict | None) -> str:
+    if not c or c.get("source") is None:
+        return f"no reading ({(c or {}).get('note', 'none')})"
+    parts = [f"SM {_fmt(c.get('sm_mhz'), 'd')}/{_fmt(c.get('max_sm_mhz'), 'd')} MHz"]
+    if c.get("mem_mhz") is not None:
+        parts.append(f"mem {c['mem_mhz']} MHz")
+    if c.get("temp_c") is not None:
+        parts.append(f"{c['temp_c']} C")
+    if c.get("power_w") is not None:
+        parts.append(f"{c['power_w']:.0f} W")
+    if c.get("reasons"):
+        parts.append("reasons " + "+".join(c["reasons"]))
+    return ", ".join(parts)
+
+
+def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict]) -> list[str]:
+    """One shape's block: clocks, autotune picks, per implementation the median TFLOP/s
+    with its min-max over rounds, and the per-round ratios."""
+    shape = sub["shape"].iloc[0]
+    n = int(sub["rounds"].max()) if sub["rounds"].notna().any() else 0
+    head = f"== {sub['suite'].iloc[0]} · {shape}" if "suite" in sub else f"== {shape}"
+    if info and info.get("seconds") is not None:
+        head += f" · {n} rounds · {info['seconds']:.0f} s"
+    lines = [head]
+    if info:
+        c = info.get("clocks") or {}
+        src = (c.get("start") or {}).get("source") or (c.get("end") or {}).get("source")
+        if src:
+            lines.append(f"   clocks ({src}): start {_clock_text(c.get('start'))}; "
+                         f"end {_clock_text(c.get('end'))}")
+        else:
+            lines.append(f"   clocks: {_clock_text(c.get('start'))}")
+        per_round = c.get("rounds_sm_mhz")
+        if per_round:
+            lines.append("   SM MHz per round (median [min..max]): " + "  ".join(
+                f"{_fmt(p.get('median'), '.0f')} [{_fmt(p.get('min'), 'd')}..{_fmt(p.get('max'), 'd')}]"
+                if p and p.get("n") else "—" for p in per_round))
+        if info.get("autotune"):
+            lines.append("   autotune: " + " · ".join(f"{i} {c}" for i, c in info["autotune"].items()))
+        if info.get("reference_heads") is not None and len(info["reference_heads"]) < info.get("reference_of", 0):
+            lines.append(f"   rel-L2 on heads {info['reference_heads']} of {info['reference_of']}")
+        if info.get("note"):
+            lines.append(f"   note: {info['note']}")
+    lines.append(f"   {'impl':<20}{'TFLOP/s':>9}  {'[min .. max]':<17}{'ms':>9}{'spread':>8}"
+                 f"{'rel-L2 fp32':>13}  per round TFLOP/s")
+    for _, r in sub.iterrows():
+        if r.get("ms") is None or pd.isna(r.get("ms")):
+            continue
+        per = r.get("tflops_rounds")
+        per_txt = " ".join(_fmt(x, ".0f") for x in per) if isinstance(per, (list, tuple)) else ""
+        lines.append(f"   {r['impl']:<20}{_fmt(r['tflops']):>9}  "
+                     f"{'[' + _fmt(r.get('tflops_min')) + ' .. ' + _fmt(r.get('tflops_max')) + ']':<17}"
+                     f"{_fmt(r['ms'], '.3f'):>9}{_fmt(r.get('spread_pct'), '.1f') + '%':>8}"
+                     f"{_fmt(r.get('rel_l2'), '.2e'):>13}  {per_txt}")
+    if rats:
+        lines.append(f"   {'ratio (A / B = B ms / A ms, per round)':<40}{'median':>8}  [min .. max]")
+        for q in rats:
+            lines.append(f"   {q['ratio']:<40}{q['median']:>8.3f}  [{q['min']:.3f} .. {q['max']:.3f}]")
+    return lines
+
+
 def format_table(table: pd.DataFrame) -> str:
-    """TFLOP/s, shapes down, implementations across, and fast_lazy's ratios (one block per
-    suite when the table has several); then the rel-L2 checks, configs and notes."""
+    """Per shape (when the table has rounds): clocks, autotune picks, median TFLOP/s with
+    min-max and per-round values, the per-round ratios. Then TFLOP/s medians, shapes down,
+    implementations across, and fast_lazy's ratios (one block per suite when the table has
+    several); then the rel-L2 checks, configs and notes."""
     lines = []
+    rats = table.attrs.get("ratios") or []
+    infos = {i["shape"]: i for i in table.attrs.get("shapes") or []}
+    if "ms_rounds" in table.columns:
+        for shape, sub in table.groupby("shape", sort=False):
+            lines += _shape_lines(sub, infos.get(shape), [q for q in rats if q["shape"] == shape])
+            lines.append("")
     blocks = table.groupby("suite", sort=False) if "suite" in table.columns else [(None, table)]
     width = max(28, 2 + max(len(str(s)) for s in table["shape"]))
+    first = True
     for suite, sub in blocks:
-        if lines:
+        if not first:
             lines.append("")
-        lines += _tflops_lines(sub, width, suite)
+        first = False
+        lines += _tflops_lines(sub, width, suite, rats)
     checks = table.dropna(subset=["rel_l2"])
     if len(checks):
-        worst = checks.groupby("impl")["rel_l2"].max()
+        worst = checks.groupby("impl", sort=False)["rel_l2"].max()
         lines.append("")
-        lines.append("max rel-L2 vs sdpa_flash: " + ", ".join(f"{i} {x:.2e}" for i, x in worst.items()))
+        lines.append("max rel-L2 vs fp32 attention: " + ", ".join(f"{i} {x:.2e}" for i, x in worst.items()))
     for _, r in table[table["config"].notna()].iterrows():
         lines.append(f"autotuned {r['impl']} @ {r['shape']}: {r['config']}")
     for _, r in table[table["note"].notna()].iterrows():
@@ -487,11 +1194,12 @@ def format_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _tflops_lines(table: pd.DataFrame, width: int, suite=None) -> list[str]:
+def _tflops_lines(table: pd.DataFrame, width: int, suite=None, rats=()) -> list[str]:
     wide = table.pivot_table(index="shape", columns="impl", values="tflops", sort=False)
     cols = [i for i in ALL_IMPLS if i in wide.columns]
     wide = wide[cols]
-    title = "TFLOP/s (median of do_bench)" + (f": {suite}" if suite else "")
+    n = int(table["rounds"].max()) if "rounds" in table and table["rounds"].notna().any() else 0
+    title = (f"TFLOP/s (median over {n} interleaved rounds)" if n else "TFLOP/s") + (f": {suite}" if suite else "")
     if suite in SUITE_NOTES:
         title += f" ({SUITE_NOTES[suite]})"
     lines = [title, f"{'shape':<{width}}" + "".join(f"{c:>18}" for c in cols)]
@@ -500,8 +1208,16 @@ def _tflops_lines(table: pd.DataFrame, width: int, suite=None) -> list[str]:
             f"{'—' if pd.isna(r[c]) else f'{r[c]:.1f}':>18}" for c in cols))
     if "fast_lazy" in wide and len(cols) > 1:
         lines.append("")
-        lines.append("fast_lazy / other")
+        shapes = set(wide.index)
+        mine = {(q["shape"], q["b"]): q["median"] for q in rats
+                if q["a"] == "fast_lazy" and q["shape"] in shapes}
         rat = ratios(table)
+        if mine:  # the medians of the per-round ratios
+            lines.append("fast_lazy / other (median of per-round ratios)")
+            rat = pd.DataFrame({c: [mine.get((s, c.split(" / ")[1]), math.nan) for s in rat.index]
+                                for c in rat.columns}, index=rat.index)
+        else:
+            lines.append("fast_lazy / other")
         lines.append(f"{'shape':<{width}}" + "".join(f"{c.split(' / ')[1]:>18}" for c in rat.columns))
         for shape, r in rat.iterrows():
             lines.append(f"{shape:<{width}}" + "".join(
@@ -509,9 +1225,18 @@ def _tflops_lines(table: pd.DataFrame, width: int, suite=None) -> list[str]:
     return lines
 
 
-def save(table: pd.DataFrame, name="bench_h200", *, directory=None, device="cuda", params=None):
-    """data/results/<name>.json (or ``directory``), with provenance (atomic write)."""
-    return save_result(name, table, params=params or {}, device=device, directory=directory)
+def save(table: pd.DataFrame, name="bench_h200", *, directory=None, device="cuda", params=None,
+         tuning=None):
+    """data/results/<name>.json (or ``directory``), with provenance (atomic write): ``rows``
+    (one per (shape, impl), with the per-round values), ``ratios`` (per round, with median
+    and min-max), ``shapes`` (round orders, clocks, autotune picks, seconds), ``timing``
+    (the method), ``autotune_timings`` (``tuning``) and ``params``."""
+    if "timing" not in table.attrs:  # a table without rounds (config_sweep's): rows alone
+        return save_result(name, table, params=dict(params or {}), device=device, directory=directory)
+    payload = {"params": dict(params or {}), "timing": table.attrs.get("timing"),
+               "shapes": table.attrs.get("shapes", []), "ratios": table.attrs.get("ratios", []),
+               "autotune_timings": list(tuning or []), "rows": table.to_dict("records")}
+    return save_result(name, payload, params=payload["params"], device=device, directory=directory)
 
 
 def figure(table: pd.DataFrame, title="Forward TFLOP/s"):

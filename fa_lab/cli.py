@@ -361,8 +361,21 @@ def _bench_args(b):
                    "given ones run where they apply)")
     add_bool_flag(b, "--sweep",
                   help="time each pinned launch config of the fast kernels at the first shape instead")
-    b.add_argument("--warmup", type=nonnegative_int, default=25, help="do_bench warm-up, ms")
-    b.add_argument("--rep", type=positive_int, default=100, help="do_bench repetition time, ms")
+    b.add_argument("--rounds", type=positive_int, default=5,
+                   help="interleaved rounds per shape: each times every implementation once, in an "
+                   "order rotated from round to round (default 5; fewer make the min-max spread "
+                   "a weak guide)")
+    b.add_argument("--min-calls", dest="min_calls", type=positive_int, default=10,
+                   help="calls per implementation per round, at least (default 10)")
+    b.add_argument("--rep", type=positive_int, default=100,
+                   help="ms of calls per implementation per round, at least (default 100; "
+                   "with --sweep: do_bench's repetition time)")
+    b.add_argument("--warmup", type=nonnegative_int, default=25,
+                   help="ms of untimed calls per implementation before the first round (default 25; "
+                   "with --sweep: do_bench's warm-up)")
+    b.add_argument("--device", type=device_arg, default=None,
+                   help="cuda (default), cuda:N, or cpu (perf_counter timing, for trying the harness "
+                   "on small shapes: the fast kernels need a GPU)")
     b.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 .. 2**63 - 1")
     b.add_argument("--name", type=result_name,
                    help="result file name (default bench_h200, or bench_sweep)")
@@ -371,6 +384,8 @@ def _bench_args(b):
 
 
 def _bench(args) -> int:
+    import time
+
     import torch
 
     from . import bench
@@ -397,9 +412,13 @@ def _bench(args) -> int:
             raise UsageError(f"--shapes takes indices 0..{len(jobs) - 1} into the "
                              f"shapes of --suite {','.join(suites)}, got {args.shapes!r}") from None
         jobs = [jobs[i] for i in idx]
-    if not torch.cuda.is_available():
+    device = args.device or "cuda"
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("the benchmark times GPU kernels: it needs a CUDA GPU and none is "
                          "available on this machine (torch.cuda.is_available() is False)")
+    if args.sweep and not device.startswith("cuda"):
+        raise UsageError(f"--sweep times pinned GPU launch configs: it needs a CUDA device, "
+                         f"got --device {device}")
     shapes = [shape for _, shape, _ in jobs]
     params = {"suites": list(suites), "shapes": [s.name for s in shapes],
               "impls": sorted({i for _, _, chosen in jobs for i in chosen},
@@ -409,25 +428,34 @@ def _bench(args) -> int:
         table = bench.config_sweep(shapes[0], warmup=args.warmup, rep=args.rep, seed=args.seed)
         print(table.to_string(index=False))
         name = args.name if args.name is not None else "bench_sweep"
-    else:
-        name = args.name if args.name is not None else "bench_h200"
-        tuning = []
-
-        def save(table):  # after every shape: a cut-short run keeps what it measured
-            if not args.no_save:
-                done = list(dict.fromkeys(table["shape"]))
-                return bench.save(table, name, directory=args.out_dir,
-                                  params={**params, "completed_shapes": done,
-                                          "autotune_timings": tuning})
-        table = bench.run(jobs=jobs, warmup=args.warmup, rep=args.rep, seed=args.seed,
-                          on_shape=save, tuning=tuning)
-        print(bench.format_table(table))
         if not args.no_save:
-            print(f"saved {save(table)}")
+            path = bench.save(table, name, directory=args.out_dir, params=params)
+            print(f"saved {path}")
         return 0
+    name = args.name if args.name is not None else "bench_h200"
+    params.update(rounds=args.rounds, min_calls=args.min_calls, device=device)
+    if args.rounds < 5:
+        print(f"note: {args.rounds} round(s), as asked: with fewer than 5 the min-max spread is "
+              f"a weak guide to the noise", file=sys.stderr, flush=True)
+    if device == "cpu":
+        print("note: --device cpu times the harness with perf_counter; the fast kernels need a GPU "
+              "and the suites' shapes are GPU-sized", file=sys.stderr, flush=True)
+    tuning = []
+    started = time.perf_counter()
+
+    def save(table):  # after every shape: a cut-short run keeps what it measured
+        if not args.no_save:
+            done = list(dict.fromkeys(table["shape"]))
+            return bench.save(table, name, directory=args.out_dir, device=device, tuning=tuning,
+                              params={**params, "completed_shapes": done,
+                                      "seconds": round(time.perf_counter() - started, 1)})
+    table = bench.run(jobs=jobs, device=device, rounds=args.rounds, min_calls=args.min_calls,
+                      warmup=args.warmup, rep=args.rep, seed=args.seed, on_shape=save,
+                      tuning=tuning)
+    print(bench.format_table(table))
+    print(f"{len(shapes)} shape(s) in {time.perf_counter() - started:.0f} s")
     if not args.no_save:
-        path = bench.save(table, name, directory=args.out_dir, params=params)
-        print(f"saved {path}")
+        print(f"saved {save(table)}")
     return 0
 
 

@@ -1,7 +1,10 @@
-"""fa_lab.bench: the FLOP count, the table it prints, its figure and its guards (CPU).
-The timings themselves need a GPU: `fa-lab bench` on one."""
+"""fa_lab.bench: the FLOP count, the table it prints, its figure and its guards; the
+interleaved rounds, their statistics and the fp32 reference, on the CPU (with callables
+whose time a test controls, through the harness's own CPU timer); the CUDA timer on a GPU."""
 
+import json
 import math
+import time
 
 import pandas as pd
 import pytest
@@ -67,7 +70,15 @@ def test_run_refuses_bad_arguments_before_any_work():
         bench.run(shapes=())
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
-            bench.run(device="cpu")
+            bench.run(device="cuda")
+    with pytest.raises(ValueError, match="CUDA device or the CPU"):
+        bench.run(device="meta")
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench.run(device="cpu", rounds=0)
+    with pytest.raises(TypeError, match="min_calls must be an int"):
+        bench.run(device="cpu", min_calls=2.5)
+    with pytest.raises(ValueError, match="rep must be >= 0"):
+        bench.run(device="cpu", rep=-1)
 
 
 def test_cli_bench_rejects_bad_shape_indices():
@@ -123,7 +134,7 @@ def test_format_table_prints_one_block_per_suite():
         for i, tf in (("fast_lazy", 100.0), ("fast_lazy_split4", 400.0), ("sdpa_flash", 200.0))])
     text = bench.format_table(pd.concat([t, extra], ignore_index=True))
     for suite in ("dense", "splitk"):
-        assert f"TFLOP/s (median of do_bench): {suite}" in text
+        assert f"TFLOP/s: {suite}" in text  # a table without rounds (an older result)
     splitk = text.split(": splitk")[1].split("max rel-L2")[0]
     assert "fast_lazy_split4" in splitk and "0.250" in splitk  # 100 / 400
     assert "sdpa_cudnn" not in splitk  # only the suite's own columns
@@ -186,32 +197,24 @@ def test_cli_bench_checks_suites_before_any_work():
 
 
 def test_run_times_split_k_and_varlen_beside_dense_end_to_end(monkeypatch, tmp_path):
-    """``run`` over a split-K and a varlen job with the kernels on the interpreter (and a
-    fake clock): one row per (shape, impl), rel-L2 against SDPA, the FLOP count behind the
-    TFLOP/s, a JSON file with the dense rows' columns, and the printed table."""
-    import json
-
+    """``run`` on the CPU over a split-K and a varlen job with the kernels on the
+    interpreter: one row per (shape, impl), rel-L2 against fp32 attention, the FLOP count
+    behind the TFLOP/s, a JSON file with the dense rows' columns, and the printed table."""
     monkeypatch.setattr(bench, "_fast_module", _Interpreted)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(bench, "_time_ms", lambda fn, warmup, rep: 2.0)
-    inputs = bench._inputs
-    monkeypatch.setattr(bench, "_inputs",
-                        lambda shape, device, seed, fp8=False: inputs(shape, "cpu", seed, fp8))
     split = bench.Shape(1, 384, 2, 64, False, Skv=900)
     packed = bench.varlen_shape((100, 37, 250), 2, 64, True)
     jobs = [("splitk", split, ("fast_lazy", "fast_lazy_split2", "sdpa_flash")),
             ("varlen", packed, ("fast_lazy", "fast_lazy_varlen", "sdpa_flash"))]
     saved = []
-    table = bench.run(jobs=jobs, progress=False, on_shape=saved.append)
+    table = bench.run(jobs=jobs, device="cpu", rounds=1, min_calls=1, rep=0, warmup=0,
+                      progress=False, on_shape=saved.append)
     assert len(saved) == 2 and len(table) == 6
     assert list(table["impl"]) == ["fast_lazy", "fast_lazy_split2", "sdpa_flash",
                                    "fast_lazy", "fast_lazy_varlen", "sdpa_flash"]
     assert table["note"].isna().all(), table["note"].tolist()
-    fast = table[table["impl"] != "sdpa_flash"]
-    assert (fast["rel_l2"] < 1e-2).all()
-    assert (table["tflops"] == table["flops"] / 2e-3 / 1e12).all()
+    assert (table["rel_l2"] < 1e-2).all()  # every row, SDPA's too, against fp32
+    assert (table["tflops"] == table["flops"] / (table["ms"] * 1e-3) / 1e12).all()
+    assert (table["rounds"] == 1).all() and (table["ms"] > 0).all()
     assert list(table["suite"]) == ["splitk"] * 3 + ["varlen"] * 3
     assert table.loc[0, "Skv"] == 900 and table.loc[3, "lengths"] == [100, 37, 250]
     path = bench.save(table, "bench_features", directory=tmp_path, device="cpu")
@@ -219,3 +222,376 @@ def test_run_times_split_k_and_varlen_beside_dense_end_to_end(monkeypatch, tmp_p
     assert {"impl", "shape", "tflops", "ms", "rel_l2", "B", "S", "H", "D", "causal"} <= set(rows[0])
     text = bench.format_table(table)
     assert "fast_lazy_split2" in text and "fast_lazy_varlen" in text
+
+
+# ---- interleaved rounds: scheduling and statistics, with callables whose time is known ---------
+
+class _VirtualTime:
+    """A clock that moves only when a stand-in kernel says so: ``now()`` (seconds) for
+    ``bench.CpuTimer``, and ``kernel(name, ms_of_round)`` builds a callable that advances it
+    by its round's time (and logs its name). ``calls_per_round`` calls make a round, after
+    ``warm_calls`` untimed ones (1 s each: time_rounds' warm-up; run's first call too);
+    within a round, calls take ``ms``, ``ms``, ... and every third one ``ms + 50`` (an
+    outlier the per-round median must drop)."""
+
+    def __init__(self, calls_per_round, warm_calls=1):
+        self.t = 0.0
+        self.log = []
+        self.per_round = calls_per_round
+        self.warm = warm_calls
+
+    def now(self):
+        return self.t
+
+    def kernel(self, name, ms_of_round, out=None):
+        count = [0]
+
+        def fn():
+            k = count[0]
+            count[0] += 1
+            if k < self.warm:  # untimed
+                ms = 1000.0
+            else:
+                r, j = divmod(k - self.warm, self.per_round)
+                ms = ms_of_round[r] + (50.0 if j % 3 == 2 else 0.0)
+            self.t += ms * 1e-3
+            self.log.append(name)
+            return out
+        return fn
+
+
+A_MS = [2.0, 4.0, 3.0, 5.0, 1.0]  # median 3, min 1, max 5
+B_MS = [4.0, 4.0, 6.0, 10.0, 3.0]  # median 4, min 3, max 10
+C_MS = [8.0, 8.0, 8.0, 8.0, 8.0]
+
+
+def test_round_orders_rotate_and_spread_their_starting_points():
+    impls = ["a", "b", "c", "d", "e", "f", "g", "h", "i"]
+    orders = bench.round_orders(impls, 5)
+    assert [o[0] for o in orders] == ["a", "b", "d", "f", "h"]  # offsets r * 9 // 5
+    for o in orders:  # each a rotation of the list: every implementation once
+        k = impls.index(o[0])
+        assert o == impls[k:] + impls[:k]
+    assert bench.round_orders(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert bench.round_orders(["a", "b", "c"], 1) == [["a", "b", "c"]]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench.round_orders(impls, 0)
+
+
+def test_time_rounds_times_each_implementation_once_per_round_in_rotated_order():
+    vt = _VirtualTime(calls_per_round=3)
+    fns = {"a": vt.kernel("a", A_MS), "b": vt.kernel("b", B_MS), "c": vt.kernel("c", C_MS)}
+    steps = []
+    res = bench.time_rounds(fns, rounds=5, min_calls=3, min_ms=0, warmup_ms=0,
+                            timer=bench.CpuTimer(now=vt.now), on_step=lambda r, i: steps.append((r, i)))
+    assert res.errors == {}
+    assert res.orders == bench.round_orders(["a", "b", "c"], 5)
+    # the calls ran in that order: the warm-up call of each, then per round each
+    # implementation's 3 calls together
+    assert vt.log[:3] == ["a", "b", "c"]
+    rounds_log = [vt.log[3 + 9 * r: 3 + 9 * (r + 1)] for r in range(5)]
+    assert rounds_log == [[i for i in order for _ in range(3)] for order in res.orders]
+    assert steps == [(-1, "a"), (-1, "b"), (-1, "c")] + [(r, i) for r, o in enumerate(res.orders) for i in o]
+    # each round's value is the median of its calls: the +50 ms outlier is dropped
+    assert res.ms == {"a": pytest.approx(A_MS), "b": pytest.approx(B_MS), "c": pytest.approx(C_MS)}
+    assert res.calls == {i: [3] * 5 for i in fns}
+    assert len(res.spans) == 5 and all(t1 >= t0 for t0, t1 in res.spans)
+
+
+def test_measure_sizes_the_calls_by_time_and_count():
+    vt = _VirtualTime(calls_per_round=10**6)
+    fn = vt.kernel("a", [2.0])
+    timer = bench.CpuTimer(now=vt.now)
+    fn()  # the warm-up call
+    assert bench.measure(fn, timer, min_calls=1, min_ms=10.0) == (pytest.approx(2.0), 5)  # 10 ms / 2 ms
+    assert bench.measure(fn, timer, min_calls=7, min_ms=1.0)[1] == 7
+    assert bench.measure(fn, timer, min_calls=1, min_ms=1e9, max_calls=4)[1] == 4
+
+
+def test_spread_and_per_round_ratios_match_hand_computed_values():
+    assert bench.spread(A_MS) == {"median": 3.0, "min": 1.0, "max": 5.0, "n": 5}
+    assert bench.spread([4.0, None, 2.0, 3.0]) == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 3}
+    assert bench.spread([2.0, 4.0]) == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 2}
+    assert bench.spread([None]) == {"median": None, "min": None, "max": None, "n": 0}
+    ms = {"a": A_MS, "b": B_MS, "c": [8.0, None, 8.0, 8.0, 8.0]}
+    assert bench.ratio_rounds(ms, "a", "b") == pytest.approx([2.0, 1.0, 2.0, 2.0, 3.0])
+    assert bench.ratio_rounds(ms, "b", "a") == pytest.approx([0.5, 1.0, 0.5, 0.5, 1 / 3])
+    assert bench.ratio_rounds(ms, "a", "c")[1] is None
+    # the median of per-round ratios is not the ratio of medians (4 / 3 here)
+    assert bench.spread(bench.ratio_rounds(ms, "a", "b"))["median"] == 2.0
+    pairs = bench.ratio_pairs(["fast_lazy", "fast_eager", "fast_fp8_lazy", "sdpa_cudnn", "flex"])
+    assert pairs[:4] == [("fast_lazy", "fast_eager"), ("fast_lazy", "fast_fp8_lazy"),
+                         ("fast_lazy", "sdpa_cudnn"), ("fast_lazy", "flex")]
+    assert ("fast_fp8_lazy", "sdpa_cudnn") in pairs and ("fast_fp8_lazy", "fast_lazy") in pairs
+    assert ("fast_fp8_lazy", "fast_fp8_eager") not in pairs  # fp8 eager absent
+    assert bench.ratio_pairs(["sdpa_flash", "flex"]) == []
+
+
+def test_time_rounds_on_the_real_clock_with_sleeping_callables():
+    """The harness's CPU timer (time.perf_counter) on callables that sleep 4 and 16 ms:
+    the medians come out near those (a sleep never ends early) and the per-round ratio
+    near 4."""
+    fns = {"short": lambda: time.sleep(0.004), "long": lambda: time.sleep(0.016)}
+    res = bench.time_rounds(fns, rounds=3, min_calls=2, min_ms=0, warmup_ms=0)
+    assert res.orders == [["short", "long"], ["long", "short"], ["short", "long"]]
+    short, long = bench.spread(res.ms["short"]), bench.spread(res.ms["long"])
+    assert 4.0 <= short["min"] and short["median"] < 12.0
+    assert 16.0 <= long["min"] and long["median"] < 30.0
+    ratio = bench.spread(bench.ratio_rounds(res.ms, "short", "long"))
+    assert 2.0 < ratio["median"] < 4.2 and res.calls["short"] == [2, 2, 2]
+
+
+def test_time_rounds_keeps_going_when_one_implementation_fails():
+    vt = _VirtualTime(calls_per_round=1)
+    ok = vt.kernel("ok", [1.0] * 4)
+    calls = [0]
+
+    def flaky():
+        calls[0] += 1
+        vt.t += 1e-3
+        if calls[0] == 3:
+            raise RuntimeError("CUDA out of memory\nmore text")
+    res = bench.time_rounds({"ok": ok, "flaky": flaky}, rounds=4, min_calls=1, min_ms=0,
+                            warmup_ms=0, timer=bench.CpuTimer(now=vt.now))
+    # flaky: call 1 is the warm-up, 2 its first round; it fails in its second round
+    assert res.errors == {"flaky": "round 2: RuntimeError: CUDA out of memory"}
+    assert res.ms["flaky"] == [pytest.approx(1.0), None, None, None]
+    assert res.ms["ok"] == pytest.approx([1.0] * 4)
+    with pytest.raises(ValueError, match="min_calls"):
+        bench.time_rounds({"ok": ok}, min_calls=0)
+
+
+def _stand_in_runner(vt, times):
+    """bench._runner's stand-in: each implementation of ``times`` ({impl: ms per round})
+    advances the virtual clock by its round's ms and returns SDPA's output (``wrong``:
+    that output plus one); others are unavailable."""
+    def runner(impl, shape, inp):
+        if impl not in times:
+            raise bench.Unavailable(f"{impl} is not in this test")
+        qt, kt, vt_ = (x.transpose(1, 2).float() for x in (inp.q, inp.k, inp.v))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt_, is_causal=shape.causal).transpose(1, 2).to(inp.q.dtype)
+        return vt.kernel(impl, times[impl], out + 1 if impl == "fast_eager" else out)
+    return runner
+
+
+def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch, tmp_path):
+    """``run`` end to end on the CPU, its kernels replaced by callables of known time:
+    the medians, min / max, per-round values and per-round ratios of the table and of
+    the saved JSON match the hand-computed ones; the rounds' orders rotate; every row has
+    its rel-L2 against fp32 attention."""
+    vt = _VirtualTime(calls_per_round=3, warm_calls=2)  # run's first call, then the warm-up
+    times = {"fast_lazy": A_MS, "fast_eager": B_MS, "sdpa_cudnn": C_MS}
+    monkeypatch.setattr(bench, "_runner", _stand_in_runner(vt, times))
+    shape = bench.Shape(1, 64, 2, 32, True)
+    impls = ("fast_lazy", "fast_eager", "sdpa_cudnn", "flex")
+    tuning = []
+    table = bench.run(jobs=[("dense", shape, impls)], device="cpu", rounds=5, min_calls=3, rep=0,
+                      warmup=0, progress=False, timer=bench.CpuTimer(now=vt.now), tuning=tuning)
+    t = table.set_index("impl")
+    assert list(table["impl"]) == list(impls)
+    lazy = t.loc["fast_lazy"]
+    assert (lazy.ms, lazy.ms_min, lazy.ms_max, lazy.rounds) == (pytest.approx(3.0), pytest.approx(1.0),
+                                                                pytest.approx(5.0), 5)
+    assert lazy.ms_rounds == pytest.approx(A_MS) and lazy.calls_rounds == [3] * 5
+    f = shape.flops()
+    assert lazy.tflops == pytest.approx(f / 3e-3 / 1e12)
+    assert (lazy.tflops_min, lazy.tflops_max) == (pytest.approx(f / 5e-3 / 1e12), pytest.approx(f / 1e-3 / 1e12))
+    assert lazy.tflops_rounds == pytest.approx([f / (m * 1e-3) / 1e12 for m in A_MS])
+    assert lazy.spread_pct == pytest.approx(100 * (5 - 1) / 3)
+    assert t.loc["fast_eager"].ms == pytest.approx(4.0) and t.loc["sdpa_cudnn"].ms == pytest.approx(8.0)
+    assert pd.isna(t.loc["flex"].ms) and "not in this test" in t.loc["flex"].note
+    # correctness beside speed: against fp32 attention
+    assert lazy.rel_l2 < 1e-2 and t.loc["fast_eager"].rel_l2 > 0.5
+    # per-round ratios
+    rat = bench.ratio_table(table).set_index("ratio")
+    assert list(rat.index) == ["fast_lazy / fast_eager", "fast_lazy / sdpa_cudnn", "fast_eager / sdpa_cudnn"]
+    le = rat.loc["fast_lazy / fast_eager"]
+    assert le["rounds"] == pytest.approx([2.0, 1.0, 2.0, 2.0, 3.0])
+    assert (le["median"], le["min"], le["max"], le["n"]) == (pytest.approx(2.0), pytest.approx(1.0),
+                                                             pytest.approx(3.0), 5)
+    assert rat.loc["fast_lazy / sdpa_cudnn", "rounds"] == pytest.approx([4.0, 2.0, 8 / 3, 1.6, 8.0])
+    assert rat.loc["fast_lazy / sdpa_cudnn", "median"] == pytest.approx(8 / 3)
+    # per shape: the rounds' orders, clocks (none on the CPU), the reference's heads
+    info, = table.attrs["shapes"]
+    assert info["orders"] == bench.round_orders(["fast_lazy", "fast_eager", "sdpa_cudnn"], 5)
+    assert info["clocks"]["start"]["source"] is None and info["clocks"]["rounds_sm_mhz"] is None
+    assert info["reference_heads"] == [0, 1] and len(info["round_seconds"]) == 5
+    assert table.attrs["timing"]["timer"] == bench.CpuTimer.name
+    text = bench.format_table(table)
+    assert "fast_lazy / fast_eager" in text and "2.000  [1.000 .. 3.000]" in text
+    assert "TFLOP/s (median over 5 interleaved rounds): dense" in text
+    assert "max rel-L2 vs fp32 attention" in text
+    # the saved JSON holds it all
+    path = bench.save(table, "bench_rounds", directory=tmp_path, device="cpu",
+                      params={"rounds": 5}, tuning=tuning)
+    obj = json.loads(path.read_text())
+    assert {"provenance", "params", "timing", "shapes", "ratios", "autotune_timings", "rows"} <= set(obj)
+    row = next(r for r in obj["rows"] if r["impl"] == "fast_lazy")
+    assert row["ms_rounds"] == pytest.approx(A_MS) and row["ms_min"] == pytest.approx(1.0)
+    assert next(r for r in obj["rows"] if r["impl"] == "flex")["ms"] is None  # NaN -> null
+    assert obj["shapes"][0]["orders"] == info["orders"]
+    assert obj["ratios"][0]["ratio"] == "fast_lazy / fast_eager" and obj["ratios"][0]["median"] == 2.0
+    assert bench.ratio_table(obj).shape[0] == 3
+
+
+# ---- the fp32 reference ------------------------------------------------------------------------
+
+def test_reference_heads_subsample_only_the_largest_shapes():
+    dense = {s.name: bench.reference_heads(s) for s in bench.SHAPES}
+    assert dense["B2 S8192 H32 D128"] == list(range(32))
+    assert dense["B1 S61380 H32 D128 causal"] == [0, 10, 21, 31]  # 2**34 // 61380**2 = 4
+    assert all(len(h) == 32 for n, h in dense.items() if "S61380" not in n and "H16" not in n)
+    s = bench.Shape(1, 4096, 8, 64, False)
+    assert bench.reference_heads(s, budget=4096 * 4096) == [0]
+    assert bench.reference_heads(s, budget=3 * 4096 * 4096) == [0, 4, 7]
+
+
+@pytest.mark.parametrize("shape", [bench.Shape(2, 70, 8, 32, True, Hkv=2),
+                                   bench.varlen_shape((40, 23), 4, 32, False)])
+def test_reference_on_a_subsample_of_heads_matches_the_whole(shape):
+    from fa_lab import reference
+
+    inp = bench._inputs(shape, "cpu", 0)
+    heads = [1, 3]
+    sub = bench._reference(shape, inp, heads)
+    if shape.varlen:
+        whole = torch.cat([reference.attention(inp.q[None, a:b], inp.k[None, a:b], inp.v[None, a:b],
+                                               causal=shape.causal)[0][0] for a, b in inp.spans(shape)])
+    else:
+        whole = reference.attention(inp.q, inp.k, inp.v, causal=shape.causal)[0]
+    torch.testing.assert_close(sub, whole[..., heads, :], rtol=1e-5, atol=1e-6)
+    assert bench._rel_l2(whole.to(torch.bfloat16), sub, heads) < 1e-2
+
+
+def test_gqa_shape_runs_sdpa_and_flex_runners_correctly():
+    shape = bench.Shape(1, 96, 4, 32, True, Hkv=2)
+    assert shape.name == "B1 S96 H4 Hkv2 D32 causal" and shape.heads_kv == 2
+    inp = bench._inputs(shape, "cpu", 0)
+    assert inp.q.shape == (1, 96, 4, 32) and inp.k.shape == (1, 96, 2, 32)
+    ref = bench._reference(shape, inp, [0, 1, 2, 3])
+    out = bench._runner("sdpa_flash", shape, inp)()
+    assert out.shape == inp.q.shape and bench._rel_l2(out, ref, [0, 1, 2, 3]) < 1e-2
+    with pytest.raises(ValueError, match="must divide"):
+        bench.Shape(1, 8, 4, 32, False, Hkv=3)
+
+
+def test_fp8_rows_get_a_dequantised_reference():
+    shape = bench.Shape(1, 64, 2, 128, False)
+    inp = bench._inputs(shape, "cpu", 0, fp8=True)
+    full = bench._reference(shape, inp, [0, 1])
+    deq = bench._reference(shape, inp, [0, 1], fp8=True)
+    assert deq.shape == full.shape and 1e-4 < bench._rel_l2(deq, full) < 0.1  # the quantisation
+
+
+def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch):
+    """The real runners of the fast bf16 and fp8 kernels (Triton's CPU interpreter) at a
+    GQA shape, in 2 rounds: bf16 rows close to fp32 attention, the fp8 row closer to the
+    fp32 attention of its own quantised inputs than to that of the bf16 ones."""
+    monkeypatch.setattr(bench, "_fast_module", _Interpreted)
+    shape = bench.Shape(1, 128, 4, 128, True, Hkv=2)
+    table = bench.run(jobs=[("dense", shape, ("fast_lazy", "fast_eager", "fast_fp8_lazy", "sdpa_flash"))],
+                      device="cpu", rounds=2, min_calls=1, rep=0, warmup=0, progress=False)
+    t = table.set_index("impl")
+    assert t["note"].isna().all(), t["note"].tolist()
+    assert (t["rounds"] == 2).all()
+    assert (t.loc[["fast_lazy", "fast_eager", "sdpa_flash"], "rel_l2"] < 1e-2).all()
+    fp8 = t.loc["fast_fp8_lazy"]
+    assert fp8.rel_l2_dequant < fp8.rel_l2 < 0.1
+    assert {q["ratio"] for q in table.attrs["ratios"]} >= {"fast_lazy / fast_eager",
+                                                          "fast_fp8_lazy / fast_lazy"}
+
+
+def test_dense_suite_holds_the_issues_shapes():
+    names = [s.name for s in bench.SHAPES]
+    assert names == ["B2 S8192 H32 D128", "B2 S8192 H32 D128 causal", "B4 S4096 H32 Hkv8 D128 causal",
+                     "B4 S4096 H32 D64", "B16 S1024 H16 D128 causal", "B1 S16384 H32 D128",
+                     "B1 S61380 H32 D128 causal"]
+
+
+# ---- clocks ------------------------------------------------------------------------------------
+
+def test_clock_readings_parse_and_name_their_reasons():
+    assert bench.clock_reasons(0) == []
+    assert bench.clock_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert bench.clock_reasons(0x1000) == ["0x1000"] and bench.clock_reasons(None) is None
+    r = bench.parse_smi("1755, 1980, 3201, 51, 612.35, 0x0000000000000004")
+    assert r == {"source": "nvidia-smi", "sm_mhz": 1755, "max_sm_mhz": 1980, "mem_mhz": 3201,
+                 "temp_c": 51, "power_w": 612.35, "reasons": ["sw_power_cap"]}
+    r = bench.parse_smi("345, 1980, 3201, [N/A], [N/A]")
+    assert r["temp_c"] is None and r["power_w"] is None and r["reasons"] is None
+    assert bench.gpu_clocks("cpu")["source"] is None
+    s = bench.ClockSampler("cpu")
+    with s:
+        pass
+    assert not s.active and s.summary(0, 1) is None
+
+
+# ---- the CLI -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,flag", [
+    (["bench", "--rounds", "0"], "--rounds"), (["bench", "--rounds", "x"], "--rounds"),
+    (["bench", "--rounds", "-5"], "--rounds"), (["bench", "--min-calls", "0"], "--min-calls"),
+    (["bench", "--rep", "-1"], "--rep"), (["bench", "--warmup", "1.5"], "--warmup"),
+    (["bench", "--device", "tpu"], "--device"),
+])
+def test_cli_bench_refuses_bad_round_arguments(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and err.count("\n") == 1
+
+
+def test_cli_bench_sweep_needs_a_gpu_device(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--sweep", "--device", "cpu", "--no-save"])
+    assert e.value.code == 2
+    assert "--sweep times pinned GPU launch configs" in capsys.readouterr().err
+
+
+def test_cli_bench_runs_rounds_on_the_cpu_and_saves_them(monkeypatch, tmp_path, capsys):
+    """``fa-lab bench --device cpu`` end to end on a one-shape suite of SDPA's CPU kernel
+    (cuDNN has none on the CPU: a note), 2 rounds: the printed blocks and the JSON."""
+    shape = bench.Shape(1, 128, 2, 64, True)
+    monkeypatch.setitem(bench.SUITES, "dense", ((shape,), ("sdpa_flash", "sdpa_cudnn")))
+    assert cli.main(["bench", "--device", "cpu", "--rounds", "2", "--min-calls", "2", "--rep", "1",
+                     "--warmup", "0", "--out-dir", str(tmp_path), "--name", "cpu_bench"]) == 0
+    out, err = capsys.readouterr()
+    assert "2 round(s), as asked" in err and "perf_counter" in err
+    assert "== dense · B1 S128 H2 D64 causal · 2 rounds" in out
+    assert "note: sdpa_cudnn @ B1 S128 H2 D64 causal" in out
+    obj = json.loads((tmp_path / "cpu_bench.json").read_text())
+    assert obj["params"]["rounds"] == 2 and obj["params"]["device"] == "cpu"
+    assert obj["params"]["completed_shapes"] == [shape.name]
+    flash = next(r for r in obj["rows"] if r["impl"] == "sdpa_flash")
+    assert len(flash["ms_rounds"]) == 2 and all(c >= 2 for c in flash["calls_rounds"])
+    assert flash["rel_l2"] < 1e-2
+    assert obj["shapes"][0]["orders"] == [["sdpa_flash"], ["sdpa_flash"]]
+    assert obj["timing"]["timer"] == bench.CpuTimer.name
+
+
+# ---- on a GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_timer_measures_gpu_time_in_proportion():
+    """Spin kernels of 1e6 and 4e6 cycles: the CUDA timer's medians stand at 1 : 4 (within
+    10 %), however slow the host; the clocks have a source."""
+    timer = bench.CudaTimer("cuda")
+    fns = {"one": lambda: torch.cuda._sleep(1_000_000), "four": lambda: torch.cuda._sleep(4_000_000)}
+    res = bench.time_rounds(fns, rounds=3, min_calls=5, min_ms=5, warmup_ms=5, timer=timer)
+    ratio = bench.spread(bench.ratio_rounds(res.ms, "one", "four"))
+    assert 3.6 < ratio["median"] < 4.4, res.ms
+    assert bench.gpu_clocks("cuda")["source"] is not None
+
+
+@pytest.mark.gpu
+def test_run_on_a_gpu_times_rounds_and_reads_clocks():
+    shape = bench.Shape(1, 1024, 4, 64, True)
+    table = bench.run(jobs=[("dense", shape, ("fast_lazy", "fast_eager", "sdpa_flash"))], rounds=2,
+                      min_calls=3, rep=5, warmup=5, progress=False)
+    assert table["note"].isna().all(), table["note"].tolist()
+    assert (table["rounds"] == 2).all() and (table["rel_l2"] < 1e-2).all()
+    info, = table.attrs["shapes"]
+    assert info["clocks"]["start"]["source"] is not None
+    assert set(info["autotune"]) == {"fast_lazy", "fast_eager"}
