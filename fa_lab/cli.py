@@ -498,6 +498,80 @@ register("sweep", "run a grid of points on Dask (results in data/atlas/<name>/)"
          _sweep)
 
 
+def _attack_args(p) -> None:
+    from .adversary import SPACES
+
+    p.add_argument("policy_pos", nargs="?", metavar="POLICY",
+                   help="the registered policy to attack (or --policy)")
+    p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
+    p.add_argument("--budget", type=float, default=60.0,
+                   help="seconds of search (shrinking a find takes up to as much again)")
+    p.add_argument("--space", choices=tuple(SPACES), default="scores",
+                   help="the search space: scores (|V| <= 4, default) or values (V up to 2^126)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="search seed")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="the policy's threshold (default: the policy's own)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="also count a finite row whose max error exceeds TOL * max|ref| (off)")
+    p.add_argument("--max-evals", dest="max_evals", type=positive_int, default=None,
+                   help="stop after this many model runs")
+    p.add_argument("--baseline", default=None, metavar="POLICY",
+                   help="count only failures where this policy stays finite (e.g. eager)")
+    add_bool_flag(p, "--random-starts", dest="random_starts",
+                  help="skip the structured starting points (the optimiser alone)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                   help="a Python file (or module) that registers a user policy; repeatable")
+    add_bool_flag(p, "--json", help="print one JSON record instead of the summary")
+    add_bool_flag(p, "--no-save", dest="no_save",
+                  help="write no data/results/attack_<policy>.json")
+    p.add_argument("--regression", metavar="PATH",
+                   help="also write the shrunk input (or the near miss) as a .npz regression file")
+
+
+def _attack(args) -> int:
+    import json
+    import math
+
+    from . import policies
+    from .adversary import save_regression, search, summary
+
+    import_policies(args.imports)
+    name = args.policy_opt or args.policy_pos
+    if name is None:
+        raise UsageError("name the policy to attack: fa-lab attack POLICY (or --policy NAME)")
+    if args.policy_opt and args.policy_pos and args.policy_opt != args.policy_pos:
+        raise UsageError(f"two policies given: {args.policy_pos!r} and --policy {args.policy_opt!r}")
+    if name not in policies.names():
+        raise UsageError(f"{name!r} is not a registered policy; registered: "
+                         f"{', '.join(policies.names())} (register yours in a file given to --import)")
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.baseline is not None and args.baseline not in policies.names():
+        raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
+    res = search(name, space=args.space, budget_s=args.budget, seed=args.seed,
+                 threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
+                 baseline=args.baseline, structured=not args.random_starts)
+    rec = res.to_dict()
+    if args.regression:
+        rec["regression"] = str(save_regression(res, args.regression))
+    if not args.no_save:
+        suffix = ("" if args.space == "scores" else f"_{args.space}") + \
+            ("_random_starts" if args.random_starts else "")
+        rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
+    if args.json:
+        slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
+                                    "time_to_first_s", "bad_rows", "space", "baseline")}
+        slim["space"] = rec["space"]["name"]
+        print(json.dumps(slim, default=str))
+    else:
+        print(summary(res))
+    return 0
+
+
+register("attack", "search for inputs on which a policy's output goes non-finite, and shrink "
+         "them (fa_lab.adversary)", _attack_args, _attack)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)

@@ -38,7 +38,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import datetime, timezone
