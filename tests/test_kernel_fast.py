@@ -190,6 +190,20 @@ def test_fp8_tma_plain_and_filter_variants_agree():
         assert torch.equal(plain.nan_to_num(), other.nan_to_num())
 
 
+@pytest.mark.parametrize("skv, strided", [(200, False), (64, False), (13, True)])
+def test_fp8_v_transpose_is_a_permute_with_zero_padding(skv, strided):
+    """The transposed V copy (interpreted): every byte of V at [b, h, d, s], zeros in the
+    padding columns, also from a non-contiguous V."""
+    gen = torch.Generator().manual_seed(skv)
+    raw = torch.randint(0, 256, (2, skv, 3, 256 if strided else 128), generator=gen, dtype=torch.uint8)
+    v8 = raw[..., :128].view(torch.float8_e4m3fn) if not strided else raw[..., ::2].view(torch.float8_e4m3fn)
+    vt = fast_fp8.transpose_v(v8, interpret=True)
+    pad = -skv % fast_fp8.V_PAD
+    assert vt.shape == (2, 3, 128, skv + pad) and vt.is_contiguous()
+    assert torch.equal(vt[..., :skv].view(torch.uint8), v8.view(torch.uint8).permute(0, 2, 3, 1))
+    assert not vt[..., skv:].view(torch.uint8).any()
+
+
 # ---- bad input ---------------------------------------------------------------------------
 
 Q = torch.zeros(1, 64, 2, 64, dtype=BF16)
@@ -294,6 +308,15 @@ def test_gpu_fp8_autotuned_matches_reference(gen, causal):
                                        v_descale=vd)
     assert rel_l2(out, ref) < 0.05
     assert torch.allclose(lse, ref_lse, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skv", [1, 1000, 4099])
+def test_gpu_fp8_v_transpose_is_a_permute_with_zero_padding(skv):
+    raw = torch.randint(0, 256, (2, skv, 4, 128), dtype=torch.uint8, device="cuda")
+    vt = fast_fp8.transpose_v(raw.view(torch.float8_e4m3fn))
+    assert torch.equal(vt[..., :skv].view(torch.uint8), raw.permute(0, 2, 3, 1))
+    assert not vt[..., skv:].view(torch.uint8).any()
 
 
 # ---- backend="fast" through the public API ---------------------------------------------

@@ -276,11 +276,16 @@ BF16_HEAD_DIMS = (64, 128)
 BF16_DTYPES = (torch.bfloat16, torch.float16)
 FP32_MAX = 3.4028234663852886e38
 #: The autotuner's list (Hopper) for the fast bf16/f16 kernels; its picks are recorded in
-#: data/results/bench_h200.json (autotune_timings). Lazy tunes with the row-sum filter
-#: only; Config(row_sum_filter=False) still selects the plain fast path.
+#: data/results/bench_h200.json (autotune_timings), the pinned timings behind the list in
+#: data/results/bench_configs_h200.json. A deeper pipeline (4 stages) suits long D128
+#: walks; 4 warps over 128 rows suits D64, where the accumulator is half as large (at
+#: D128 it spills). Lazy tunes with the row-sum filter only; Config(row_sum_filter=False)
+#: still selects the plain fast path.
 BF16_CONFIGS = (
     Config(128, 128, 8, 2, False),
     Config(128, 64, 8, 3, False),
+    Config(128, 64, 8, 4, True),
+    Config(128, 64, 4, 3, True),
 )
 #: Small tiles for the CPU interpreter (whole waves, cheap numpy work per program).
 BF16_INTERPRET_CONFIG = Config(64, 64, 4, 1, False)

@@ -238,12 +238,46 @@ def vote_limit(threshold: float, headroom: float) -> float:
     return min(limit, common.FP32_MAX)
 
 
-def transpose_v(v8: torch.Tensor) -> torch.Tensor:
-    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv."""
+@triton.jit
+def _transpose_v_kernel(V, Vt, stride_vb, stride_vs, stride_vh, Hkv, seqlen, seqlen_pad,
+                        D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One [BLOCK_S, D] slab of one (batch, kv head) of V, stored transposed; the padding
+    columns (seqlen .. seqlen_pad) are written as zeros. Bytes are moved as uint8."""
+    s0 = tl.program_id(0) * BLOCK_S
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    h = bh % Hkv
+    cols = s0 + tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, D)
+    src = V + b.to(tl.int64) * stride_vb + h * stride_vh + cols[:, None].to(tl.int64) * stride_vs + dims[None, :]
+    tile = tl.load(src, mask=(cols < seqlen)[:, None], other=0)
+    dst = Vt + bh.to(tl.int64) * D * seqlen_pad + dims[:, None] * seqlen_pad + cols[None, :]
+    tl.store(dst, tl.trans(tile), mask=(cols < seqlen_pad)[None, :])
+
+
+#: Rows of V per program of the transpose (a [64, 128] byte slab: 8 KiB).
+TRANSPOSE_BLOCK_S = 64
+
+
+def transpose_v(v8: torch.Tensor, interpret: bool = False) -> torch.Tensor:
+    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv.
+
+    One pass of a Triton kernel over the bytes (``interpret``: through the CPU
+    interpreter); a strided torch copy into a zero-filled buffer would read and write the
+    whole output twice."""
     B, Skv, Hkv, D = v8.shape
+    if v8.stride(-1) != 1:
+        v8 = v8.contiguous()
     pad = -Skv % V_PAD
-    vt = torch.zeros(B, Hkv, D, Skv + pad, dtype=v8.dtype, device=v8.device)
-    vt[..., :Skv] = v8.permute(0, 2, 3, 1)
+    vt = torch.empty(B, Hkv, D, Skv + pad, dtype=v8.dtype, device=v8.device)
+    grid = (triton.cdiv(Skv + pad, TRANSPOSE_BLOCK_S), B * Hkv)
+    args = (v8.view(torch.uint8), vt.view(torch.uint8), v8.stride(0), v8.stride(1), v8.stride(2),
+            Hkv, Skv, Skv + pad)
+    meta = dict(D=D, BLOCK_S=TRANSPOSE_BLOCK_S)
+    if interpret:
+        common.run_interpreted(_transpose_v_kernel, grid, *args, **meta)
+    else:
+        _transpose_v_kernel[grid](*args, **meta)
     return vt
 
 
@@ -273,7 +307,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     q8, k8 = q8.contiguous(), k8.contiguous()
     B, Sq, H, D = q8.shape
     Skv, Hkv = k8.shape[1], k8.shape[2]
-    vt = transpose_v(v8)
+    vt = transpose_v(v8, interpret)
     out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty(B, H, Sq, device=q8.device, dtype=torch.float32)
     block_n = 128
