@@ -508,6 +508,10 @@ def _attack_args(p) -> None:
                    help="seconds of search (shrinking a find takes up to as much again)")
     p.add_argument("--space", choices=tuple(SPACES), default="scores",
                    help="the search space: scores (|V| <= 4, default) or values (V up to 2^126)")
+    p.add_argument("--mods", default=None, metavar="LIST",
+                   help="score modifiers the search also draws, comma-separated: bias (key "
+                        "padding, left padding, block masks with -inf entries, dense), alibi, "
+                        "sink (default: none)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="search seed")
     p.add_argument("--threshold", type=float, default=None,
                    help="the policy's threshold (default: the policy's own)")
@@ -548,7 +552,7 @@ def _attack(args) -> int:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
     if args.baseline is not None and args.baseline not in policies.names():
         raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
-    res = search(name, space=args.space, budget_s=args.budget, seed=args.seed,
+    res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
                  baseline=args.baseline, structured=not args.random_starts)
     rec = res.to_dict()
@@ -556,11 +560,12 @@ def _attack(args) -> int:
         rec["regression"] = str(save_regression(res, args.regression))
     if not args.no_save:
         suffix = ("" if args.space == "scores" else f"_{args.space}") + \
-            ("_random_starts" if args.random_starts else "")
+            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "")
         rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
     if args.json:
         slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
-                                    "time_to_first_s", "bad_rows", "space", "baseline")}
+                                    "time_to_first_s", "bad_rows", "space", "baseline", "mods",
+                                    "input_mods")}
         slim["space"] = rec["space"]["name"]
         print(json.dumps(slim, default=str))
     else:

@@ -42,8 +42,14 @@ judges overflow at two levels:
 Kernels: DUALWAVE_SWP bf16/f16 (§2: prologue, lazy main loop over tiles ``1 .. N-4`` with
 the 16/48 PV split, eager epilogue) and fp8 BN128 (§3: one decision per tile pair, P cast
 to e4m3 before PV, headroom H). Calls that upstream routes to the generic kernel are eager
-and never drag: every row is predicted finite. Bias, ALiBi, sink, split-K and varlen are
-not modelled here (``NotImplementedError``).
+and never drag: every row is predicted finite.
+
+Score modifiers: ``bias`` and ``alibi_slopes`` (bf16/f16) enter the scores exactly as the
+model adds them (``models.swp_bf16.ScoreMods``, before masking), so they move the tile maxima,
+the ballot and the walk. A row whose prologue tile is fully masked in a non-causal call
+(a -inf bias over its first 64 keys: no causal floor, §1.2) starts from the base -inf, and
+``exp2(-inf - -inf)`` is NaN at every column: the whole row is predicted NaN at step 1.
+The sink, split-K and varlen are not modelled here (``predict`` takes no such argument).
 """
 
 from __future__ import annotations
@@ -125,20 +131,25 @@ class Onset:
 
 # ---- the call -----------------------------------------------------------------------------
 
+#: The score modifiers ``predict`` models (bf16/f16 only, as the kernel takes them).
+SCORE_MODS = ("bias", "alibi_slopes")
+
+
 def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom, descales,
-           fp8_saturate, kernel=None):
+           fp8_saturate, kernel=None, bias=None, alibi_slopes=None):
     from . import api, dispatch
 
     opts = {"causal": causal, "rescale": rescale, "rescale_threshold": rescale_threshold,
             "rebase_bound": rebase_bound, "p_headroom": p_headroom, "backend": "emulator",
-            "kernel": kernel}
+            "kernel": kernel, "bias": bias, "alibi_slopes": alibi_slopes}
     if q.dtype == torch.float8_e4m3fn:
         opts.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2],
                     fp8_saturate=fp8_saturate)
     call = api.check_call(q, k, v, **opts)
-    if call.mods or call.packing is not None:
-        raise NotImplementedError(f"onset.predict models dense calls without score modifiers; "
-                                  f"got {', '.join(call.features)}")
+    other = [f for f in call.features if f not in SCORE_MODS]
+    if other or call.packing is not None:
+        raise NotImplementedError(f"onset.predict models dense calls with at most "
+                                  f"{' and '.join(SCORE_MODS)}; got {', '.join(call.features)}")
     return call, dispatch.plan(call).family
 
 
@@ -158,12 +169,14 @@ class Tiles:
 
 
 def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None,
-                v_descale=None, exact_scores: bool = True, chunk_rows: int = 1024) -> Tiles:
+                v_descale=None, exact_scores: bool = True, chunk_rows: int = 1024,
+                bias=None, alibi_slopes=None) -> Tiles:
     """Every row's tile maxima (one matmul and an amax per tile; no exp, no PV): the only
     pass over the scores the tile level needs. Arguments as ``predict``."""
     fp8 = q.dtype == torch.float8_e4m3fn
     call, _ = _check(q, k, v, causal, "eager", None, None, None,
-                     (q_descale, k_descale, v_descale), None)
+                     (q_descale, k_descale, v_descale), None, bias=bias,
+                     alibi_slopes=alibi_slopes)
     kern = _Fp8(call) if fp8 else _Bf16(call, exact_scores)
     return kern.tiles(chunk_rows)
 
@@ -172,7 +185,8 @@ def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
             rescale="lazy_unfixed", rescale_threshold=None, rebase_bound=None, p_headroom=None,
             q_descale=None, k_descale=None, v_descale=None, fp8_saturate=None,
             level: str = "tile", tiles: Tiles | None = None, exact_scores: bool = True,
-            chunk_rows: int = 1024, kernel: str | None = None) -> Onset:
+            chunk_rows: int = 1024, kernel: str | None = None, bias=None,
+            alibi_slopes=None) -> Onset:
     """Predict each row's fate under the kernel fa_lab would run for this call.
 
     Arguments as ``fa_lab.flash_attn_func`` (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; fp8
@@ -184,12 +198,14 @@ def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     is the model's bit for bit; False: an fp32 matmul (faster; a few ulps off).
     ``chunk_rows``: rows whose scores are held at once (chunk_rows * Skv * 8 bytes).
     ``kernel``: force a kernel as ``flash_attn_func`` does ("swp_bf16", "swp_fp8").
+    ``bias`` [Sq, Skv] and ``alibi_slopes`` [H] or [B, H]: as ``flash_attn_func`` (bf16/f16).
     Tensors may live on a GPU; the answer's tensors are on the CPU."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r}; choose one of {LEVELS}")
     t0 = time.perf_counter()
     call, family = _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom,
-                          (q_descale, k_descale, v_descale), fp8_saturate, kernel)
+                          (q_descale, k_descale, v_descale), fp8_saturate, kernel, bias,
+                          alibi_slopes)
     pol = call.policy
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
@@ -316,8 +332,12 @@ class _Kernel:
         self.Skv, self.Hkv = k.shape[1], k.shape[2]
         self.causal = call.causal
         self.shape = (tuple(q.shape), tuple(k.shape), call.causal)
-        # which q and k these are (tiles of other inputs of the same shape are not reused)
-        self.fingerprint = tuple(float(x.float().double().sum()) for x in (q, k))
+        # which q, k and score modifiers these are (tiles of other inputs of the same shape
+        # are not reused); a -inf bias entry counts apart from the finite ones
+        mods = [call.mods[n] for n in SCORE_MODS if n in call.mods]
+        self.fingerprint = (tuple(float(x.float().double().sum()) for x in (q, k))
+                            + tuple((float(torch.nan_to_num(x.double(), neginf=0.0).sum()),
+                                     int(torch.isneginf(x).sum())) for x in mods))
         self.dev = q.device
         self.q = torch.nn.functional.pad(q_loaded.permute(0, 2, 1, 3),
                                          (0, 0, 0, padded_rows(self.Sq) - self.Sq))
@@ -420,10 +440,22 @@ class _Bf16(_Kernel):
         self.exact = exact_scores
         self.sdt = torch.float64 if exact_scores else torch.float32
         self._layout(call, self.rnd(q.float() * softmax_scale_log2(q.shape[-1])))  # Qs
+        self.mods = None
+        if call.mods:  # bias / ALiBi, in the model's own log2 form
+            from .models.swp_bf16 import ScoreMods
+
+            m = call.mods
+            self.mods = ScoreMods.build(m.get("bias"), m.get("alibi_slopes"), None, self.B,
+                                        self.Hkv, self.H // self.Hkv, self.Sq, self.Skv, self.dev)
 
     def scores(self, b, h, hk, rows, N):
         kk, _ = self._kv(b, hk, N * BLOCK_N)
         s = (self.q[b, h, rows].to(self.sdt) @ kk.to(self.sdt).T).float()
+        if self.mods is not None:  # added in fp32 before masking, as the model does
+            extra = self.mods.scores(rows, 0, N * BLOCK_N)
+            if extra.dim() == 5:   # ALiBi: [B or 1, Hkv, G, R, cols]
+                extra = extra[b if extra.shape[0] > 1 else 0, hk, h % (self.H // self.Hkv)]
+            s = s + extra
         return self.masked(rows, N * BLOCK_N, s)
 
     def step_maxima(self, b, h, hk, rows, N, chunk):
@@ -494,6 +526,8 @@ class _Bf16(_Kernel):
         forced = ((_nan_to(m_prev - m, -_INF) >= OVERFLOW_LOG2)
                   | (_nan_to(mtd - m, -_INF) >= self.pack_limit) | pending | neg)
         forced[:, 0] = False
+        if N > 1:  # a prologue base of -inf (no causal floor): exp2(-inf + inf) is NaN, and
+            forced[:, 1] |= torch.isneginf(m[:, 0])   # l takes it in at step 1
         keys = torch.log2(torch.arange(1, N + 1, dtype=torch.float64, device=m.device) * BLOCK_N)
         bound = (_nan_to(M - torch.minimum(m, m_prev), -_INF) + keys
                  + self.vlog_max[head][:, None].double())
@@ -838,17 +872,17 @@ def h200_run(part: str, out_dir, *, device="cuda", backend="triton", k_scales=No
                                             device=device), **common)
     elif part == "fp8":
         g = dict(FP8_SEED, **({} if k_scales is None else {"k_scales": tuple(k_scales)}))
-        tabs = []
+        done = []  # the finished grids; on_k hands over the running grid's rows so far
 
         def save(df):
-            tabs.append(df)
-            _dump(pd.concat(tabs, ignore_index=True), path, part=part,
+            _dump(pd.concat([*done, df], ignore_index=True), path, part=part,
                   wall_s=time.perf_counter() - t0, device=device)
 
-        validate_grid(dtype="fp8", **g, levels=("tile",), model=False, on_k=save, **common)
+        done.append(validate_grid(dtype="fp8", **g, levels=("tile",), model=False, on_k=save,
+                                  **common))
         for pol in ("lazy_unfixed", "lazy_capped"):
-            validate_grid(dtype="fp8", **{**g, "policies": (pol,), "thresholds": (8,)},
-                          levels=("tile", "exact"), on_k=save, **common)
+            done.append(validate_grid(dtype="fp8", **{**g, "policies": (pol,), "thresholds": (8,)},
+                                      levels=("tile", "exact"), on_k=save, **common))
     elif part == "scurve":
         tabs = []
         for S in SCURVE["S"]:
