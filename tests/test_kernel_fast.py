@@ -246,6 +246,8 @@ def test_fp8_bad_input():
 # ---- compiled kernels on a GPU -------------------------------------------------------------
 
 GPU_CONFIGS = [fast_bf16.CONFIGS[0], Config(128, 128, 8, 2, True)]  # plain loads / TMA
+#: every tiling the autotuner may pick, each at D 64 and 128 (lazy: its row-sum filter)
+TUNED_CONFIGS = [c for c in fast_bf16.CONFIGS if c not in GPU_CONFIGS]
 
 
 @pytest.mark.gpu
@@ -257,6 +259,17 @@ def test_gpu_bf16_matches_reference(gen, policy, causal, config):
     k, v = randn(gen, 2, 1100, 2, 128, device="cuda"), randn(gen, 2, 1100, 2, 128, device="cuda")
     out, lse = fast_bf16.forward(q, k, v, causal=causal, policy=bf16_policy(policy), config=config)
     check_against_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", TUNED_CONFIGS, ids=lambda c: c.describe())
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_gpu_bf16_every_tuned_tiling(gen, policy, head_dim, config):
+    q = randn(gen, 2, 1000, 4, head_dim, device="cuda")
+    k, v = randn(gen, 2, 1100, 2, head_dim, device="cuda"), randn(gen, 2, 1100, 2, head_dim, device="cuda")
+    out, lse = fast_bf16.forward(q, k, v, causal=True, policy=bf16_policy(policy), config=config)
+    check_against_reference(out, lse, q, k, v, True)
 
 
 @pytest.mark.gpu

@@ -57,8 +57,9 @@ CANDIDATE_CONFIGS = (
     Config(64, 128, 4, 2, True),
     Config(128, 128, 8, 3, False),
 )
-#: The autotuner's list (Hopper; the candidates' timings are in
-#: data/results/bench_h200.json). Lazy autotunes with and without the row-sum filter.
+#: The autotuner's list (Hopper; pinned timings of the candidates in
+#: data/results/bench_configs_h200.json). Lazy autotunes with and without the row-sum
+#: filter.
 CONFIGS = (
     Config(64, 128, 4, 3, True),
     Config(128, 128, 8, 3, False),
