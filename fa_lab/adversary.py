@@ -7,7 +7,7 @@
 
     fa-lab attack POLICY [--budget 60] [--space scores|values] [--mods bias,alibi,sink]
                          [--seed 0] [--json] [--baseline eager] [--random-starts]
-                         [--regression FILE.npz]
+                         [--optimizer cma|es] [--regression FILE.npz]
 
 **What counts as a failure**: the model (``backend="emulator"``, the bf16/f16
 DUALWAVE_SWP kernel) returns a row with a non-finite element where an fp64 reference
@@ -55,11 +55,28 @@ sink, output 0) and is judged.
   space it was before modifiers existed. A modifier the model of the kernel cannot run
   under the policy is refused before any work (``check_mods``).
 
-**The optimiser** is a (1 + λ) evolution strategy with restarts over the candidate's
-fields, seeded with a few structured starting points (a drag case, the seed's recipe).
-Its fitness is ``fa_lab.onset``'s tile-level estimate of how close the worst row comes to
-2^128 (``128 - margin``: continuous, cheap), so the search climbs towards overflow before
-any row overflows; every candidate is then judged by the model itself.
+**The optimiser** starts from a few structured starting points (a drag case, staircases,
+the seed's recipe; ``structured=False`` skips them) and four random draws, then climbs
+from the best of them (``optimizer=``, ``--optimizer``; ``OPTIMIZERS``):
+
+* ``"cma"`` (the default): mixed-integer CMA-ES (the ``cma`` package) with restarts. Every
+  field the space searches is one coordinate in its own units, bounded by its range and
+  scaled by its width: numbers as they are, ints rounded, a choice (family, dtype, D,
+  causal, V's kind, the mask's kind) as the index of its value; ints and choices are
+  ``cma``'s integer variables, so their steps never shrink below one value. The seed is
+  not a coordinate: each candidate draws its own, so a run climbs towards the settings
+  where failing draws are likely rather than polishing one lucky draw. A run ends on
+  CMA-ES's own termination or after 8 generations without a gain of 0.5; the restarts
+  alternate between a fresh random point and the best input so far with the population
+  doubled (IPOP).
+* ``"es"``: a (1 + λ) evolution strategy with restarts that mutates a few fields at a time
+  (choices included) with a step that grows on success and shrinks on failure.
+
+Both maximise the same fitness: ``fa_lab.onset``'s tile-level estimate of how close the
+worst row comes to 2^128 (``128 - margin``: continuous, cheap), so the search climbs
+towards overflow before any row overflows; every candidate is then judged by the model
+itself. Both are deterministic for a seed (given ``max_evals``: the wall-clock budget
+decides how far a run gets), and neither touches numpy's global random state.
 
 **Shrinking** a failing input: greedy passes that try fewer tiles, fewer rows, no trim,
 non-causal, D = 64, bf16, no noise, no wobble, no extra victims, a flat tile, V = ones, no
@@ -70,10 +87,12 @@ is what ``save_regression`` checks in, modifiers included.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -597,7 +616,8 @@ MOD_STARTS = (
 class Attack:
     """``search``'s answer. ``found``: a failing input was found; ``first`` is it as found,
     ``shrunk`` after shrinking (``Candidate``s). ``best``: the highest-fitness input when
-    nothing was found (the near miss). Times are seconds; ``evals`` counts model runs."""
+    nothing was found (the near miss). Times are seconds; ``evals`` counts model runs;
+    ``optimizer`` names the optimiser that searched (``OPTIMIZERS``)."""
 
     policy: str
     space: dict
@@ -620,6 +640,7 @@ class Attack:
     history: list = field(default_factory=list)
     structured: bool = True
     baseline: str | None = None
+    optimizer: str = "cma"
 
     @property
     def repro(self) -> str:
@@ -642,7 +663,7 @@ class Attack:
              "evals": self.evals, "search_s": self.search_s,
              "time_to_first_s": self.time_to_first_s, "evals_to_first": self.evals_to_first,
              "shrink_evals": self.shrink_evals, "structured": self.structured,
-             "baseline": self.baseline, "shrink_s": self.shrink_s,
+             "baseline": self.baseline, "optimizer": self.optimizer, "shrink_s": self.shrink_s,
              "best_fitness": self.best_fitness, "bad_rows": self.bad_rows, "repro": self.repro,
              "trace": self.trace, "history": self.history}
         for key in ("first", "shrunk", "best"):
@@ -660,23 +681,196 @@ def _short(c: Candidate) -> dict:
     return {k: v for k, v in c.to_dict().items() if getattr(base, k) != v}
 
 
+# ---- the optimisers -------------------------------------------------------------------------
+
+#: ``search``'s optimisers: mixed-integer CMA-ES with restarts (the ``cma`` package) or
+#: the (1 + lambda) evolution strategy with restarts, both over every field.
+OPTIMIZERS = ("cma", "es")
+
+
+def _es_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
+    """The (1 + lambda) evolution strategy with restarts, from ``res.best``: ``mutate``
+    perturbs a few fields at a time (choices included), the step grows on success and
+    shrinks on failure, and 12 generations without progress restart it from a fresh
+    random point or from the best so far. Returns (candidate, verdict) of the first
+    failure, or None when the budget is spent."""
+    parent, pfit, sigma, stall = res.best, res.best_fitness, 0.15, 0
+    while not out_of_budget():
+        best_child = None
+        for _ in range(lam):
+            c, v = evaluate(mutate(parent, sp, rng, sigma))
+            if v.failed:
+                return c, v
+            if best_child is None or v.fitness > best_child[1].fitness:
+                best_child = (c, v)
+            if out_of_budget():
+                break
+        if best_child is None:
+            break
+        if best_child[1].fitness >= pfit:
+            parent, pfit = best_child[0], best_child[1].fitness
+            sigma, stall = min(0.5, sigma * 1.5), 0
+        else:
+            sigma, stall = max(0.01, sigma * 0.8), stall + 1
+        if stall > 12:  # restart: from a fresh random point, or from the best so far
+            parent = random_candidate(sp, rng) if rng.random() < 0.5 else res.best
+            pfit, sigma, stall = -math.inf, 0.2, 0
+        report(f"sigma {sigma:.3f}")
+    return None
+
+
+def _cma_fields(space: Space) -> list:
+    """The fields CMA-ES moves: every field ``space`` searches with more than one value,
+    but the seed (a draw per candidate, not a coordinate)."""
+    return [f for f in _fields(space) if f != "seed" and (
+        len(space.range(f)) > 1 if space.kind(f) == "choice"
+        else space.range(f)[1] > space.range(f)[0])]
+
+
+def _import_cma():
+    with _quiet():  # cma warns on import when matplotlib is absent
+        import cma
+    return cma
+
+
+def _cma_run(center, sp, rng, evaluate, out_of_budget, *, sigma0, popsize, report,
+             stall_gens=8, min_gain=0.5):
+    """One run of mixed-integer CMA-ES (``cma.CMAEvolutionStrategy``, ask and tell) over
+    ``_cma_fields``, from ``center``. Each field is one coordinate in its own units,
+    bounded by the space's range (``bounds``), with ``CMA_stds`` the range's width, so
+    ``sigma0`` is a fraction of every range: a number as it is, an int rounded, a choice
+    as the index of its value (ints and choices are ``integer_variables``, so their steps
+    never shrink below one). The seed is drawn anew for each candidate: a run climbs
+    towards the settings where failing inputs are likely, not one lucky draw. The normal
+    draws come from ``rng`` (``randn``); ``cma``'s integer handling draws from numpy's
+    global random state, so the run seeds it from ``rng`` and puts the caller's state back
+    when it ends (the search stays deterministic, and the caller's draws unchanged). The
+    run ends on CMA-ES's own termination, ``stall_gens`` generations without a fitness
+    ``min_gain`` above the run's best, the budget, or a failure (returned as
+    (candidate, verdict))."""
+    cma = _import_cma()
+    dims = _cma_fields(sp)
+    kinds = [sp.kind(f) for f in dims]
+    ranges = [sp.range(f) for f in dims]
+    lo = np.array([0.0 if k == "choice" else float(r[0]) for k, r in zip(kinds, ranges)])
+    hi = np.array([float(len(r) - 1) if k == "choice" else float(r[1])
+                   for k, r in zip(kinds, ranges)])
+
+    def coord(f, k, r):
+        x = getattr(center, f)
+        if k == "choice":
+            return float(r.index(x)) if x in r else 0.0
+        return float(x)
+
+    def candidate(x):
+        vals = {}
+        for f, k, r, xi, a, b in zip(dims, kinds, ranges, x, lo.tolist(), hi.tolist()):
+            xi = min(max(float(xi), a), b)          # a Python float: round() gives an int
+            vals[f] = r[round(xi)] if k == "choice" else round(xi) if k == "int" else xi
+        vals["seed"] = int(rng.integers(0, 2 ** 31 - 1))
+        return dataclasses.replace(center, **vals)
+
+    if not dims:
+        c, v = evaluate(candidate([]))
+        return (c, v) if v.failed else None
+    x0 = np.clip([coord(f, k, r) for f, k, r in zip(dims, kinds, ranges)], lo, hi)
+    opts = {"bounds": [lo.tolist(), hi.tolist()], "CMA_stds": (hi - lo).tolist(),
+            "integer_variables": [i for i, k in enumerate(kinds) if k != "float"],
+            "popsize": popsize, "randn": lambda *shape: rng.standard_normal(shape),
+            "seed": np.nan, "verbose": -9, "verb_log": 0, "verb_disp": 0}
+    outer = np.random.get_state()
+    np.random.seed(int(rng.integers(0, 2 ** 32)))
+    try:
+        with _quiet():
+            es = cma.CMAEvolutionStrategy(x0.tolist(), sigma0, opts)
+        best, stall = -math.inf, 0
+        while stall < stall_gens:
+            with _quiet():
+                if es.stop():
+                    break
+                xs = es.ask()
+            fits = []
+            for x in xs:
+                if out_of_budget():
+                    return None
+                c, v = evaluate(candidate(x))
+                if v.failed:
+                    return c, v
+                fits.append(-v.fitness)     # cma minimises
+            with _quiet():
+                es.tell(xs, fits)
+            if -min(fits) > best + min_gain:
+                best, stall = -min(fits), 0
+            else:
+                stall += 1
+            report(f"cma sigma {es.sigma:.3f}, popsize {len(xs)}")
+        return None
+    finally:
+        np.random.set_state(outer)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """A context in which ``cma``'s warnings (flat fitness, bounds, no matplotlib) are not
+    shown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _cma_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
+    """Mixed-integer CMA-ES with restarts (``_cma_run``). The first run starts at
+    ``res.best`` (the best starting point, sigma0 0.2, CMA-ES's default population
+    4 + 3 ln n); then the restarts alternate between a fresh random point
+    (``random_candidate``, sigma0 0.3, the default population) and the best input so far
+    (sigma0 0.1, the population doubled at each such restart up to 64, as IPOP-CMA-ES
+    does). ``lam`` is not used. Returns (candidate, verdict) of the first failure, or None
+    when the budget is spent."""
+    pop0 = 4 + int(3 * math.log(max(1, len(_cma_fields(sp)))))
+    k, pop_local = 0, pop0
+    while not out_of_budget():
+        if k == 0:
+            center, sigma0, pop = res.best, 0.2, pop0
+        elif k % 2:
+            center, sigma0, pop = random_candidate(sp, rng), 0.3, pop0
+        else:
+            pop_local = min(64, 2 * pop_local)
+            center, sigma0, pop = res.best, 0.1, pop_local
+        found = _cma_run(center, sp, rng, evaluate, out_of_budget, sigma0=sigma0,
+                         popsize=pop, report=report)
+        if found is not None:
+            return found
+        k += 1
+    return None
+
+
 def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: int = 0,
            threshold=None, tolerance=None, shrink: bool = True, max_evals: int | None = None,
-           lam: int = 6, structured: bool = True, baseline=None, progress=None) -> Attack:
+           lam: int = 6, structured: bool = True, baseline=None, progress=None,
+           optimizer: str = "cma") -> Attack:
     """Look for an input of ``space`` on which ``policy`` (a name or ``fa_lab.Policy``)
     fails (see the module docstring), for at most ``budget_s`` seconds of search (the
     shrinking that follows a find has its own budget of as much again). Stops at the first
     failure. ``space``: a ``SPACES`` name or a ``Space``; ``mods``: score modifiers it also
     draws (``parse_mods``: "bias", "alibi" / "alibi_slopes", "sink"; a comma-separated str
     or a list), refused before any work when unknown or when the model cannot run them
-    under ``policy`` (``check_mods``). ``lam``: children per generation; ``structured``:
-    begin with the structured starting points (``MOD_STARTS`` the space can draw, then
-    ``STARTS``: a drag case, a staircase, the seed's recipe) before random ones (False:
-    random starts only, which measures the optimiser alone); ``baseline``: a policy that
-    must stay finite on the same input (``judge``); ``progress``: a callable(str) for
-    reports."""
+    under ``policy`` (``check_mods``). ``structured``: begin with the structured starting
+    points (``MOD_STARTS`` the space can draw, then ``STARTS``: a drag case, a staircase,
+    the seed's recipe) before random ones (False: random starts only, which measures the
+    optimiser alone); ``baseline``: a policy that must stay finite on the same input
+    (``judge``); ``progress``: a callable(str) for reports; ``optimizer``: what climbs the
+    fitness after the starting points (``OPTIMIZERS``: ``"cma"``, mixed-integer CMA-ES with
+    restarts, or ``"es"``, the (1 + ``lam``) evolution strategy; see the module
+    docstring), refused with a ValueError naming ``optimizer`` before any work when
+    unknown; ``lam``: children per generation of ``"es"``. For a given seed (and
+    ``max_evals``) the search is deterministic under either optimiser."""
     from . import policies
 
+    if not isinstance(optimizer, str):
+        raise TypeError(f"optimizer must be a str, one of {OPTIMIZERS}, "
+                        f"got {type(optimizer).__name__}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}; choose one of {OPTIMIZERS}")
     if isinstance(space, str):
         if space not in SPACES:
             raise ValueError(f"space={space!r}; choose one of {tuple(SPACES)}")
@@ -693,7 +887,8 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
     name = pol.name if isinstance(pol, policies.Policy) else str(policy)
     res = Attack(policy=name, space=sp.to_dict(), budget_s=float(budget_s), seed=int(seed),
                  threshold=None if threshold is None else float(threshold), structured=structured,
-                 baseline=None if baseline is None else getattr(baseline, "name", str(baseline)))
+                 baseline=None if baseline is None else getattr(baseline, "name", str(baseline)),
+                 optimizer=optimizer)
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
 
@@ -722,30 +917,13 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
         if v.failed:
             found = (c, v)
             break
-    parent, pfit, sigma, stall = res.best, res.best_fitness, 0.15, 0
-    while found is None and not out_of_budget():
-        best_child = None
-        for _ in range(lam):
-            c, v = evaluate(mutate(parent, sp, rng, sigma))
-            if v.failed:
-                found = (c, v)
-                break
-            if best_child is None or v.fitness > best_child[1].fitness:
-                best_child = (c, v)
-            if out_of_budget():
-                break
-        if found or best_child is None:
-            break
-        if best_child[1].fitness >= pfit:
-            parent, pfit = best_child[0], best_child[1].fitness
-            sigma, stall = min(0.5, sigma * 1.5), 0
-        else:
-            sigma, stall = max(0.01, sigma * 0.8), stall + 1
-        if stall > 12:  # restart: from a fresh random point, or from the best so far
-            parent = random_candidate(sp, rng) if rng.random() < 0.5 else res.best
-            pfit, sigma, stall = -math.inf, 0.2, 0
-        if progress is not None:
-            progress(f"{name}: {res.evals} evals, best fitness {res.best_fitness:.1f}, sigma {sigma:.3f}")
+    if found is None and res.best is not None:
+        def report(msg):
+            if progress is not None:
+                progress(f"{name}: {res.evals} evals, best fitness {res.best_fitness:.1f}, {msg}")
+
+        loop = _es_loop if optimizer == "es" else _cma_loop
+        found = loop(res, sp, rng, evaluate, out_of_budget, lam=lam, report=report)
     res.search_s = time.perf_counter() - t0
     if found is None:
         return res

@@ -499,7 +499,7 @@ register("sweep", "run a grid of points on Dask (results in data/atlas/<name>/)"
 
 
 def _attack_args(p) -> None:
-    from .adversary import SPACES
+    from .adversary import OPTIMIZERS, SPACES
 
     p.add_argument("policy_pos", nargs="?", metavar="POLICY",
                    help="the registered policy to attack (or --policy)")
@@ -521,6 +521,9 @@ def _attack_args(p) -> None:
                    help="stop after this many model runs")
     p.add_argument("--baseline", default=None, metavar="POLICY",
                    help="count only failures where this policy stays finite (e.g. eager)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="cma",
+                   help="what climbs after the starting points: cma (mixed-integer CMA-ES with "
+                        "restarts, the default) or es (the (1 + lambda) evolution strategy)")
     add_bool_flag(p, "--random-starts", dest="random_starts",
                   help="skip the structured starting points (the optimiser alone)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
@@ -554,18 +557,20 @@ def _attack(args) -> int:
         raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
     res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
-                 baseline=args.baseline, structured=not args.random_starts)
+                 baseline=args.baseline, structured=not args.random_starts,
+                 optimizer=args.optimizer)
     rec = res.to_dict()
     if args.regression:
         rec["regression"] = str(save_regression(res, args.regression))
     if not args.no_save:
         suffix = ("" if args.space == "scores" else f"_{args.space}") + \
-            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "")
+            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "") + \
+            ("" if args.optimizer == "cma" else f"_{args.optimizer}")
         rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
     if args.json:
         slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
                                     "time_to_first_s", "bad_rows", "space", "baseline", "mods",
-                                    "input_mods")}
+                                    "input_mods", "optimizer")}
         slim["space"] = rec["space"]["name"]
         print(json.dumps(slim, default=str))
     else:
