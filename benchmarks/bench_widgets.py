@@ -49,7 +49,7 @@ def run(S: int, H: int, moves: int, clock=time.perf_counter) -> list[dict]:
         rows.append(r)
         print(f"{name:8s} {r['control']:12s} median {r['median_s'] * 1e3:7.1f} ms   "
               f"min {r['min_s'] * 1e3:7.1f}   max {r['max_s'] * 1e3:7.1f}   "
-              f"= {r['ratio']:5.1f} forwards; figures sent after "
+              f"= {r['ratio']:5.1f} forwards; main figure sent after "
               f"{r['figures_median_s'] * 1e3:6.1f} ms", flush=True)
 
     def bench(dash, control, values):

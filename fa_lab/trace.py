@@ -200,16 +200,39 @@ class TraceRecorder:
         for i, lane in enumerate(self._sel[0]):
             self.set_final(lane, outs[i], lses[i])
 
-    def build(self, *, kernel: str, policy, log2_per_unit: float, threshold_units: float) -> "Trace":
+    def _steps_frame(self) -> pd.DataFrame:
+        """One row per recorded (lane, step), in recording order: the chunks joined. When
+        every chunk holds the same types (what a model or kernel records), the columns are
+        joined first and the frame is built once; otherwise one frame per chunk, joined
+        by pandas, whose type rules then decide each column's dtype."""
+        chunks = self._chunks
+        if not chunks:
+            return pd.DataFrame(columns=["lane", "step", "col0", "phase", *STEP_FIELDS])
+        c0 = chunks[0]
+        uniform = all(
+            all(type(c[k]) is type(c0[k]) for k in ("step", "col0", "phase"))
+            and all(c[k].dtype == c0[k].dtype and c[k].shape == (len(c["lane"]),)
+                    for k in STEP_FIELDS)
+            for c in chunks)
+        if uniform:
+            sizes = [len(c["lane"]) for c in chunks]
+            cols = {"lane": [x for c in chunks for x in c["lane"]]}
+            for k in ("step", "col0", "phase"):
+                cols[k] = [c[k] for c, n in zip(chunks, sizes) for _ in range(n)]
+            for k in STEP_FIELDS:
+                cols[k] = np.concatenate([c[k] for c in chunks])
+            return pd.DataFrame(cols)
         frames = []
-        for c in self._chunks:
+        for c in chunks:
             n = len(c["lane"])
             d = {"lane": c["lane"], "step": [c["step"]] * n, "col0": [c["col0"]] * n,
                  "phase": [c["phase"]] * n}
             d.update({k: c[k] for k in STEP_FIELDS})
             frames.append(pd.DataFrame(d))
-        steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-            columns=["lane", "step", "col0", "phase", *STEP_FIELDS])
+        return pd.concat(frames, ignore_index=True)
+
+    def build(self, *, kernel: str, policy, log2_per_unit: float, threshold_units: float) -> "Trace":
+        steps = self._steps_frame()
         for k in ("vote", "fire", "dragged", "o_finite", "l_finite"):
             steps[k] = steps[k].astype(bool)
         lanes = pd.DataFrame(self.triples, columns=["batch", "head", "row"])

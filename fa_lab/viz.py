@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -256,6 +257,18 @@ def value_title(trace, value: str) -> str:
 
 # ---- trace figures ---------------------------------------------------------------------
 
+def _labels_unchecked(layout: dict) -> dict:
+    """``layout`` with ``ticklabeloverflow="allow"`` on each of its axes. These figures leave
+    margins for their tick labels, so plotly.js's default ("hide past div": measure every
+    tick label on every redraw and hide any that reaches past the figure's edge) hides
+    nothing in them, while its measurements cost time on every redraw of a dashboard, each
+    one bringing the whole page's layout up to date first."""
+    for key, axis in layout.items():
+        if re.fullmatch(r"[xy]axis\d*", key) and isinstance(axis, dict):
+            axis.setdefault("ticklabeloverflow", "allow")
+    return layout
+
+
 def _lane_ticks(lanes: pd.DataFrame, max_ticks=16):
     idx = list(lanes.index)
     every = max(1, math.ceil(len(idx) / max_ticks))
@@ -369,7 +382,7 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
         height=max(360, min(900, 160 + 9 * len(lane_ids))),
         margin=dict(t=90, b=90, l=80), plot_bgcolor="#ffffff")
     # One constructor call: plotly validates far less than with add_trace/update_layout.
-    return go.Figure(data=data, layout=layout)
+    return go.Figure(data=data, layout=_labels_unchecked(layout))
 
 
 def _event_markers(labels: dict, rows: pd.DataFrame, name, symbol, color, size,
@@ -579,7 +592,7 @@ def lane_lines(trace, lane: int, title: str | None = None, *, window="auto") -> 
         xaxis2=dict(domain=[0, 1], anchor="y2", title=step_axis_title(trace), range=xrange),
         yaxis2=dict(domain=[0, 0.42], anchor="x2", title="deficit, log2(l), log2(corr)",
                     range=ranges[2]))
-    return go.Figure(data=data, layout=layout)
+    return go.Figure(data=data, layout=_labels_unchecked(layout))
 
 
 def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = None,
@@ -643,7 +656,8 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
         legend = i == 0
 
         def add(vals, nm, xaxis, yaxis, **style):
-            data.append(go.Scatter(
+            data.append(dict(
+                type="scatter",
                 x=x, y=_finite_or_none(vals), name=nm, legendgroup=nm, showlegend=legend,
                 xaxis=xaxis, yaxis=yaxis,
                 text=[f"{who}, {name}<br>step {st}: {nm} = {_fmt(v)}" for st, v in zip(x, vals)],
@@ -658,7 +672,8 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
                                     "circle-open", EVENT_COLORS["fire"]),
                                    (d["dragged"].to_numpy(), "dragged", "x-thin",
                                     EVENT_COLORS["dragged"])):
-            data.append(go.Scatter(
+            data.append(dict(
+                type="scatter",
                 x=[st for st, k in zip(x, mask) if k], y=_finite_or_none(s["m"][mask]),
                 name=nm, legendgroup=nm, showlegend=legend, mode="markers", xaxis=xa, yaxis=ya,
                 marker=dict(symbol=sym, size=11, color=col, line=dict(color=col, width=2)),
@@ -671,7 +686,8 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
                                           (xb, yb, [("log2(l)", s["log_l"], True),
                                                     ("deficit", s["deficit"], False)], lo2, hi2)):
             xs, ys, text = _edge_points(x, named, lo_, hi_)
-            data.append(go.Scatter(
+            data.append(dict(
+                type="scatter",
                 x=xs, y=ys, text=text, mode="markers",
                 name="not finite (+inf or NaN on top)", legendgroup="nonfinite",
                 showlegend=legend and yr == yb, xaxis=xr, yaxis=yr,
@@ -705,7 +721,7 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
         legend=dict(orientation="h", yanchor="top", y=-46 / plot_h, xanchor="left", x=0,
                     font=dict(size=11)),
         margin=dict(t=top, b=bottom_m, l=60, r=10))
-    return go.Figure(data=data, layout=layout)
+    return go.Figure(data=data, layout=_labels_unchecked(layout))
 
 
 def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | None = None,
@@ -763,7 +779,8 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
         ys = np.concatenate([r_in[mask], r_in[mask]])
         xs = np.concatenate([np.zeros(int(mask.sum())), np.ones(int(mask.sum()))])
         lane_no = np.concatenate([r_in[mask], r_in[mask] + 32])
-        data.append(go.Scatter(
+        data.append(dict(
+            type="scatter",
             x=xs, y=ys, mode="markers", name=nm, xaxis="x", yaxis="y", showlegend=False,
             marker=dict(symbol="square", size=7, color=col, line=dict(color="#999999", width=0.5)),
             text=[f"lane {int(n)}: row {w0 + int(r)}, {nm}" for n, r in zip(lane_no, ys)],
@@ -781,13 +798,14 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
         for j, r in zip(shown[mask], r_in[mask]):
             stem_x += [0.0, float(j), None]
             stem_y += [int(r), int(r), None]
-        data.append(go.Scatter(x=stem_x, y=stem_y, mode="lines", xaxis="x2", yaxis="y2",
-                               line=dict(color=col, width=1.5), hoverinfo="skip",
-                               showlegend=False, legendgroup=nm))
+        data.append(dict(type="scatter", x=stem_x, y=stem_y, mode="lines", xaxis="x2",
+                         yaxis="y2", line=dict(color=col, width=1.5), hoverinfo="skip",
+                         showlegend=False, legendgroup=nm))
         text = [f"row {w0 + int(r)}: m before {_fmt(mb)}, tile max {_fmt(t)}<br>jump "
                 f"{_fmt(j)}; corr = {_fmt(cr)}" for r, mb, t, j, cr in
                 zip(r_in[mask], m_before[mask], mt[mask], jump[mask], corr[mask])]
-        data.append(go.Scatter(
+        data.append(dict(
+            type="scatter",
             x=shown[mask], y=r_in[mask], mode="markers", name=f"{nm}: {int(mask.sum())}",
             legendgroup=nm, xaxis="x2", yaxis="y2", text=text,
             hovertemplate="%{text}<extra></extra>",
@@ -842,7 +860,7 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
         legend=dict(orientation="h", yanchor="top", y=0.02, xanchor="left", x=0.29,
                     font=dict(size=11)),
         margin=dict(t=80, b=40, l=70, r=30), plot_bgcolor="#ffffff")
-    return go.Figure(data=data, layout=layout)
+    return go.Figure(data=data, layout=_labels_unchecked(layout))
 
 
 # ---- output figures --------------------------------------------------------------------
@@ -943,7 +961,7 @@ def nonfinite_map(out: torch.Tensor, batch: int = 0, title: str | None = None, *
         legend=dict(orientation="h", yanchor="top", y=-52 / plot_h, xanchor="left", x=0,
                     font=dict(size=11)),
         margin=dict(t=top, b=bottom_m, l=70, r=20))
-    return go.Figure(data=data, layout=layout)
+    return go.Figure(data=data, layout=_labels_unchecked(layout))
 
 
 def lse_rows(lse: torch.Tensor, out: torch.Tensor | None = None, batch: int = 0, head: int = 0,
@@ -1043,13 +1061,13 @@ def output_difference_rows(outputs: dict, reference: torch.Tensor, batch: int = 
             name=f"{name}: {int(b.sum())} non-finite rows (top edge)",
             marker=dict(symbol="x", size=8, color=color),
             hovertemplate=f"{name}<br>query row %{{x}}: output not finite<extra></extra>"))
-    fig.update_layout(
+    fig.update_layout(_labels_unchecked(dict(
         title=title or f"Difference from the fp32 reference per query row (batch {batch}, head {head})",
         xaxis=dict(title="query row"),
         yaxis=dict(title="max |o - reference| over the head dim", type="log",
                    range=[math.log10(lo) - 0.3, math.log10(top) + 0.3], exponentformat="power"),
         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
-        height=440, margin=dict(b=110))
+        height=440, margin=dict(b=110))))
     return fig
 
 

@@ -8,12 +8,20 @@ Each dashboard is two layers:
   no browser and is what the tests call;
 * the widget wiring (``rescale_dashboard``, ``fp8_dashboard``, ``compare_dashboard``), which
   reads the controls, calls that function and copies the new figures into
-  ``plotly.graph_objects.FigureWidget``s in place.
+  ``plotly.graph_objects.FigureWidget``s (``DashboardFigure``) in place.
 
 The dashboards fit a 1600 x 1000 screen: the controls and a compact summary in a column on
 the left, the main figure (the chosen row, under its policy beside the fix) on the right,
 the secondary figures in tabs under it. Only the figures on screen are redrawn when a
 control moves; a tab's figure is drawn when the tab is opened.
+
+A redraw goes in the reader's order (``Dashboard.update``): the traces and the main figure
+first, then the open tab's figure, then the whole outputs and the fp32 reference that the
+summary's numbers need. A figure goes to the browser as one message holding only the
+properties that changed (``assign_figure``). After a move made in the browser the kernel
+waits until the browser has drawn the main figure before it computes the rest, so that on
+a small machine the two do not share the CPU; a newer move supersedes the rest of an
+older one.
 
 Inputs, the fp32 reference, outputs and traces are cached by their parameters, so moving the
 threshold, the policy or the row reruns only what depends on it; a K-scale move reruns
@@ -23,6 +31,9 @@ the whole problem. ``benchmark(...)`` measures the redraw latency of a dashboard
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import html
 import math
 import statistics
@@ -33,6 +44,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+import traitlets
 
 from . import metrics, policies, reference, viz
 from .api import flash_attn_func, trace
@@ -281,10 +293,12 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     ``out`` and ``lse`` of ``policy``, ``outputs`` (all policies), ``reference``, ``trace``,
     ``trace_fix``, ``lane`` (``row``'s lane in the trace), ``tile`` (the wave figure's step:
     ``tile``, or where the row breaks), ``summary`` (HTML) and ``figures``: all of
-    ``LANE_FIGURES`` (``figures=True``), none (False) or the names given.
+    ``LANE_FIGURES`` (``figures=True``), none (False) or the names given;
+    ``make_figures(names)`` builds others from the same view later.
     ``all_policies=False`` runs only what the figures asked for need (the traces; the output
-    of ``policy`` for the bad-row map), without the reference (``partial`` is True): what a
-    dashboard draws first, before the summary's numbers.
+    of ``policy`` for the bad-row map, also when ``make_figures`` asks for that map), without
+    the reference (``partial`` is True): what a dashboard draws first, before the summary's
+    numbers.
     """
     k_scale = _positive_number("k_scale", k_scale)
     threshold = _nonneg_number("threshold", threshold)
@@ -346,8 +360,14 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
         view["tile"] = _auto_tile(tr, lane)
     view["params"]["tile"] = view["tile"]
     view["summary"] = _rescale_summary(view)
-    view["figures"] = _lane_figures(view, names, heat_value, view["tile"])
-    view["make_figures"] = lambda which: _lane_figures(view, which, heat_value, view["tile"])
+
+    def make_figures(which):
+        if "nonfinite" in which and view["out"] is None:   # a partial view: run policy now
+            view["out"], view["lse"] = run(policy)
+        return _lane_figures(view, which, heat_value, view["tile"])
+
+    view["figures"] = make_figures(names)
+    view["make_figures"] = make_figures
     return view
 
 
@@ -402,7 +422,8 @@ def _rescale_summary(view) -> str:
 def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebase_bound=16.0,
                      headroom=False, causal=False, S=FP8_CPU_DEFAULTS["S"], seed=0, row=0, *,
                      H=FP8_CPU_DEFAULTS["H"], head=0, n_waves=1, heat_value="deficit",
-                     tile=None, device=None, backend="auto", figures=True) -> dict:
+                     tile=None, device=None, backend="auto", figures=True,
+                     all_policies=True) -> dict:
     """Everything the fp8 dashboard shows: the seed's fp8 inputs (q = 0.1 N, k = 0.1 k_scale
     N, V = ones, per-tensor e4m3) through the fp8 kernel under ``policy``, and the chosen
     row's wave traced under it and under the fix.
@@ -410,8 +431,11 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     ``threshold``: a number (log2 units) or ``"by_kv_len"`` (PR #1020's rule);
     ``rebase_bound``: used by capped policies only; ``headroom``: PR #1020's P lift.
     Returns a dict with ``stats`` (mean |o - 1| over finite elements, NaN and inf counts),
-    ``out``, ``lse``, ``trace``, ``trace_fix``, ``lane``, ``tile``, ``summary`` and
-    ``figures`` (as ``compute_rescale_view``).
+    ``out``, ``lse``, ``trace``, ``trace_fix``, ``lane``, ``tile``, ``summary``, ``figures``
+    and ``make_figures`` (as ``compute_rescale_view``). ``all_policies=False`` (the name
+    ``compute_rescale_view`` gives it) runs only the traces, without the whole output and
+    its statistics (``stats`` is None, ``partial`` True) unless the bad-row map is asked
+    for: what the dashboard draws first.
     """
     k_scale = _positive_number("k_scale", k_scale)
     if threshold != "by_kv_len":
@@ -445,8 +469,12 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
         return key + tuple(sorted((k, str(v)) for k, v in args.items() if "descale" not in k))
 
     args = args_for(policy)
-    out, lse = _CACHE.get(pkey(args), lambda: flash_attn_func(q8, k8, v8, return_lse=True,
+
+    def run_policy():
+        return _CACHE.get(pkey(args), lambda: flash_attn_func(q8, k8, v8, return_lse=True,
                                                               **args))
+
+    out, lse = run_policy() if all_policies or "nonfinite" in names else (None, None)
     rows = wave_rows(row, S, n_waves)
 
     def traced(pol):
@@ -455,27 +483,35 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
                           lambda: block_trace(q8, k8, v8, rows, head=head, **a))
 
     tr = traced(policy)
-    fin = metrics.finiteness(out)
-    dev = (out.double() - 1.0).abs()
-    ok = torch.isfinite(dev)
-    mad = float(dev[ok].mean()) if bool(ok.any()) else math.nan
-    stats = {"mean_abs_dev": mad, "nan": fin["nan"], "inf": fin["inf"],
-             "elements": fin["elements"], "nan_rows": fin["nan_rows"], "rows": fin["rows"]}
+    stats = None
+    if all_policies:
+        fin = metrics.finiteness(out)
+        dev = (out.double() - 1.0).abs()
+        ok = torch.isfinite(dev)
+        mad = float(dev[ok].mean()) if bool(ok.any()) else math.nan
+        stats = {"mean_abs_dev": mad, "nan": fin["nan"], "inf": fin["inf"],
+                 "elements": fin["elements"], "nan_rows": fin["nan_rows"], "rows": fin["rows"]}
     lane = row - rows.start
     view = {
         "params": dict(k_scale=k_scale, threshold=threshold, policy=policy,
                        rebase_bound=rebase_bound, headroom=headroom, causal=causal, S=S,
                        seed=seed, row=row, H=H, head=head, device=str(device)),
         "policy": tr.policy, "stats": stats, "out": out, "lse": lse, "trace": tr,
-        "trace_fix": traced(fix_of(policy)), "lane": lane,
+        "trace_fix": traced(fix_of(policy)), "lane": lane, "partial": stats is None,
     }
     view["tile"] = _tile_arg(tile, tr.n_steps)
     if view["tile"] is None:
         view["tile"] = _auto_tile(tr, lane)
     view["params"]["tile"] = view["tile"]
     view["summary"] = _fp8_summary(view)
-    view["figures"] = _lane_figures(view, names, heat_value, view["tile"])
-    view["make_figures"] = lambda which: _lane_figures(view, which, heat_value, view["tile"])
+
+    def make_figures(which):
+        if "nonfinite" in which and view["out"] is None:   # a partial view: run policy now
+            view["out"], view["lse"] = run_policy()
+        return _lane_figures(view, which, heat_value, view["tile"])
+
+    view["figures"] = make_figures(names)
+    view["make_figures"] = make_figures
     return view
 
 
@@ -488,10 +524,12 @@ def _fp8_summary(view) -> str:
             f"<span style='color:{color}'>&#9632;</span> <b>{html.escape(pol.describe())}</b> "
             f"(threshold {pol.threshold:g} log2 units"
             + (f", P headroom {pol.p_headroom:.3f}" if pol.p_headroom else "") + ")<br>"
-            f"mean |o - 1| over finite elements: <b>{viz._fmt(s['mean_abs_dev'], 4)}</b><br>"
-            f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
-            f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
-            f"{s['nan_rows']} of {s['rows']} rows NaN"
+            + ("<span style='color:#777'>mean |o - 1| and NaN counts of the whole output: "
+               "computing...</span>" if s is None else
+               f"mean |o - 1| over finite elements: <b>{viz._fmt(s['mean_abs_dev'], 4)}</b><br>"
+               f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
+               f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
+               f"{s['nan_rows']} of {s['rows']} rows NaN")
             + _row_sentence(view) + "</div>")
 
 
@@ -554,28 +592,127 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
 
 # ---- widget wiring ---------------------------------------------------------------------
 
+def _same(a, b) -> bool:
+    """Whether two JSON-like plotly values (dicts, lists, numpy arrays, scalars) are equal,
+    NaN equal to NaN: a value that compares equal is not sent to the browser again."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))
+        except TypeError:      # object or string arrays have no NaN to match
+            return bool(np.array_equal(a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
+                and all(_same(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))
+                and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b)))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+#: Trace properties that stay as the widget has them when a new figure leaves them out:
+#: the trace's id, and whether the reader hid it by clicking its legend entry.
+_KEPT_TRACE_KEYS = ("uid", "visible")
+
+
+def figure_changes(widget: go.FigureWidget, fig: go.Figure):
+    """What ``assign_figure`` sends to copy ``fig`` into ``widget``: ``(traces, layout)``,
+    ``traces`` mapping a trace's index to its changed top-level properties and ``layout``
+    the changed top-level layout properties, each to its new value (None: the new figure
+    lacks it, so it goes). A property whose value is the widget's already is left out, and
+    so is a trace with nothing changed. The layout's template never changes (viz figures
+    share one), nor its width or height where the widget fixes them (the dashboard's
+    size). None when the two do not have the same trace types in the same order."""
+    new_data = [t.to_plotly_json() for t in fig.data]
+    old_data = [t.to_plotly_json() for t in widget.data]
+    if len(new_data) != len(old_data) or any(
+            a.get("type") != b.get("type") for a, b in zip(old_data, new_data)):
+        return None
+    traces = {}
+    for i, (old, new) in enumerate(zip(old_data, new_data)):
+        changed = {k: v for k, v in new.items() if k not in old or not _same(old[k], v)}
+        changed.update({k: None for k in old if k not in new and k not in _KEPT_TRACE_KEYS})
+        if changed:
+            traces[i] = changed
+    kept = {"template"} | {k for k in ("width", "height") if getattr(widget.layout, k) is not None}
+    new_layout = {k: v for k, v in fig.layout.to_plotly_json().items() if k not in kept}
+    old_layout = {k: v for k, v in widget.layout.to_plotly_json().items() if k not in kept}
+    layout = {k: v for k, v in new_layout.items()
+              if k not in old_layout or not _same(old_layout[k], v)}
+    layout.update({k: None for k in old_layout if k not in new_layout})
+    return traces, layout
+
+
 def assign_figure(widget: go.FigureWidget, fig: go.Figure):
-    """Copy ``fig`` into ``widget`` in place: trace by trace when the two have the same
-    traces (what viz keeps), else by replacing the data; layout shapes, annotations and
-    buttons are replaced, so stale markers do not stay. The widget keeps its own size."""
+    """Copy ``fig`` into ``widget`` in place, in one update message that holds only what
+    changed (``figure_changes``): the top-level properties of each trace and of the layout
+    whose values differ. What did not change is neither validated again nor sent, and the
+    browser keeps it. A changed property is replaced whole, so stale shapes, annotations
+    and buttons do not stay. When the traces differ in number or type, the widget's traces
+    are replaced. The widget keeps its own size, and a trace the reader hid from the legend
+    stays hidden."""
+    changes = figure_changes(widget, fig)
     with widget.batch_update():
-        same = len(widget.data) == len(fig.data) and all(
-            a.type == b.type for a, b in zip(widget.data, fig.data))
-        if same:
-            for dst, src in zip(widget.data, fig.data):
-                dst.update(src.to_plotly_json(), overwrite=True)
-        else:
+        if changes is None:
             widget.data = ()
             widget.add_traces(fig.data)
-        layout = fig.layout.to_plotly_json()
-        layout.pop("template", None)
-        for fixed in ("width", "height"):   # the dashboard's size, not the figure's
-            if getattr(widget.layout, fixed) is not None:
-                layout.pop(fixed, None)
-        widget.layout.update(layout, overwrite=True)
-        widget.layout.shapes = fig.layout.shapes
-        widget.layout.annotations = fig.layout.annotations
-        widget.layout.updatemenus = fig.layout.updatemenus
+            traces, layout = {}, figure_changes(widget, fig)[1]
+        else:
+            traces, layout = changes
+        for i, props in traces.items():
+            for key, value in props.items():
+                widget.data[i][key] = value
+        for key, value in layout.items():
+            widget.layout[key] = value
+
+
+class DashboardFigure(go.FigureWidget):
+    """The dashboards' FigureWidget: a plotly FigureWidget that tells when the browser has
+    drawn its latest update (``when_drawn``), and does not merge the trace defaults the
+    browser reports back into the Python figure.
+
+    After every update plotly's view redraws the figure and then sends back, for every
+    trace, each property the figure left unset, as plotly.js filled it in. That report is
+    the signal that the update is drawn. Plotly's own handler moves those defaults into
+    the Python traces and tells the browser to drop its copies; the dashboards never read
+    them (every figure comes whole from ``fa_lab.viz``), and the handler raises on a
+    numpy-array property that the browser reports element by element (``if not
+    input_val`` on an array), which ipywidgets answers with a formatted traceback. Here
+    the report only marks the edit as done, as plotly's handler does last, and runs the
+    callbacks waiting for it.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._drawn_callbacks: list = []
+
+    def when_drawn(self, callback):
+        """Call ``callback()`` once the browser has drawn the latest update sent, or now
+        when no update is on its way."""
+        if self._trace_edit_in_process:
+            self._drawn_callbacks.append(callback)
+        else:
+            callback()
+
+    @traitlets.observe("_js2py_traceDeltas")
+    def _handler_js2py_traceDeltas(self, change):
+        msg = change["new"]
+        if not msg:
+            return
+        if msg.get("trace_edit_id") == self._last_trace_edit_id:
+            self._trace_edit_in_process = False
+            if not self._layout_edit_in_process:
+                while self._waiting_edit_callbacks:
+                    self._waiting_edit_callbacks.pop()()
+            callbacks, self._drawn_callbacks = self._drawn_callbacks, []
+            for callback in callbacks:
+                callback()
+        self._js2py_traceDeltas = None
 
 
 #: Sizes (width, height) of the dashboards' figures.
@@ -588,15 +725,44 @@ LANE_TABS = (("wave", "wave at one step"), ("heatmap", "wave, step by step"),
              ("nonfinite", "every bad row"))
 
 
+#: How long a pipelined redraw waits for the browser to report its main figure drawn
+#: before it goes on anyway (no browser showing the dashboard, or a very slow one).
+DRAWN_WAIT_S = 0.5
+
+
+def _running_loop():
+    """The event loop running this code (the kernel's, in a notebook), or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """No automatic garbage collection inside: a collection that falls due while a redraw
+    builds its figures (a full one walks every object of the kernel) runs after them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class Dashboard:
     """Controls + FigureWidgets + a summary, redrawn by ``compute(**values)``.
 
     ``controls`` maps each compute argument to its widget; ``update()`` reads them, calls
     ``compute`` and assigns the figures on screen (``main`` and the open tab; the other
     tabs' figures are drawn when opened); ``last`` is the latest view, ``last_seconds`` how
-    long the redraw took. Controls named in ``auto`` (the wave figure's step) are passed as
-    None (chosen by the view) when any other control moves, and follow the view's choice.
-    A bad value shows its error in the summary instead of a figure.
+    long the redraw took and ``figures_seconds`` when its main figure was sent.
+    ``figures_first``: ``compute`` takes ``all_policies=False`` for a partial view that
+    only the figures need, drawn before the full one. Controls named in ``auto`` (the wave
+    figure's step) are passed as None (chosen by the view) when any other control moves,
+    and follow the view's choice. A bad value shows its error in the summary instead of a
+    figure. Building a dashboard ends with one full garbage collection (see ``__init__``).
     """
 
     def __init__(self, compute, controls: dict, fixed: dict, *, main=("row",), tabs=LANE_TABS,
@@ -622,9 +788,10 @@ class Dashboard:
         self.redraws = 0
         self._drawn: dict = {}
         self._stale: set = set()
+        self._generation = 0
         view = self._view()
         for name, fig in view["make_figures"](self.main + self.tab_names).items():
-            self.figures[name] = go.FigureWidget(fig)
+            self.figures[name] = DashboardFigure(fig)
             w, h = FIGURE_SIZES.get(name, (FIGURE_WIDTH, TAB_HEIGHT))
             self.figures[name].layout.width, self.figures[name].layout.height = w, h
             self._drawn[name] = fig
@@ -638,6 +805,10 @@ class Dashboard:
         self.widget = (layout or _side_layout)(self)
         for w in controls.values():
             w.observe(self._on_change, names="value")
+        # One full collection now, while the cell runs: the collector's deferred full pass
+        # over everything the notebook made so far would otherwise fall into one of the
+        # first slider moves.
+        gc.collect()
 
     # -- reading and computing
     def values(self) -> dict:
@@ -647,18 +818,15 @@ class Dashboard:
         return vals
 
     def on_screen(self) -> tuple:
-        if self.tabs is None:
-            return self.main
-        i = self.tabs.selected_index
-        return self.main + ((self.tab_names[i],) if i is not None else ())
+        tab = self.open_tab() if getattr(self, "tabs", None) is not None else None
+        return self.main + ((tab,) if tab is not None else ())
 
     def _view(self, **extra):
-        names = self.on_screen() if hasattr(self, "tabs") else self.main
-        return self.compute(**self.values(), **self.fixed, figures=names, **extra)
+        return self.compute(**self.values(), **self.fixed, figures=self.on_screen(), **extra)
 
-    def _show(self, view):
+    def _show(self, view, timing: str = ""):
         self.last = view
-        self.summary.value = view["summary"]
+        self.summary.value = view["summary"] + timing
         self._silent = True
         try:   # auto controls follow the view's choice without triggering a redraw
             for a in self.auto:
@@ -679,50 +847,112 @@ class Dashboard:
                 self._drawn[name] = fig
             self._stale.discard(name)
 
-    def update(self, changed: str | None = None):
+    def open_tab(self) -> str | None:
+        """The figure in the open tab, if any."""
+        if self.tabs is None or self.tabs.selected_index is None:
+            return None
+        return self.tab_names[self.tabs.selected_index]
+
+    def update(self, changed: str | None = None, *, pipelined: bool = False):
         """Recompute from the controls and redraw what is on screen; returns the seconds it
-        took. ``changed``: the control that moved (an ``auto`` control keeps its value
-        only when it is the one that moved)."""
+        took (NaN when pipelined: the redraw finishes later). ``changed``: the control
+        that moved (an ``auto`` control keeps its value only when it is the one that
+        moved).
+
+        The order is the reader's: the main figure first, then the open tab's figure, then
+        (``figures_first``) the numbers of the summary, which need every policy and the
+        fp32 reference. The main figure is sent before anything else is built.
+        ``pipelined`` (a move made in the browser, with the kernel's event loop running):
+        the rest waits until the browser reports the main figure drawn (at most
+        ``DRAWN_WAIT_S``), so that the kernel's work does not take the CPU from the
+        browser's drawing on a small machine; a newer move supersedes a redraw still
+        waiting. The garbage collector is paused while a figure is built and sent
+        (``_gc_paused``)."""
         t0 = time.perf_counter()
         for a in self.auto:
             self._auto_values[a] = self.controls[a].value if changed == a else None
+        vals = {**self.values(), **self.fixed}
+        self._generation += 1
+        generation = self._generation
         try:
-            if self.figures_first:
-                # what the figures need first, so the browser redraws them while the kernel
-                # runs the other policies and the reference for the summary
-                first = self._view(all_policies=False)
+            with _gc_paused():
+                # figures_first: only what the main figure needs (the traces)
+                first = self.compute(**vals, figures=self.main,
+                                     **({"all_policies": False} if self.figures_first else {}))
                 self._show(first)
                 self._draw(first["figures"])
-                self.figures_seconds = time.perf_counter() - t0
-                view = self.compute(**self.values(), **self.fixed, figures=())
-            else:
-                view = self._view()
-                self.figures_seconds = math.nan
         except (ValueError, TypeError) as e:
-            self.errors += 1
-            self.last_seconds = math.nan
-            self.summary.value = (f"<div class='fa-lab-error' style='color:#b00'>"
-                                  f"{html.escape(str(e))}</div>")
+            return self._error(e)
+        self.figures_seconds = time.perf_counter() - t0
+
+        def finish():
+            return self._finish(generation, first, vals, t0)
+
+        loop = _running_loop() if pipelined else None
+        if loop is None:
+            return finish()
+        done, timer = [], []
+
+        def once():
+            if not done:
+                done.append(True)
+                for t in timer:
+                    t.cancel()
+                try:
+                    finish()
+                except Exception as e:      # no caller to raise to: the summary says it
+                    self._error(e)
+
+        waiting = [self.figures[n] for n in self.main]
+        pending = [len(waiting)]
+
+        def drawn():
+            pending[0] -= 1
+            if pending[0] == 0:
+                once()
+
+        timer.append(loop.call_later(DRAWN_WAIT_S, once))
+        for fig in waiting:
+            fig.when_drawn(drawn)
+        return math.nan
+
+    def _finish(self, generation, first, vals, t0):
+        """The rest of a redraw: the open tab's figure, then the summary's numbers."""
+        if generation != self._generation:      # a newer move redraws everything
             return math.nan
-        self._show(view)
-        self._draw(view["figures"])
+        try:
+            tab = self.open_tab()
+            if tab is not None:
+                with _gc_paused():
+                    self._draw(first["make_figures"]((tab,)))
+            view = self.compute(**vals, figures=()) if self.figures_first else first
+        except (ValueError, TypeError) as e:
+            return self._error(e)
+        if generation != self._generation:
+            return math.nan
         self._stale |= set(self.figures) - set(self.on_screen())
-        if not self.figures_first:
-            self.figures_seconds = time.perf_counter() - t0
         self.last_seconds = time.perf_counter() - t0
-        # the kernel's share of the redraw, for the reader (and the browser test)
-        self.summary.value = view["summary"] + (
+        # the kernel's clock on the redraw, for the reader (and the browser test)
+        self._show(view, timing=(
             f"<div class='fa-lab-timing' style='color:#777;font-size:11px;line-height:1.2'>"
-            f"redraw {self.redraws + 1}: figures after {self.figures_seconds:.2f} s, "
-            f"all {self.last_seconds:.2f} s (kernel)</div>")
+            f"redraw {self.redraws + 1}: main figure sent after {self.figures_seconds:.2f} s, "
+            f"all {self.last_seconds:.2f} s (kernel clock)</div>"))
         self.redraws += 1
         return self.last_seconds
+
+    def _error(self, e):
+        self.errors += 1
+        self.last_seconds = math.nan
+        self.summary.value = (f"<div class='fa-lab-error' style='color:#b00'>"
+                              f"{html.escape(str(e))}</div>")
+        return math.nan
 
     def _on_change(self, change):
         if self._silent:
             return
         name = next((n for n, w in self.controls.items() if w is change["owner"]), None)
-        self.update(name)
+        # ipywidgets holds a property lock while it applies a value sent by the browser
+        self.update(name, pipelined=bool(getattr(change["owner"], "_property_lock", None)))
 
     def _on_tab(self, change):
         name = self.tab_names[change["new"]] if change["new"] is not None else None
@@ -888,7 +1118,7 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
 
     enable_what_applies()
     controls["policy"].observe(enable_what_applies, names="value")
-    d = Dashboard(compute_fp8_view, controls, fixed)
+    d = Dashboard(compute_fp8_view, controls, fixed, figures_first=True)
     d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-fp8-dashboard")
     return d
@@ -940,7 +1170,7 @@ def benchmark(dashboard: Dashboard, control: str, values, *, repeat: int = 1,
             if math.isnan(dashboard.last_seconds) or dashboard.last["params"].get(control) != v:
                 raise RuntimeError(f"redraw failed for {control}={v!r}: {dashboard.summary.value}")
             times.append(elapsed)
-            # the share until the figures were sent (wall time), scaled to this clock
+            # the share until the main figure was sent (wall time), scaled to this clock
             share = dashboard.figures_seconds / dashboard.last_seconds
             figures.append(elapsed * min(1.0, share))
     return {"control": control, "median_s": statistics.median(times), "min_s": min(times),

@@ -344,6 +344,20 @@ def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
         widget_json(fig)  # raises ValueError on NaN/inf
 
 
+def test_dashboard_figures_skip_the_tick_label_overflow_check(bf16_case):
+    """The dashboards' figures keep their tick labels inside, so every axis lets them be
+    ("allow") instead of plotly.js measuring each label on each redraw."""
+    tr, lane = bf16_case["trace"], bf16_case["lane"]
+    figs = [viz.running_max_heatmap(tr), viz.lane_lines(tr, lane),
+            viz.row_compare({"lazy_unfixed": tr, "again": tr}, lane), viz.wave_ballot(tr, 3),
+            viz.nonfinite_map(bf16_case["out"]),
+            viz.output_difference_rows({"lazy_unfixed": bf16_case["out"]},
+                                       bf16_case["out"].float())]
+    for fig in figs:
+        axes = [k for k in fig.to_plotly_json()["layout"] if k[1:5] == "axis"]
+        assert axes and all(fig.layout[a].ticklabeloverflow == "allow" for a in axes), axes
+
+
 @pytest.mark.parametrize("call, err, words", [
     (lambda t: viz.running_max_heatmap("trace"), TypeError, "fa_lab.Trace"),
     (lambda t: viz.running_max_heatmap(t, "q"), ValueError, "value='q'"),

@@ -156,7 +156,7 @@ def test_dashboard_slider_updates_figurewidgets_in_place():
     assert d.last["params"]["k_scale"] == 64 and d.last_seconds > 0
     drawn = d.last["make_figures"](("row",))["row"]    # the same (memoised) figure
     np.testing.assert_array_equal(y1, np.array(drawn.data[1].y, dtype=float))
-    assert "figures after" in d.summary.value and "NaN" in d.summary.value
+    assert "main figure sent after" in d.summary.value and "NaN" in d.summary.value
     assert (main.layout.width, main.layout.height) == widgets.FIGURE_SIZES["row"]
     # a figure in a closed tab is drawn when its tab opens, with the latest values
     d.controls["heat_value"].value = "corr"
@@ -262,3 +262,173 @@ def test_figures_first_runs_only_what_the_figures_need():
     with_map = widgets.compute_rescale_view(40, S=256, H=1, row=5, figures=("nonfinite",),
                                             all_policies=False)
     assert set(with_map["outputs"]) == {"lazy_unfixed"} and with_map["out"] is not None
+
+
+# ---- what a redraw sends, and in which order ------------------------------------------------
+
+def _sent(widget) -> list:
+    """The update messages ``widget`` sends to the browser, as they are sent."""
+    msgs = []
+    widget.observe(lambda ch: ch["new"] is not None and msgs.append(ch["new"]),
+                   names="_py2js_update")
+    return msgs
+
+
+def test_assign_figure_sends_only_what_changed():
+    base = dict(mode="lines", line=dict(color="#123456", width=2), text=["a", "b"])
+    old = go.Figure([go.Scatter(y=np.array([1.0, 2.0]), **base),
+                     go.Scatter(y=np.array([5.0, 6.0]), **base)],
+                    layout=dict(title="old", yaxis=dict(range=[0, 7]), xaxis=dict(range=[0, 1])))
+    w = widgets.DashboardFigure(old)
+    w.layout.width = 500
+    msgs = _sent(w)
+    new = go.Figure([go.Scatter(y=np.array([1.0, 2.0]), **base),
+                     go.Scatter(y=np.array([5.0, 9.0]), **base)],
+                    layout=dict(title="new", yaxis=dict(range=[0, 10]), xaxis=dict(range=[0, 1]),
+                                width=800))
+    traces, layout = widgets.figure_changes(w, new)
+    assert list(traces) == [1] and list(traces[1]) == ["y"]
+    np.testing.assert_array_equal(traces[1]["y"], [5.0, 9.0])
+    assert layout == {"title": {"text": "new"}, "yaxis": {"range": [0, 10]}}
+    widgets.assign_figure(w, new)
+    (msg,) = msgs                                  # one message for the whole figure
+    assert msg["style_traces"] == [1] and set(msg["style_data"]) == {"y"}
+    assert set(msg["layout_data"]) == {"title", "yaxis"}    # not the widget's own width
+    np.testing.assert_array_equal(w.data[1].y, [5.0, 9.0])
+    assert w.layout.title.text == "new" and w.layout.width == 500
+    widgets.assign_figure(w, new)                  # nothing changed: nothing sent
+    assert len(msgs) == 1
+    # a property the new figure lacks goes; one the reader set from the legend stays
+    w.data[0].visible = "legendonly"
+    widgets.assign_figure(w, go.Figure([go.Scatter(y=np.array([1.0, 2.0]), mode="lines"),
+                                        go.Scatter(y=np.array([5.0, 9.0]), **base)],
+                                       layout=new.layout))
+    assert w.data[0].text is None and w.data[0].line.color is None
+    assert w.data[0].visible == "legendonly"
+
+
+def test_a_slider_move_sends_only_the_changed_traces_main_figure_first():
+    d = widgets.rescale_dashboard(S=512, H=H, k_scale=40, row=3)
+    row, wave = d.figures["row"], d.figures["wave"]
+    order = []
+    for name, w in (("row", row), ("wave", wave)):
+        w.observe(lambda ch, name=name: ch["new"] is not None and order.append(name),
+                  names="_py2js_update")
+    full_runs = []
+    compute = d.compute
+
+    def spy(**kw):
+        if kw.get("all_policies", True):
+            full_runs.append(list(order))          # the figures sent before the numbers
+        return compute(**kw)
+
+    d.compute = spy
+    msgs = _sent(row)
+    old = [t.to_plotly_json() for t in d.last["make_figures"](("row",))["row"].data]
+    d.controls["k_scale"].value = 41
+    assert order == ["row", "wave"] and full_runs == [["row", "wave"]]
+    (msg,) = msgs
+    new = [t.to_plotly_json() for t in d.last["make_figures"](("row",))["row"].data]
+    # exactly the traces whose data differ are sent, and of them only what differs: a K
+    # move changes data, never a trace's name, colours or hover template
+    changed = [i for i, (a, b) in enumerate(zip(old, new)) if not widgets._same(a, b)]
+    assert msg["style_traces"] == changed and 0 < len(changed) < len(new)
+    assert set(msg["style_data"]) <= {"x", "y", "text"}
+    shown = [{k: v for k, v in t.to_plotly_json().items() if k != "uid"} for t in row.data]
+    assert all(widgets._same(a, b) for a, b in zip(shown, new))
+
+
+def test_dashboard_figure_takes_the_browsers_report_and_says_drawn():
+    """The browser reports after every redraw; a property reported element by element
+    (a typed array) must not raise (plotly's own handler does, on a numpy array), and the
+    report of the latest update runs what waits for it."""
+    w = widgets.DashboardFigure(go.Figure(go.Scatter(x=np.arange(3.0), y=np.arange(3.0))))
+    called = []
+    w.when_drawn(lambda: called.append("now"))     # nothing on its way: at once
+    assert called == ["now"]
+    widgets.assign_figure(w, go.Figure(go.Scatter(x=np.arange(4.0), y=np.arange(4.0))))
+    w.when_drawn(lambda: called.append("drawn"))
+    assert called == ["now"]
+    w._js2py_traceDeltas = {"trace_deltas": [{"x": {"0": 0, "1": 1}}],
+                            "trace_edit_id": w._last_trace_edit_id - 1}   # an older update
+    assert called == ["now"]
+    w._js2py_traceDeltas = {"trace_deltas": [{"x": {"0": 0, "1": 1}, "uid": w.data[0].uid}],
+                            "trace_edit_id": w._last_trace_edit_id}
+    assert called == ["now", "drawn"] and not w._trace_edit_in_process
+    np.testing.assert_array_equal(w.data[0].x, np.arange(4.0))    # the figure as sent
+
+
+def _browser_move(d, control, value):
+    """A move as ipywidgets applies one from the browser: under the property lock."""
+    w = d.controls[control]
+    with w._lock_property(value=value), w.hold_trait_notifications():
+        w.value = value
+
+
+def test_a_move_from_the_browser_waits_for_the_main_figure_drawn():
+    import asyncio
+
+    d = widgets.rescale_dashboard(S=512, H=H, k_scale=40, row=3)
+    row = d.figures["row"]
+
+    async def run():
+        _browser_move(d, "k_scale", 41)
+        assert d.last["partial"] and "computing" in d.summary.value     # the main figure only
+        assert d.last["params"]["k_scale"] == 41 and row._trace_edit_in_process
+        _browser_move(d, "k_scale", 42)            # a newer move before the browser drew
+        await asyncio.sleep(0)
+        assert d.last["partial"] and d.redraws == 0
+        # the browser reports the main figure drawn: the rest of the newest move follows
+        row._js2py_traceDeltas = {"trace_deltas": [], "trace_edit_id": row._last_trace_edit_id}
+        assert not d.last["partial"] and d.last["params"]["k_scale"] == 42
+        # one redraw finished: move 41's rest never ran
+        assert d.redraws == 1 and "K x42" in d.summary.value and "rel-L2" in d.summary.value
+        # no report at all (no browser showing it): the rest follows after DRAWN_WAIT_S
+        _browser_move(d, "k_scale", 43)
+        assert d.last["partial"]
+        await asyncio.sleep(widgets.DRAWN_WAIT_S + 0.2)
+        assert not d.last["partial"] and d.last["params"]["k_scale"] == 43 and d.redraws == 2
+        assert "redraw 2: main figure sent after" in d.summary.value
+
+    asyncio.run(run())
+    # a move set from Python (no running loop, no lock) redraws everything before returning
+    d.controls["k_scale"].value = 44
+    assert not d.last["partial"] and d.redraws == 3
+
+
+def test_the_collector_waits_while_the_main_figure_is_built():
+    import gc
+
+    d = widgets.rescale_dashboard(S=256, H=H, k_scale=20, row=0)
+    seen = []
+    compute = d.compute
+
+    def spy(**kw):
+        seen.append((kw.get("all_policies", True), gc.isenabled()))
+        return compute(**kw)
+
+    d.compute = spy
+    assert gc.isenabled()
+    d.controls["k_scale"].value = 21
+    assert seen == [(False, False), (True, True)] and gc.isenabled()
+
+
+def test_fp8_view_draws_its_figures_before_the_whole_output():
+    widgets.clear_cache()
+    base = dict(threshold=8.0, S=256, seed=0, row=5, H=H)
+    part = widgets.compute_fp8_view(5000.0, figures=("row",), all_policies=False, **base)
+    assert part["partial"] and part["stats"] is None and part["out"] is None
+    assert "computing" in part["summary"] and set(part["figures"]) == {"row"}
+    bad_rows = part["make_figures"](("nonfinite",))["nonfinite"]     # runs the output now
+    assert part["out"] is not None
+    full = widgets.compute_fp8_view(5000.0, figures=("row", "nonfinite"), **base)
+    assert not full["partial"] and full["stats"]["nan"] == int(torch.isnan(full["out"]).sum())
+    assert full["figures"]["row"] is part["figures"]["row"]           # the same traces
+    assert full["figures"]["nonfinite"] is bad_rows
+    # and the rescale view's map, asked for later, runs the policy's output then
+    v = widgets.compute_rescale_view(40, S=256, H=1, row=5, figures=("row",), all_policies=False)
+    assert v["out"] is None
+    v["make_figures"](("nonfinite",))
+    assert torch.equal(torch.isnan(v["out"]), torch.isnan(
+        flash_attn_func(*experiments.bf16_inputs(1, 256, 1, 128, 40), causal=False,
+                        rescale="lazy_unfixed")))
