@@ -277,6 +277,26 @@ def _tile_arg(tile, n_steps):
 
 # ---- bf16: the lazy rescale ------------------------------------------------------------
 
+def _finish_view(view: dict, tile, names, heat_value, run_policy, summary) -> dict:
+    """The shared tail of the bf16 and fp8 views: the step shown (``tile``, or the followed
+    row's own), the summary, and ``make_figures(which)``, which first runs the policy over
+    the whole input (``run_policy() -> (out, lse)``) when a partial view needs it."""
+    view["tile"] = _tile_arg(tile, view["trace"].n_steps)
+    if view["tile"] is None:
+        view["tile"] = _auto_tile(view["trace"], view["lane"])
+    view["params"]["tile"] = view["tile"]
+    view["summary"] = summary(view)
+
+    def make_figures(which):
+        if "nonfinite" in which and view["out"] is None:   # a partial view: run policy now
+            view["out"], view["lse"] = run_policy()
+        return _lane_figures(view, which, heat_value, view["tile"])
+
+    view["figures"] = make_figures(names)
+    view["make_figures"] = make_figures
+    return view
+
+
 def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False,
                          S=CPU_DEFAULTS["S"], seed=0, row=0, *, H=CPU_DEFAULTS["H"],
                          D=CPU_DEFAULTS["D"], head=0, n_waves=1, heat_value="deficit",
@@ -354,21 +374,8 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
 
     tr = traced(policy)
     view["trace"], view["trace_fix"] = tr, traced(fix_of(policy))
-    view["lane"] = lane = row - rows.start
-    view["tile"] = _tile_arg(tile, tr.n_steps)
-    if view["tile"] is None:
-        view["tile"] = _auto_tile(tr, lane)
-    view["params"]["tile"] = view["tile"]
-    view["summary"] = _rescale_summary(view)
-
-    def make_figures(which):
-        if "nonfinite" in which and view["out"] is None:   # a partial view: run policy now
-            view["out"], view["lse"] = run(policy)
-        return _lane_figures(view, which, heat_value, view["tile"])
-
-    view["figures"] = make_figures(names)
-    view["make_figures"] = make_figures
-    return view
+    view["lane"] = row - rows.start
+    return _finish_view(view, tile, names, heat_value, lambda: run(policy), _rescale_summary)
 
 
 def _stats_html(stats: pd.DataFrame, highlight: str, columns) -> str:
@@ -499,20 +506,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
         "policy": tr.policy, "stats": stats, "out": out, "lse": lse, "trace": tr,
         "trace_fix": traced(fix_of(policy)), "lane": lane, "partial": stats is None,
     }
-    view["tile"] = _tile_arg(tile, tr.n_steps)
-    if view["tile"] is None:
-        view["tile"] = _auto_tile(tr, lane)
-    view["params"]["tile"] = view["tile"]
-    view["summary"] = _fp8_summary(view)
-
-    def make_figures(which):
-        if "nonfinite" in which and view["out"] is None:   # a partial view: run policy now
-            view["out"], view["lse"] = run_policy()
-        return _lane_figures(view, which, heat_value, view["tile"])
-
-    view["figures"] = make_figures(names)
-    view["make_figures"] = make_figures
-    return view
+    return _finish_view(view, tile, names, heat_value, run_policy, _fp8_summary)
 
 
 def _fp8_summary(view) -> str:
