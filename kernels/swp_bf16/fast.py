@@ -32,6 +32,11 @@ row sum is that large); only a block where some row sum is that large recomputes
 scores, decides exactly and redoes P. Both variants take the same decisions (tested); the
 filter is the autotuned default.
 
+On a Hopper GPU at head dim 128, dense calls go to the Gluon kernel (module ``hopper``:
+FlashAttention-3's warp-specialised schedule, the same semantics, 128-row blocks); a
+pinned ``Config`` keeps the Triton kernel and a ``HopperConfig`` pins the Gluon one. At
+head dim 64 the Triton kernel stays the default: there it is the faster of the two.
+
 Split-K (``num_kv_splits``, module ``splitk``) and packed batches (``forward_varlen``,
 module ``varlen``) are kernels of their own built from the same device pieces, which live
 in ``_triton.fast``: ``walk`` (a query block's walk over a KV column range, whose first
@@ -50,7 +55,8 @@ from fa_lab.policies import Policy
 
 from .._triton import fast as common
 from .._triton.fast import Config, load_q, lse, normalise, program_rows, walk
-from . import splitk
+from . import hopper, splitk
+from .hopper import HopperConfig
 from .varlen import forward_varlen as _forward_varlen
 
 KERNEL = "fast_bf16"
@@ -103,17 +109,21 @@ def _attn_fwd(Q, K, V, Out, Lse, desc_k, desc_v,
     tl.store(Lse + (b * H + h).to(tl.int64) * seqlen_q + rows, lse(l, m), mask=row_ok)
 
 
+#: Which kernel served the last untuned call, per lazy flag ("triton" or "gluon").
+_LAST_ENGINE = {False: "triton", True: "triton"}
 _TUNED = common.autotuners(_attn_fwd, CONFIGS, ["seqlen_q", "seqlen_kv", "H", "GROUP", "D", "CAUSAL"],
                            common.set_block_shapes, row_sum_filters=(True,))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-            policy: Policy, interpret: bool = False, config: Config | None = None,
+            policy: Policy, interpret: bool = False, config: Config | HopperConfig | None = None,
             num_kv_splits: int = 1):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (D 64 or 128).
 
     ``interpret=True`` runs CPU tensors through Triton's interpreter. ``config`` pins a
-    launch configuration (default: autotuned on the GPU, small tiles when interpreted).
+    launch configuration: a ``Config`` for the Triton kernel, a ``HopperConfig`` for the
+    Gluon kernel (default: the Gluon kernel, tuned, for dense D128 calls on a Hopper GPU;
+    otherwise the Triton kernel, autotuned on the GPU, small tiles when interpreted).
     ``num_kv_splits`` > 1 runs split-K (``splitk``): the model's split boundaries,
     one program per (query block, batch x head, split), then a combine kernel; 1 is the
     plain kernel, as in the model.
@@ -124,10 +134,24 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     check_policy(policy, "swp_bf16", "fast")
     common.check_device(q, interpret)
+    if isinstance(config, HopperConfig):
+        if interpret:
+            raise ValueError("a HopperConfig runs the Gluon kernel, which has no interpreter; "
+                             "pass a Config (or none) with interpret=True")
+        common.check_splits(num_kv_splits, None)
+        if num_kv_splits > 1:
+            raise ValueError("split-K runs on the Triton kernel: pass a Config (or none) with "
+                             f"num_kv_splits={num_kv_splits}")
+        return hopper.forward(q, k, v, causal=causal, policy=policy, config=config)
     config = common.check_config(config, fp8=False)
     common.check_splits(num_kv_splits, config)
     if config is None and interpret:
         config = INTERPRET_CONFIG
+    if config is None and num_kv_splits == 1 and q.shape[-1] == 128 and hopper.available():
+        _LAST_ENGINE[policy.lazy] = "gluon"
+        return hopper.forward(q, k, v, causal=causal, policy=policy)
+    if config is None:
+        _LAST_ENGINE[policy.lazy] = "triton"
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if num_kv_splits > 1:
@@ -157,11 +181,16 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
 
 
 def best_config(q, k, causal: bool, lazy: bool):
-    """The autotuner's pick for these shapes (after a forward ran), or None."""
+    """The tuned pick for these shapes (after a forward ran): the Gluon kernel's where it
+    served them, else the Triton autotuner's, or None."""
     B, Sq, H, D = q.shape
-    return common.tuned_config(_TUNED[lazy], (Sq, k.shape[1], H, H // k.shape[2], D, causal))
+    return (hopper.best_config(q, k, causal, lazy)
+            or common.tuned_config(_TUNED[lazy], (Sq, k.shape[1], H, H // k.shape[2], D, causal)))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
-    """The autotuner's measurements at its last new key (for the benchmark's record)."""
+    """The measurements behind the last untuned call's pick (for the benchmark's record):
+    the Gluon kernel's configs where it served that call, else the Triton autotuner's."""
+    if _LAST_ENGINE[lazy] == "gluon":
+        return hopper.last_timings(lazy)
     return common.tuning_timings(_TUNED[lazy], lazy)

@@ -1,0 +1,137 @@
+"""The Gluon Hopper kernel (fa_lab.kernels.swp_bf16.hopper).
+
+On CPU: it compiles for sm_90 with the installed Triton (no GPU needed: Gluon has no
+interpreter, so this is what CI can check) into warp-specialised code that uses wgmma,
+TMA and mbarriers; its configurations and entry points refuse bad input. On a Hopper GPU
+(marked ``gpu``): agreement with the fp32 reference for every policy, tiling and grid
+(a persistent grid on a few programs walks many work items through one ring), and the same
+NaN rows as the Triton kernel at the same tiling under the unfixed rebase.
+"""
+
+import re
+
+import pytest
+import torch
+import triton
+
+from _shared import check_against_reference
+from fa_lab import policies
+from fa_lab.kernels._triton.fast import Config
+from fa_lab.kernels.swp_bf16 import fast, hopper
+from fa_lab.kernels.swp_bf16.hopper import HopperConfig
+
+BF16 = torch.bfloat16
+
+
+def pol(name, **kw):
+    return policies.resolve(fp8=False, seqlen_kv=1, rescale=name, **kw)
+
+
+def compile_sm90(causal: bool, lazy: bool, head_dim: int, config=HopperConfig()):
+    """PTX of ``_attn_fwd`` compiled for sm_90 without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    q = torch.empty(1, 256, 2, head_dim, dtype=BF16)
+    _, args, meta, _, _ = hopper.launch_args(q, q, q, causal, pol("lazy" if lazy else "eager"),
+                                             config, num_sms=132)
+    fn = hopper._attn_fwd
+    ints = {n if isinstance(n, str) else fn.arg_names[n] for n in fn.do_not_specialize}
+    sig = {n: ("i32" if n in ints else mangle_type(a)) for n, a in zip(fn.arg_names, args)}
+    sig.update({n: "constexpr" for n in meta})
+    src = GluonASTSource(fn, sig, dict(meta))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+
+
+@pytest.mark.parametrize("causal, lazy, head_dim", [(False, True, 128), (True, False, 64)])
+def test_compiles_for_sm90_into_a_warp_specialised_wgmma_kernel(causal, lazy, head_dim):
+    ptx = compile_sm90(causal, lazy, head_dim)
+    assert "wgmma.mma_async" in ptx            # tensor cores through wgmma
+    assert "cp.async.bulk.tensor" in ptx       # TMA loads
+    assert "mbarrier.try_wait" in ptx          # the ring's barriers
+    assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx  # loader gives registers away
+    # two consumer warpgroups and a loader warp (newer Triton pads the loader's group)
+    assert int(re.search(r"\.reqntid (\d+)", ptx).group(1)) in (288, 384)
+
+
+@pytest.mark.parametrize("config, exc, words", [
+    (HopperConfig(block_n=96), ValueError, "block_n must be 64 or 128"),
+    (HopperConfig(stages=1), ValueError, "stages must be an int in 2..4"),
+    (HopperConfig(stages=True), ValueError, "stages must be an int"),
+    (HopperConfig(pingpong=1), TypeError, "pingpong must be a bool"),
+    (HopperConfig(persistent="yes"), TypeError, "persistent must be a bool"),
+])
+def test_hopper_config_refuses_bad_fields(config, exc, words):
+    with pytest.raises(exc, match=words):
+        config.check()
+
+
+def test_entry_points_refuse_what_they_cannot_run():
+    q = torch.zeros(1, 64, 2, 128, dtype=BF16)
+    ok = dict(causal=False, policy=pol("lazy"))
+    with pytest.raises(TypeError, match="config must be a HopperConfig"):
+        hopper.forward(q, q, q, **ok, config=Config(128, 64, 8, 2, False))
+    with pytest.raises(ValueError, match="Hopper GPU"):
+        hopper.forward(q, q, q, **ok)  # CPU tensors (and, here, no GPU)
+    with pytest.raises(ValueError, match="no interpreter"):
+        fast.forward(q, q, q, **ok, interpret=True, config=HopperConfig())
+    with pytest.raises(ValueError, match="rebase='capped'"):
+        hopper.forward(q, q, q, causal=False, policy=pol("lazy_capped"))
+    with pytest.raises(ValueError, match="block_n must be 64 or 128"):
+        hopper.forward(q, q, q, **ok, config=HopperConfig(block_n=32))
+
+
+# ---- on a Hopper GPU -------------------------------------------------------------------
+
+GPU_CASES = [  # (B, Sq, Skv, H, Hkv, D, causal)
+    (2, 300, 517, 4, 2, 128, True),    # Skv > Sq, ragged tiles, GQA
+    (2, 517, 300, 4, 1, 64, True),     # Sq > Skv: top rows see no key (0, -inf), MQA
+    (1, 1000, 1000, 2, 2, 128, False),
+]
+GPU_CONFIGS = [(HopperConfig(128, 2, True, False), 0), (HopperConfig(128, 2, False, True), 3),
+               (HopperConfig(64, 3, True, True), 5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config, sms", GPU_CONFIGS, ids=lambda c: getattr(c, "describe", str)(c))
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("policy", ["eager", "lazy", "lazy_unfixed"])
+def test_gpu_matches_reference(gen, policy, case, config, sms):
+    B, Sq, Skv, H, Hkv, D, causal = case
+    q = torch.randn(B, Sq, H, D, generator=gen).to(BF16).cuda()
+    k = torch.randn(B, Skv, Hkv, D, generator=gen).to(BF16).cuda()
+    v = torch.randn(B, Skv, Hkv, D, generator=gen).to(BF16).cuda()
+    # sms > 0: a persistent grid of that many programs, each walking many work items
+    grid, args, meta, out, lse = hopper.launch_args(q, k, v, causal, pol(policy), config, sms)
+    hopper._attn_fwd[grid](*args, **meta, num_warps=4)
+    check_against_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("k_scale", [32, 64])
+def test_gpu_same_nan_rows_as_the_triton_kernel_at_the_same_tiling(k_scale, causal):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2048, 8, 128, generator=g).to(BF16).cuda()
+    k = (torch.randn(2, 2048, 8, 128, generator=g) * k_scale).to(BF16).cuda()
+    v = torch.randn(2, 2048, 8, 128, generator=g).to(BF16).cuda()
+    for block_n in (64, 128):
+        bad = [~torch.isfinite(fast.forward(q, k, v, causal=causal, policy=pol("lazy_unfixed"),
+                                            config=c)[0].float()).all(-1)
+               for c in (HopperConfig(block_n, 2, True, True), Config(128, block_n, 8, 2, True))]
+        assert bad[0].any() and torch.equal(bad[0], bad[1])
+    fixed, _ = fast.forward(q, k, v, causal=causal, policy=pol("lazy"), config=HopperConfig())
+    assert torch.isfinite(fixed.float()).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fast_forward_picks_gluon_at_d128_and_triton_at_d64(gen):
+    if not hopper.available():
+        pytest.skip("needs a Hopper GPU")
+    for D, kind in ((128, HopperConfig), (64, Config)):
+        q = torch.randn(1, 512, 4, D, generator=gen).to(BF16).cuda()
+        out, lse = fast.forward(q, q, q, causal=True, policy=pol("lazy"))
+        assert isinstance(fast.best_config(q, q, True, True), kind)
+        assert fast.tuning_timings(True)  # the pick's measurements are on record
+        check_against_reference(out, lse, q, q, q, True)
