@@ -1,0 +1,68 @@
+"""What the O rescale and the lazy vote cost in the Gluon Hopper kernel: eager, lazy,
+lazy with a vote that never fires (threshold 1e6: the vote's cost alone) and a bound
+that neither votes nor rescales (the kernel's source with eager's rescale switched off:
+wrong numbers, the fastest any lazy policy could be), at the same pinned launch,
+interleaved rounds, at the D128 shapes of the dense suite. Writes $OUT/hopper_rescale_cost.json
+(data/results/hopper_rescale_cost_h200.json)."""
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+
+import torch
+from triton.testing import do_bench
+
+from fa_lab import bench, policies
+from fa_lab.kernels.swp_bf16 import hopper
+from fa_lab.kernels.swp_bf16.hopper import HopperConfig
+
+
+def bound_module():
+    """hopper.py with eager's O and l rescale removed (a timing bound only)."""
+    src = open(hopper.__file__).read()
+    marker = "            rescale = True\n"
+    if src.count(marker) != 1:
+        raise RuntimeError("hopper.py changed: eager's rescale switch is not where expected")
+    src = src.replace(marker, "            rescale = False\n").replace(
+        "from .._triton import fast as common", "from fa_lab.kernels._triton import fast as common")
+    path = os.path.join(tempfile.mkdtemp(), "hopper_bound.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location("hopper_bound", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["hopper_bound"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ROUNDS = 5
+bound = bound_module()
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+out = {"rounds": ROUNDS, "rows": []}
+for shp in (s for s in bench.SHAPES if s.D == 128):
+    inp = bench._inputs(shp, "cuda", 0)
+    pol = {n: policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale=r, **kw) for n, r, kw in
+           (("eager", "eager", {}), ("lazy", "lazy", {}), ("lazy_never", "lazy", {"rescale_threshold": 1e6}))}
+    for cfg in (HopperConfig(128, 2, True, True), HopperConfig(128, 2, False, False)):
+        def run_bound(cfg=cfg):
+            grid, args, meta, o, lse = bound.launch_args(inp.q, inp.k, inp.v, shp.causal, pol["eager"],
+                                                         bound.HopperConfig(**vars(cfg)), sms)
+            bound._attn_fwd[grid](*args, **meta, num_warps=4)
+        fns = {n: (lambda p=p, cfg=cfg: hopper.forward(inp.q, inp.k, inp.v, causal=shp.causal,
+                                                       policy=p, config=cfg)) for n, p in pol.items()}
+        fns["no_rescale_bound"] = run_bound
+        for f in fns.values():
+            f()
+        times = {n: [] for n in fns}
+        for rnd in range(ROUNDS):
+            names = list(fns)[rnd % len(fns):] + list(fns)[:rnd % len(fns)]  # rotate the order
+            for n in names:
+                times[n].append(do_bench(fns[n], warmup=10, rep=60, return_mode="median"))
+        r = {"shape": shp.name, "config": cfg.describe(), "ms": times,
+             "eager_over": {n: [e / t for e, t in zip(times["eager"], times[n])] for n in times}}
+        med = {n: sorted(v)[ROUNDS // 2] for n, v in r["eager_over"].items()}
+        print(shp.name, r["config"], {n: round(x, 3) for n, x in med.items()}, flush=True)
+        out["rows"].append(r)
+        with open(os.path.join(os.environ["OUT"], "hopper_rescale_cost.json"), "w") as f:
+            json.dump(out, f, indent=1)
