@@ -68,10 +68,10 @@ def test_hopper_config_refuses_bad_fields(config, exc, words):
 
 
 def test_hopper_config_refuses_a_ring_larger_than_shared_memory():
-    HopperConfig(128, 2).check(128)
+    HopperConfig(128, 3).check(128)
     HopperConfig(128, 4).check(64)
-    with pytest.raises(ValueError, match=r"stages=3\) needs 263168 bytes"):
-        HopperConfig(128, 3).check(128)
+    with pytest.raises(ValueError, match=r"stages=4\) needs 295936 bytes"):
+        HopperConfig(128, 4).check(128)
 
 
 def test_entry_points_refuse_what_they_cannot_run():

@@ -201,7 +201,7 @@ if gluon is not None:
         return acc, l, m, p
 
     @gluon.jit
-    def _consumer(wg, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+    def _consumer(wg, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                   v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv, scale_log2,
                   threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
@@ -265,9 +265,6 @@ if gluon is not None:
                                      D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
 
-            # Q's last product is done: the loader may bring the next item's Q.
-            mbarrier.arrive(q_empty.index(wg))
-
             # The last tile's PV.
             g = it + n_tiles - 1
             v_last = v_smem.index(g % STAGES).reshape([BLOCK_N, D])
@@ -277,22 +274,20 @@ if gluon is not None:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(g % STAGES))
 
-            # out = round(O / l) (0 where l = 0) through shared memory and TMA, which clips
-            # rows past Sq; the store runs on while the next item starts (its slot is
-            # reused only once the store has read it). lse = m ln2 + ln l (-inf where l = 0).
+            # out = round(O / l) (0 where l = 0) through Q's slot and TMA, which clips rows
+            # past Sq; lse = m ln2 + ln l (-inf where l = 0). The slot goes back to the
+            # loader once the store has read it.
             inv = gl.where(l > 0, 1.0 / l, 0.0)
-            out = (acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]).to(q.dtype)
-            o = o_smem.index(wg)
-            tma.store_wait(0)
-            o.reshape([64, D]).store(out)
+            q.store((acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]).to(q.dtype))
             fence_async_shared()
             _sync_partition()
-            _tma_store(o_desc, [b, m0 + wg * 64, h * D], o)
+            _tma_store(o_desc, [b, m0 + wg * 64, h * D], q_smem.index(wg))
             lse = gl.where(l == 0, float("-inf"), m * 0.6931471805599453 + gl.log(l))
             gl.store(Lse + (b * H + h).to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(wg))
             it += n_tiles
             j += 1
-        tma.store_wait(0)
 
     @gluon.jit(do_not_specialize=["BH", "H", "GROUP", "seqlen_q", "seqlen_kv", "rebase"])
     def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, BH, H, GROUP, seqlen_q, seqlen_kv, scale_log2,
@@ -304,7 +299,6 @@ if gluon is not None:
         n_m = gl.cdiv(seqlen_q, 128)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2] + o_desc.block_type.shape, o_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
@@ -327,11 +321,11 @@ if gluon is not None:
             mbarrier.init(v_empty.index(i), count=2)
 
         gl.warp_specialize([
-            (_consumer, (0, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
                          scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
                          PINGPONG)),
-            (_consumer, (1, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
                          scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
                          PINGPONG)),
@@ -366,9 +360,9 @@ class HopperConfig:
                 f"{' pingpong' if self.pingpong else ''}{' persistent' if self.persistent else ''}")
 
     def shared_bytes(self, head_dim: int) -> int:
-        """Shared memory a program needs: Q and O staging for both warpgroups and the K
-        and V ring (bf16/f16), plus a little for the barriers."""
-        return 2 * 2 * WG_ROWS * head_dim * 2 + 2 * self.stages * self.block_n * head_dim * 2 + 1024
+        """Shared memory a program needs: Q (which also stages O) for both warpgroups and
+        the K and V ring (bf16/f16), plus a little for the barriers."""
+        return 2 * WG_ROWS * head_dim * 2 + 2 * self.stages * self.block_n * head_dim * 2 + 1024
 
     def check(self, head_dim: int | None = None) -> "HopperConfig":
         """Refuse bad fields (naming them) and, given a head dim, a ring too large for
