@@ -2,7 +2,7 @@
 
 An implementation is ``"model"`` (fa_lab/models, the definition), ``"faithful"`` (the Triton
 ports that keep the model's schedule, compiled or interpreted) or ``"fast"`` (Triton
-kernels with their own tiling and the same policy semantics). ``fa_lab.dispatch`` reads
+kernels, and on Hopper a Gluon kernel, with their own tiling and the same policy semantics). ``fa_lab.dispatch`` reads
 this table to route and refuse calls; the Triton kernels read it to refuse a policy a
 direct caller hands them (``check_policy``), so the two can never disagree.
 """

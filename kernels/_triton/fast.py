@@ -275,9 +275,9 @@ def check_config(config, fp8: bool):
 BF16_HEAD_DIMS = (64, 128)
 BF16_DTYPES = (torch.bfloat16, torch.float16)
 FP32_MAX = 3.4028234663852886e38
-#: The autotuner's list (Hopper) for the fast bf16/f16 kernels; its picks are recorded in
-#: data/results/bench_h200.json (autotune_timings), the pinned timings behind the list in
-#: data/results/bench_configs_h200.json. A deeper pipeline (4 stages) suits long D128
+#: The autotuner's list (Hopper) for the fast bf16/f16 Triton kernels; its picks are
+#: recorded in data/results/bench_h200_triton.json (autotune_timings; D64 also in
+#: bench_h200.json), the pinned timings behind the list in bench_configs_h200.json. A deeper pipeline (4 stages) suits long D128
 #: walks; 4 warps over 128 rows suits D64, where the accumulator is half as large (at
 #: D128 it spills). Lazy tunes with the row-sum filter only; Config(row_sum_filter=False)
 #: still selects the plain fast path.
