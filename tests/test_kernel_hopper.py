@@ -67,6 +67,25 @@ def test_hopper_config_refuses_bad_fields(config, exc, words):
         config.check()
 
 
+def test_launch_args_refuse_a_float_tile_and_an_empty_persistent_grid():
+    q = torch.zeros(1, 64, 2, 128, dtype=BF16)
+    with pytest.raises(ValueError, match=r"block_n must be 64 or 128 \(an int\), got 128.0"):
+        hopper.launch_args(q, q, q, False, pol("lazy"), HopperConfig(block_n=128.0), num_sms=4)
+    with pytest.raises(ValueError, match="persistent HopperConfig needs num_sms >= 1"):
+        hopper.launch_args(q, q, q, False, pol("lazy"), HopperConfig(persistent=True))
+
+
+def test_tma_inputs_are_aligned_and_their_descriptors_take_strides_from_the_shape():
+    flat = torch.arange(1 + 64 * 2 * 128, dtype=torch.float32).to(BF16)
+    q = flat[1:].view(1, 64, 2, 128)            # contiguous, 2 bytes off a 16-byte boundary
+    assert q.is_contiguous() and q.data_ptr() % 16 == 2
+    ready = hopper._tma_ready(q)
+    assert ready.data_ptr() % 16 == 0 and torch.equal(ready, q)
+    odd = torch.zeros(64 * 256, dtype=BF16).as_strided((1, 64, 256), (7, 256, 1))
+    assert odd.is_contiguous()                  # a size-1 dimension may carry any stride
+    assert list(hopper._descriptor(odd, 64, 128).strides) == [64 * 256, 256, 1]
+
+
 def test_hopper_config_refuses_a_ring_larger_than_shared_memory():
     HopperConfig(128, 3).check(128)
     HopperConfig(128, 4).check(64)

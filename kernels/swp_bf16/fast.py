@@ -147,7 +147,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     common.check_splits(num_kv_splits, config)
     if config is None and interpret:
         config = INTERPRET_CONFIG
-    if config is None and num_kv_splits == 1 and q.shape[-1] == 128 and hopper.available():
+    if config is None and num_kv_splits == 1 and q.shape[-1] == 128 and hopper.available(q.device):
         _LAST_ENGINE[policy.lazy] = "gluon"
         return hopper.forward(q, k, v, causal=causal, policy=policy)
     if config is None:

@@ -12,7 +12,11 @@ The schedule is FlashAttention-3's, expressed with Triton's Gluon dialect:
   product is still in flight; O is rescaled only after it has landed.
 - With ``PINGPONG`` the two consumers take turns at the tensor cores: a consumer issues
   its two GEMMs of a step only after the other consumer issued its own, so the softmax of
-  one warpgroup overlaps the GEMMs of the other.
+  one warpgroup overlaps the GEMMs of the other (a work item's first S product and last
+  PV product run outside the turns).
+- With a persistent grid, each program walks several work items; the loader brings an
+  item's Q once both consumers handed the previous one back (after its O, staged in Q's
+  slot, was stored), so K and V of the next item wait for that too.
 
 What it keeps from the policy semantics is what ``fast`` keeps (Q pre-scaled into log2
 units and rounded once, per-32-row-wave votes, the fixed or unfixed rebase, P rounded
@@ -47,8 +51,8 @@ try:  # Gluon (triton.experimental.gluon): Triton >= 3.5
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-    # Names that changed after Triton 3.6 (the device's), under either version:
-    # a barrier over the calling partition's warps, and the TMA load and store.
+    # Gluon spells these two ways across the Triton versions the project meets: a
+    # barrier over the calling partition's warps, and the TMA load and store.
     _sync_partition = getattr(gl, "thread_barrier", None) or gl.barrier
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
@@ -67,13 +71,16 @@ WG_ROWS = 64
 SHARED_BYTES = 232448
 
 
-def available() -> bool:
-    """True where this kernel can run: Gluon imports and the current GPU is a Hopper."""
+def available(device=None) -> bool:
+    """True where this kernel can run: Gluon imports and ``device`` (default: the current
+    CUDA device) is a Hopper GPU."""
     return (gluon is not None and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] == 9)
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 if gluon is not None:
+
+    _BLOCK_M = gl.constexpr(BLOCK_M)
 
     @gluon.jit
     def _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -85,12 +92,12 @@ if gluon is not None:
         pid_m = t % n_m
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-        m0 = pid_m * 128
+        m0 = pid_m * _BLOCK_M
         diag = seqlen_kv - seqlen_q
         n_tiles = gl.cdiv(seqlen_kv, BLOCK_N)
         n_full = seqlen_kv // BLOCK_N
         if CAUSAL:
-            last = m0 + 127 + diag  # last visible column of the block's bottom row
+            last = m0 + _BLOCK_M - 1 + diag  # last visible column of the block's bottom row
             n_tiles = gl.minimum(n_tiles, gl.where(last >= 0, last // BLOCK_N + 1, 0))
             first = m0 + diag + 1  # columns visible to the block's top row
             n_full = gl.minimum(n_full, gl.where(first >= 0, first // BLOCK_N, 0))
@@ -208,7 +215,9 @@ if gluon is not None:
                   PINGPONG: gl.constexpr):
         """One warpgroup: rows m0 + 64 wg .. of each work item; the whole KV walk, then O
         and lse. ``it`` runs on with the loader's; ``step`` counts the turns (consumer 0
-        takes the first: consumer 1 hands it over once, at the start)."""
+        takes the first: consumer 1 hands it over once, at the start). The turns stay
+        paired across work items because both consumers walk the same tiles (a causal
+        block's bounds are the whole block's): n_tiles - 1 turns each per item."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -296,7 +305,7 @@ if gluon is not None:
                   PINGPONG: gl.constexpr):
         """Program p takes work items p, p + programs, .. of the (B x H) x query-block
         items: one each when the grid covers them all, several when it is persistent."""
-        n_m = gl.cdiv(seqlen_q, 128)
+        n_m = gl.cdiv(seqlen_q, _BLOCK_M)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
@@ -320,6 +329,9 @@ if gluon is not None:
             mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
             mbarrier.init(v_empty.index(i), count=2)
 
+        # Partitions: consumer 0 runs in the kernel's own 4 warps (the default partition),
+        # consumer 1 in 4 more, the loader in 1; the loader gives its registers up (24) so
+        # that each consumer thread can hold O, S and P (240).
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
@@ -336,11 +348,14 @@ if gluon is not None:
 
 
 def _descriptor(t3d: torch.Tensor, rows: int, head_dim: int):
-    """A rank-3 TMA descriptor over [B, S, heads x D] with [1, rows, D] tiles (zeros past S)."""
+    """A rank-3 TMA descriptor over a contiguous [B, S, heads x D] with [1, rows, D] tiles
+    (zeros past S). The strides come from the shape: a contiguous tensor's size-1
+    dimensions may carry any stride, which TMA would refuse."""
     dtype = gl.bfloat16 if t3d.dtype == torch.bfloat16 else gl.float16
     block = [1, rows, head_dim]
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return GluonDescriptor(t3d, list(t3d.shape), list(t3d.stride()), block, layout)
+    B, S, W = t3d.shape
+    return GluonDescriptor(t3d, [B, S, W], [S * W, W, 1], block, layout)
 
 
 @dataclass(frozen=True)
@@ -356,6 +371,7 @@ class HopperConfig:
     persistent: bool = False
 
     def describe(self, lazy: bool = True) -> str:
+        """Short text for tables (``lazy`` is unused: the signature of ``Config.describe``)."""
         return (f"gluon BM{BLOCK_M} BN{self.block_n} s{self.stages}"
                 f"{' pingpong' if self.pingpong else ''}{' persistent' if self.persistent else ''}")
 
@@ -367,8 +383,8 @@ class HopperConfig:
     def check(self, head_dim: int | None = None) -> "HopperConfig":
         """Refuse bad fields (naming them) and, given a head dim, a ring too large for
         a Hopper multiprocessor's shared memory."""
-        if self.block_n not in (64, 128):
-            raise ValueError(f"HopperConfig.block_n must be 64 or 128, got {self.block_n}")
+        if type(self.block_n) is not int or self.block_n not in (64, 128):
+            raise ValueError(f"HopperConfig.block_n must be 64 or 128 (an int), got {self.block_n!r}")
         if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 2 <= self.stages <= 4:
             raise ValueError(f"HopperConfig.stages must be an int in 2..4, got {self.stages!r}")
         for name in ("pingpong", "persistent"):
@@ -392,10 +408,13 @@ _LAST_KEY: dict[bool, tuple] = {}  # per lazy flag: the last key tuned
 
 def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num_sms: int = 0):
     """(grid, args, meta, out, lse) for ``_attn_fwd`` on contiguous [B, S, H, D] tensors
-    (``num_sms``: the persistent grid's size; unused otherwise)."""
+    whose data start on 16 bytes (TMA); ``num_sms``: the persistent grid's size."""
+    config.check(q.shape[-1])
+    if config.persistent and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+        raise ValueError(f"a persistent HopperConfig needs num_sms >= 1 (the grid), got {num_sms!r}")
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
     descs = (_descriptor(q.view(B, Sq, H * D), WG_ROWS, D),
              _descriptor(k.view(B, Skv, Hkv * D), config.block_n, D),
@@ -413,13 +432,22 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
 def _launch(q, k, v, causal, policy, config):
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     grid, args, meta, out, lse = launch_args(q, k, v, causal, policy, config, num_sms)
-    _attn_fwd[grid](*args, **meta, num_warps=4)
+    with torch.cuda.device(q.device):
+        _attn_fwd[grid](*args, **meta, num_warps=4)  # 4: the default partition, consumer 0
     return out, lse
 
 
+def _tma_ready(x: torch.Tensor) -> torch.Tensor:
+    """Contiguous, starting on 16 bytes (TMA's alignment): a copy where needed."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
 def _key(q, k, causal, lazy):
+    """What the pick depends on: the shapes (B too: the work items against the GPU's
+    multiprocessors decide whether a persistent grid pays), the flags and the device."""
     B, Sq, H, D = q.shape
-    return (Sq, k.shape[1], H, H // k.shape[2], D, causal, lazy, q.dtype)
+    return (B, Sq, k.shape[1], H, H // k.shape[2], D, causal, lazy, q.dtype, q.device)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, policy: Policy,
@@ -435,11 +463,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
         if not isinstance(config, HopperConfig):
             raise TypeError(f"config must be a HopperConfig, got {type(config).__name__}")
         config.check(q.shape[-1])
-    if q.device.type != "cuda" or not available():
+    if q.device.type != "cuda" or not available(q.device):
         raise ValueError("the Gluon kernel runs on a Hopper GPU (sm_90) with CUDA tensors; "
                          f"got tensors on {q.device}" + ("" if gluon is not None else
                                                          ", and this triton has no Gluon"))
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = (_tma_ready(x) for x in (q, k, v))
     if config is None:
         key = _key(q, k, causal, policy.lazy)
         if key not in _TUNED:
