@@ -361,6 +361,18 @@ class _Kernel:
             vv = torch.nn.functional.pad(vv, (0, 0, 0, pad))
         return kk, vv
 
+    def _replay_start(self, b, h, rows, N, walk):
+        """A replay's inputs and empty state: the candidates' scores over N tiles, V, the
+        walk's bases and factors, O and l at 0 and no first bad step yet (-1)."""
+        rows = rows.to(self.dev)
+        hk = h // (self.H // self.Hkv)
+        s = self.scores(b, h, hk, rows, N)
+        _, vv = self._kv(b, hk, N * BLOCK_N)
+        R = rows.numel()
+        return (s, vv, walk["m"], walk["corr"], torch.zeros(R, self.D, device=s.device),
+                torch.zeros(R, device=s.device),
+                torch.full((R,), -1, dtype=torch.int64, device=s.device))
+
     def masked(self, rows, n_cols, s):
         return s.masked_fill(masked_columns(rows, 0, self.Sq, self.Skv, self.causal, n_cols), -_INF)
 
@@ -542,15 +554,7 @@ class _Bf16(_Kernel):
         Returns per-element non-finite and NaN flags and each row's first bad step."""
         from .numerics import exact_dot, guarded_rcp
 
-        rows = rows.to(self.dev)
-        hk = h // (self.H // self.Hkv)
-        s = self.scores(b, h, hk, rows, N)
-        _, vv = self._kv(b, hk, N * BLOCK_N)
-        m, corr = walk["m"], walk["corr"]
-        R = rows.numel()
-        O = torch.zeros(R, self.D, device=s.device)
-        l = torch.zeros(R, device=s.device)
-        first = torch.full((R,), -1, dtype=torch.int64, device=s.device)
+        s, vv, m, corr, O, l, first = self._replay_start(b, h, rows, N, walk)
 
         def tile(t):
             return s[:, t * BLOCK_N:(t + 1) * BLOCK_N]
@@ -668,15 +672,7 @@ class _Fp8(_Kernel):
         """The candidates' pairs with their known bases and factors: §3.2 exactly."""
         from .numerics import bf16, guarded_rcp
 
-        rows = rows.to(self.dev)
-        hk = h // (self.H // self.Hkv)
-        s = self.scores(b, h, hk, rows, N)
-        _, vv = self._kv(b, hk, N * BLOCK_N)
-        m, corr = walk["m"], walk["corr"]
-        R = rows.numel()
-        O = torch.zeros(R, self.D, device=s.device)
-        l = torch.zeros(R, device=s.device)
-        first = torch.full((R,), -1, dtype=torch.int64, device=s.device)
+        s, vv, m, corr, O, l, first = self._replay_start(b, h, rows, N, walk)
         for p in range(N // 2):
             O = O * corr[:, p:p + 1]
             l = l * corr[:, p]
