@@ -846,7 +846,10 @@ def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch,
         for fut, result in as_completed([f for f, _ in futures.values()], with_results=True,
                                         raise_errors=False):
             _, p = futures.pop(fut.key)
-            if fut.status != "finished":  # raise_errors=False hands an error over as exc_info
+            # A point's row is a dict; raise_errors=False hands an error over as exc_info
+            # (or the exception). The future's status is no test: a worker killed after its
+            # result was fetched turns a finished future back to pending.
+            if not isinstance(result, dict):
                 exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
                 failures[p["point_id"]] = f"{_describe(p)} k_scale={p['k_scale']} " \
                                           f"seed={p['seed']}: {type(exc).__name__}: {exc}"

@@ -225,6 +225,26 @@ def test_200_point_grid_survives_a_killed_worker(client, tmp_path, one_thread):
 
 # ---- (c) a whole sweep killed midway; the rerun computes only what is missing -----------
 
+def test_a_point_that_raises_is_reported_and_retried(client, tmp_path, monkeypatch):
+    grid = sweep.Grid({"policy": ["lazy"], "k_scale": [4, 8, 16], "S": [256], "H": [1], "D": [64]})
+    real = sweep.compute_point
+
+    def flaky(point, **kw):  # shipped to the workers by value
+        if point["k_scale"] == 8:
+            raise ValueError("k_scale 8 breaks")
+        return real(point, **kw)
+
+    monkeypatch.setattr(sweep, "compute_point", flaky)
+    with pytest.raises(sweep.SweepError, match=r"(?s)1 point.*ValueError: k_scale 8 breaks") as info:
+        sweep.run(grid, client=client, out=tmp_path, name="flaky", progress=False)
+    assert len(info.value.failures) == 1
+    assert sorted(info.value.table.k_scale) == [4, 16]   # the others' rows were written
+    monkeypatch.setattr(sweep, "compute_point", real)
+    again = sweep.run(grid, client=client, out=tmp_path, name="flaky", progress=False)
+    assert again.attrs["computed"] == 1 and again.attrs["skipped"] == 2
+    assert sorted(again.k_scale) == [4, 8, 16]
+
+
 def test_killed_sweep_resumes_with_only_the_missing_points(client, tmp_path, one_thread):
     spec = {"name": "resume", "policy": ["lazy_unfixed", "eager"], "k_scale": [32, 64],
             "S": [1536], "D": [64], "seed": [0, 1, 2, 3]}
