@@ -55,6 +55,19 @@ def test_compiles_for_sm90_into_a_warp_specialised_wgmma_kernel(causal, lazy, he
     assert int(re.search(r"\.reqntid (\d+)", ptx).group(1)) in (288, 384)
 
 
+def test_the_lazy_vote_is_one_barrier_reduction_per_wave_and_adds_no_partition_barrier():
+    """Lazy differs from eager by a bar.red.or over each wave's 64 threads (in each of
+    the two consumers' two KV loops, full tiles and masked tiles), on the four named
+    barriers from WAVE_BARRIER on, and by no bar.sync of its own (no shared-memory
+    reduction)."""
+    for causal in (False, True):
+        lazy, eager = (compile_sm90(causal, lz, 128) for lz in (True, False))
+        assert "bar.red" not in eager
+        assert len(re.findall(r"bar\.red\.or\.pred \w+, %r\d+, 64, \w+;", lazy)) == 4
+        assert lazy.count("bar.sync") == eager.count("bar.sync")
+    assert hopper.WAVE_BARRIER + 3 <= 15  # the hardware has 16 named barriers
+
+
 @pytest.mark.parametrize("config, exc, words", [
     (HopperConfig(block_n=96), ValueError, "block_n must be 64 or 128"),
     (HopperConfig(stages=1), ValueError, "stages must be an int in 2..4"),

@@ -25,10 +25,14 @@ causal). Its tiling: 128-row blocks, ``BLOCK_N`` columns per vote, and a causal 
 walk bounds taken from the whole 128-row block (as ``fast`` at ``BLOCK_M`` 128), so on
 the same inputs it takes ``fast``'s decisions at the same ``BLOCK_N``.
 
-A warpgroup holds two 32-row waves in four warps of 16 rows: the lazy fast path's test
-("did any row of this warpgroup vote?") is one reduction over the warpgroup, which
-synchronises the consumer's own four warps only (a named barrier, not the CTA); the
-per-wave vote runs inside the rare branch where some row voted.
+A warpgroup holds two 32-row waves in four warps of 16 rows, so a wave spans two warps.
+The lazy vote is one ``bar.red.or`` per tile over the wave's 64 threads, on a named
+barrier of the wave's own: each row learns whether its wave fired, without shared memory
+and without a branch. O and l are then multiplied by ``corr`` (1 in a wave that did not
+fire) as under eager: skipping that multiply would need a branch on a warpgroup-uniform
+value, which Gluon can only take after a reduction across the warps (shared memory and a
+barrier on the softmax's critical path), and that costs more than the multiply saves
+(data/results/hopper_rescale_cost_h200.json).
 
 Dense batches only (no varlen or split-K: those stay on ``fast``). K and V are read
 through rank-3 TMA descriptors ([B, S, heads x D]), so a tile past a sequence's end reads
@@ -67,6 +71,9 @@ DTYPES = common.BF16_DTYPES
 #: Rows per program and per consumer warpgroup.
 BLOCK_M = 128
 WG_ROWS = 64
+#: The first of the four named barriers the lazy vote uses (one per wave of each consumer
+#: warpgroup); Triton's own partition barriers take the lowest ids.
+WAVE_BARRIER = 8
 #: Shared memory one program may use on sm_90 (227 KiB).
 SHARED_BYTES = 232448
 
@@ -81,6 +88,7 @@ def available(device=None) -> bool:
 if gluon is not None:
 
     _BLOCK_M = gl.constexpr(BLOCK_M)
+    _WAVE_BARRIER = gl.constexpr(WAVE_BARRIER)
 
     @gluon.jit
     def _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -144,35 +152,49 @@ if gluon is not None:
         return gl.where(valid, s, float("-inf"))
 
     @gluon.jit
-    def _decide(s, m, threshold, rebase, LAZY: gl.constexpr, row_layout: gl.constexpr):
-        """The rescale decision for one tile of scores: (P, new m, corr, rescale), where
-        ``rescale`` (a warpgroup-uniform scalar) says whether O and l must be multiplied
-        by ``corr``."""
+    def _wave_any(vote, bar_ids):
+        """For each row: whether any row of its 32-row wave voted (1) or not (0), the same
+        for the whole wave. A wave spans two warps of the warpgroup, so the OR is one
+        ``bar.red.or`` over their 64 threads on the wave's own named barrier (``bar_ids``,
+        the same for both rows a thread holds): no shared memory, no branch. Each thread
+        holds two rows of one wave (``pack=2`` hands both to one instance)."""
+        return gl.inline_asm_elementwise(
+            """
+            {
+            .reg .pred p;
+            .reg .b32 v;
+            or.b32 v, $2, $3;
+            setp.ne.b32 p, v, 0;
+            bar.red.or.pred p, $4, 64, p;
+            selp.b32 $0, 1, 0, p;
+            mov.b32 $1, $0;
+            }
+            """,
+            "=r,=r,r,r,r,r", [vote, bar_ids], dtype=gl.int32, is_pure=False, pack=2)
+
+    @gluon.jit
+    def _decide(s, m, threshold, rebase, bar_ids, LAZY: gl.constexpr):
+        """The rescale decision for one tile of scores: (P, new m, corr). Lazy: a row
+        votes when not (mt - m <= threshold) (NaN votes yes); in a wave where some row
+        voted, every row rebases (to fmax(m, mt), or to mt under the unfixed rule), and
+        the others keep their base (corr = 1)."""
         mt = gl.max(s, 1)
         if LAZY:
-            vote = gl.where(mt - m <= threshold, 0, 1)  # NaN votes yes
-            rescale = gl.max(vote, 0) > 0
-            if rescale:  # rare: the per-wave vote (rows 0-31 and 32-63 of the warpgroup)
-                local = gl.arange(0, 64, layout=row_layout)
-                first = gl.max(gl.where(local < 32, vote, 0), 0)
-                second = gl.max(gl.where(local < 32, 0, vote), 0)
-                fire = gl.where(local < 32, first, second) > 0
-                target = gl.where(rebase == 1, mt, gl.maximum(m, mt))
-                corr = gl.where(fire, gl.exp2(m - target), 1.0)
-                m = gl.where(fire, target, m)
-            else:
-                corr = gl.full([64], 1.0, gl.float32, layout=row_layout)
+            vote = gl.where(mt - m <= threshold, 0, 1)
+            fire = _wave_any(vote, bar_ids) > 0
+            target = gl.where(rebase == 1, mt, gl.maximum(m, mt))
+            corr = gl.where(fire, gl.exp2(m - target), 1.0)
+            m = gl.where(fire, target, m)
         else:
             m_new = gl.maximum(m, mt)
             corr = gl.exp2(m - m_new)
             m = m_new
-            rescale = True
         p = gl.exp2(s - m[:, None])
-        return p, m, corr, rescale
+        return p, m, corr
 
     @gluon.jit
     def _step(g, step, n0, acc, l, m, p, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-              turn_mine, turn_other, rows, seqlen_kv, diag, threshold, rebase,
+              turn_mine, turn_other, rows, seqlen_kv, diag, threshold, rebase, bar_ids,
               s_layout: gl.constexpr, o_layout: gl.constexpr, D: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
               LAZY: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr):
@@ -181,7 +203,6 @@ if gluon is not None:
         consumer's turns at the tensor cores."""
         slot = g % STAGES
         prev = (g - 1) % STAGES
-        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         k_t = k_smem.index(slot).reshape([BLOCK_N, D]).permute((1, 0))
         v_prev = v_smem.index(prev).reshape([BLOCK_N, D])
@@ -198,13 +219,11 @@ if gluon is not None:
         mbarrier.arrive(k_empty.index(slot))
         if MASKED:
             s = _masked(s, n0, rows, seqlen_kv, diag, s_layout, BLOCK_N, CAUSAL)
-        p, m, corr, rescale = _decide(s, m, threshold, rebase, LAZY, row_layout)
+        p, m, corr = _decide(s, m, threshold, rebase, bar_ids, LAZY)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(prev))
-        if rescale:
-            acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]
-            l = l * corr
-        l = l + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]
+        l = l * corr + gl.sum(p, 1)
         return acc, l, m, p
 
     @gluon.jit
@@ -229,6 +248,8 @@ if gluon is not None:
         turn_other = turns.index(1 - wg)
         q = q_smem.index(wg).reshape([64, D])
         diag = seqlen_kv - seqlen_q
+        # the named barrier of each row's wave (rows 0-31 and 32-63 of this warpgroup)
+        bar_ids = gl.where(gl.arange(0, 64, layout=row_layout) < 32, 0, 1) + (_WAVE_BARRIER + 2 * wg)
         if PINGPONG:
             if wg == 1:
                 mbarrier.arrive(turn_other)
@@ -264,13 +285,13 @@ if gluon is not None:
             for i in range(1, n_full):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
-                                     rows, seqlen_kv, diag, threshold, rebase, s_layout, o_layout,
+                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
                                      D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG)
                 step += 1
             for i in range(gl.maximum(n_full, 1), n_tiles):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
-                                     rows, seqlen_kv, diag, threshold, rebase, s_layout, o_layout,
+                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
                                      D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
 
