@@ -2,10 +2,14 @@
 lazy with a vote that never fires (threshold 1e6: the vote's cost alone) and a bound
 that neither votes nor rescales (the kernel's source with eager's rescale switched off:
 wrong numbers, the fastest any lazy policy could be), at the same pinned launch,
-interleaved rounds, at the D128 shapes of the dense suite. Writes $OUT/hopper_rescale_cost.json
+interleaved rounds, at the D128 shapes of the dense suite. With ``--against COMMIT``,
+also lazy as the kernel at that commit builds it (``lazy_at_COMMIT``: an earlier vote,
+read with ``git show``). Writes $OUT/hopper_rescale_cost.json
 (data/results/hopper_rescale_cost_h200.json)."""
+import argparse
 import json
 import os
+import subprocess
 import tempfile
 import types
 
@@ -17,16 +21,12 @@ from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 
 
-def bound_module():
-    """hopper.py with eager's O and l rescale removed (a timing bound only), as a namespace:
-    the source is compiled from a file of its own (Gluon reads a kernel's source back)."""
-    src = open(hopper.__file__).read()
-    marker = "            rescale = True\n"
-    if src.count(marker) != 1:
-        raise RuntimeError("hopper.py changed: eager's rescale switch is not where expected")
-    src = src.replace(marker, "            rescale = False\n").replace(
-        "from .._triton import fast as common", "from fa_lab.kernels._triton import fast as common")
-    path = os.path.join(tempfile.mkdtemp(), "hopper_bound.py")
+def load_variant(src, name):
+    """A variant of hopper.py's source as a namespace: compiled from a file of its own
+    (Gluon reads a kernel's source back), outside sys.modules."""
+    src = src.replace("from .._triton import fast as common",
+                      "from fa_lab.kernels._triton import fast as common")
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(src)
     ns = {"__name__": hopper.__name__, "__file__": path}
@@ -34,8 +34,32 @@ def bound_module():
     return types.SimpleNamespace(**ns)
 
 
+def bound_module():
+    """hopper.py with eager's O and l rescale removed (a timing bound only)."""
+    src = open(hopper.__file__).read()
+    marker = ("        acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]\n"
+              "        l = l * corr + gl.sum(p, 1)\n")
+    if src.count(marker) != 1:
+        raise RuntimeError("hopper.py changed: the O and l rescale is not where expected")
+    return load_variant(src.replace(marker, "        l = l + gl.sum(p, 1)\n"), "hopper_bound")
+
+
+def run_module(mod, inp, shp, policy, cfg):
+    grid, args, meta, o, lse = mod.launch_args(inp.q, inp.k, inp.v, shp.causal, policy,
+                                               mod.HopperConfig(**vars(cfg)), sms)
+    mod._attn_fwd[grid](*args, **meta, num_warps=4)
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--against", help="a commit whose hopper.py lazy is timed too")
+cli = parser.parse_args()
 ROUNDS = 5
 bound = bound_module()
+earlier = None
+if cli.against:
+    earlier = load_variant(subprocess.run(
+        ["git", "show", f"{cli.against}:kernels/swp_bf16/hopper.py"], check=True,
+        capture_output=True, text=True).stdout, "hopper_earlier")
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = {"rounds": ROUNDS, "rows": []}
 for shp in (s for s in bench.SHAPES if s.D == 128):
@@ -43,13 +67,11 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
     pol = {n: policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale=r, **kw) for n, r, kw in
            (("eager", "eager", {}), ("lazy", "lazy", {}), ("lazy_never", "lazy", {"rescale_threshold": 1e6}))}
     for cfg in (HopperConfig(128, 2, True, True), HopperConfig(128, 2, False, False)):
-        def run_bound(cfg=cfg):
-            grid, args, meta, o, lse = bound.launch_args(inp.q, inp.k, inp.v, shp.causal, pol["eager"],
-                                                         bound.HopperConfig(**vars(cfg)), sms)
-            bound._attn_fwd[grid](*args, **meta, num_warps=4)
         fns = {n: (lambda p=p, cfg=cfg: hopper.forward(inp.q, inp.k, inp.v, causal=shp.causal,
                                                        policy=p, config=cfg)) for n, p in pol.items()}
-        fns["no_rescale_bound"] = run_bound
+        fns["no_rescale_bound"] = lambda cfg=cfg: run_module(bound, inp, shp, pol["eager"], cfg)
+        if earlier is not None:
+            fns[f"lazy_at_{cli.against}"] = lambda cfg=cfg: run_module(earlier, inp, shp, pol["lazy"], cfg)
         for f in fns.values():
             f()
         times = {n: [] for n in fns}
