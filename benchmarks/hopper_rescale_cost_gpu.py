@@ -17,50 +17,41 @@ import torch
 from triton.testing import do_bench
 
 from fa_lab import bench, policies
-from fa_lab.kernels._gluon import hopper as gluon_hopper
 from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 
 
 def load_variant(src, name):
-    """A variant of a kernel module's source as a namespace: compiled from a file of its
-    own (Gluon reads a kernel's source back), outside sys.modules."""
+    """A variant of hopper.py's source as a namespace: compiled from a file of its own
+    (Gluon reads a kernel's source back), outside sys.modules."""
     src = src.replace("from .._triton import fast as common",
                       "from fa_lab.kernels._triton import fast as common")
     path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(src)
-    ns = {"__name__": gluon_hopper.__name__, "__file__": path}
+    ns = {"__name__": hopper.__name__, "__file__": path}
     exec(compile(src, path, "exec"), ns)
     return types.SimpleNamespace(**ns)
 
 
 def bound_module():
-    """The Gluon kernel with the O and l rescale removed (a timing bound only)."""
-    src = open(gluon_hopper.__file__).read()
+    """hopper.py with eager's O and l rescale removed (a timing bound only)."""
+    src = open(hopper.__file__).read()
     marker = ("        acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]\n"
               "        l = l * corr + gl.sum(p, 1)\n")
     if src.count(marker) != 1:
-        raise RuntimeError("_gluon/hopper.py changed: the O and l rescale is not where expected")
+        raise RuntimeError("hopper.py changed: the O and l rescale is not where expected")
     return load_variant(src.replace(marker, "        l = l + gl.sum(p, 1)\n"), "hopper_bound")
 
 
-def run_bound(inp, shp, policy, cfg):
-    """This tree's launch of the bound's kernel."""
-    grid, args, meta, o, lse = hopper.launch_args(inp.q, inp.k, inp.v, shp.causal, policy, cfg, sms)
-    bound._attn_fwd[grid](*args, **meta, num_warps=4)
-
-
-def run_earlier(inp, shp, policy, cfg):
-    """The earlier commit's own launch of its own kernel (a self-contained hopper.py)."""
-    grid, args, meta, o, lse = earlier.launch_args(inp.q, inp.k, inp.v, shp.causal, policy,
-                                                   earlier.HopperConfig(**vars(cfg)), sms)
-    earlier._attn_fwd[grid](*args, **meta, num_warps=4)
+def run_module(mod, inp, shp, policy, cfg):
+    grid, args, meta, o, lse = mod.launch_args(inp.q, inp.k, inp.v, shp.causal, policy,
+                                               mod.HopperConfig(**vars(cfg)), sms)
+    mod._attn_fwd[grid](*args, **meta, num_warps=4)
 
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--against", help="a commit up to 04ff8c9 (a self-contained "
-                    "kernels/swp_bf16/hopper.py) whose lazy is timed too")
+parser.add_argument("--against", help="a commit whose hopper.py lazy is timed too")
 cli = parser.parse_args()
 ROUNDS = 5
 bound = bound_module()
@@ -78,9 +69,9 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
     for cfg in (HopperConfig(128, 2, True, True), HopperConfig(128, 2, False, False)):
         fns = {n: (lambda p=p, cfg=cfg: hopper.forward(inp.q, inp.k, inp.v, causal=shp.causal,
                                                        policy=p, config=cfg)) for n, p in pol.items()}
-        fns["no_rescale_bound"] = lambda cfg=cfg: run_bound(inp, shp, pol["eager"], cfg)
+        fns["no_rescale_bound"] = lambda cfg=cfg: run_module(bound, inp, shp, pol["eager"], cfg)
         if earlier is not None:
-            fns[f"lazy_at_{cli.against}"] = lambda cfg=cfg: run_earlier(inp, shp, pol["lazy"], cfg)
+            fns[f"lazy_at_{cli.against}"] = lambda cfg=cfg: run_module(earlier, inp, shp, pol["lazy"], cfg)
         for f in fns.values():
             f()
         times = {n: [] for n in fns}

@@ -25,10 +25,6 @@ skipped (one block-wide max of the votes; the per-wave vote runs only in that br
 with ``row_sum_filter`` the fast path tests the row sums of P against 2**(threshold + H)
 instead of taking row maxes (as in ``swp_bf16.fast``; the same decisions).
 
-On a Hopper GPU, calls with no pinned ``Config`` go to the Gluon kernel (module
-``hopper``: FlashAttention-3's warp-specialised schedule, the same semantics, 128-row
-blocks, one vote per 128 columns); a ``HopperConfig`` pins it.
-
 Shared with the bf16/f16 fast kernels (``_triton.fast``): the scores and their masks
 (``scores``), the tiles a query block walks (``walk_bounds``), the block and wave votes,
 the tile loader and the launch (autotuned, pinned or interpreted). Its own: the rescale
@@ -48,8 +44,6 @@ from fa_lab.checks import check_descale
 from fa_lab.policies import Policy
 
 from .._triton import fast as common
-from . import hopper
-from .hopper import HopperConfig
 from .._triton.fast import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
                             scores, walk_bounds, wave_any)
 
@@ -288,21 +282,14 @@ def transpose_v(v8: torch.Tensor, interpret: bool = False) -> torch.Tensor:
     return vt
 
 
-#: Which kernel served the last untuned call, per lazy flag ("triton" or "gluon").
-_LAST_ENGINE = {False: "triton", True: "triton"}
-
-
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
-            saturate: bool = True, interpret: bool = False,
-            config: Config | HopperConfig | None = None):
+            saturate: bool = True, interpret: bool = False, config: Config | None = None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
-    ``interpret=True`` runs CPU tensors through Triton's interpreter. ``config`` pins a
-    launch: a ``Config`` for the Triton kernel, a ``HopperConfig`` for the Gluon kernel
-    (module ``hopper``; default: the Gluon kernel, tuned, on a Hopper GPU; otherwise the
-    Triton kernel, autotuned on the GPU, small tiles when interpreted).
+    ``interpret=True`` runs CPU tensors through Triton's interpreter; ``config`` pins a
+    launch configuration (default: autotuned on the GPU).
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32: natural log of the scaled
     softmax denominator, as the model's read-out).
     """
@@ -313,31 +300,15 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
         if not isinstance(x, bool):
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
     check_policy(policy, "swp_fp8", "fast")
-    gluon = isinstance(config, HopperConfig)
-    if gluon:
-        config.check(HEAD_DIM, elem_bytes=1)
-        if interpret:
-            raise ValueError("a HopperConfig runs the Gluon kernel, which has no interpreter; "
-                             "pass a Config (or none) with interpret=True")
     common.check_device(q8, interpret)
-    if gluon:
-        if not hopper.available(q8.device):
-            raise ValueError(f"a HopperConfig runs on a Hopper GPU (sm_90); got tensors on {q8.device}")
-    else:
-        config = common.check_config(config, fp8=True)
-        if config is None and interpret:
-            config = INTERPRET_CONFIG
-        gluon = config is None and hopper.available(q8.device)
-        if config is None:
-            _LAST_ENGINE[policy.lazy] = "gluon" if gluon else "triton"
+    config = common.check_config(config, fp8=True)
+    if config is None and interpret:
+        config = INTERPRET_CONFIG
 
     q8, k8 = q8.contiguous(), k8.contiguous()
     B, Sq, H, D = q8.shape
     Skv, Hkv = k8.shape[1], k8.shape[2]
     vt = transpose_v(v8, interpret)
-    if gluon:
-        return hopper.run(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
-                          policy=policy, saturate=saturate, config=config)
     out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty(B, H, Sq, device=q8.device, dtype=torch.float32)
     block_n = 128
@@ -358,16 +329,10 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 
 
 def best_config(q8, k8, causal: bool, lazy: bool):
-    """The tuned pick for these shapes (after a forward ran): the Gluon kernel's where it
-    served them, else the Triton autotuner's, or None."""
+    """The autotuner's pick for these shapes (after a forward ran), or None."""
     B, Sq, H, D = q8.shape
-    return (hopper.best_config(q8, k8, causal, lazy)
-            or common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal)))
+    return common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
-    """The measurements behind the last untuned call's pick (for the benchmark's record):
-    the Gluon kernel's configs where it served that call, else the Triton autotuner's."""
-    if _LAST_ENGINE[lazy] == "gluon":
-        return hopper.last_timings(lazy)
     return common.tuning_timings(_TUNED[lazy], lazy)
