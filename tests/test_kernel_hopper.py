@@ -106,6 +106,13 @@ def test_hopper_config_refuses_a_ring_larger_than_shared_memory():
         HopperConfig(128, 4).check(128)
 
 
+def test_causal_calls_tune_only_one_program_per_item_launches():
+    assert {c.persistent for c in hopper.tuning_configs(False)} == {False, True}
+    causal = hopper.tuning_configs(True)
+    assert causal and not any(c.persistent for c in causal)
+    assert set(causal) == {c for c in hopper.CONFIGS if not c.persistent}
+
+
 def test_entry_points_refuse_what_they_cannot_run():
     q = torch.zeros(1, 64, 2, 128, dtype=BF16)
     ok = dict(causal=False, policy=pol("lazy"))

@@ -420,8 +420,16 @@ class HopperConfig:
 
 
 #: What the first call at a new shape times (``forward`` with no config): the turn-taking
-#: and the persistent grid each pay at some shapes and not at others.
+#: and the persistent grid each pay at some shapes and not at others (``tuning_configs``).
 CONFIGS = tuple(HopperConfig(128, 2, pp, pers) for pers in (False, True) for pp in (True, False))
+
+
+def tuning_configs(causal: bool) -> tuple[HopperConfig, ...]:
+    """The launches tuned for a call: ``CONFIGS``, less the persistent ones when causal. A
+    persistent program walks a fixed share of the work items, and causal items differ in
+    length (a block walks only the tiles left of its diagonal), so the programs finish
+    unevenly and a single timing of such a launch depends on how the items fell."""
+    return tuple(c for c in CONFIGS if not (causal and c.persistent))
 _TUNED: dict[tuple, HopperConfig] = {}
 _TIMINGS: dict[tuple, list[dict]] = {}
 _LAST_KEY: dict[bool, tuple] = {}  # per lazy flag: the last key tuned
@@ -474,8 +482,8 @@ def _key(q, k, causal, lazy):
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, policy: Policy,
             config: HopperConfig | None = None):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, D 64 or 128, on a Hopper GPU.
-    ``config`` pins a launch; by default the first call at a new shape times ``CONFIGS``
-    and keeps the fastest. Returns (out [B, Sq, H, D], lse [B, H, Sq] fp32, natural log)."""
+    ``config`` pins a launch; by default the first call at a new shape times
+    ``tuning_configs(causal)`` and keeps the fastest. Returns (out [B, Sq, H, D], lse [B, H, Sq] fp32, natural log)."""
     common.check_qkv(q, k, v, DTYPES, HEAD_DIMS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -493,7 +501,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
         key = _key(q, k, causal, policy.lazy)
         if key not in _TUNED:
             timings = [(triton.testing.do_bench(lambda c=c: _launch(q, k, v, causal, policy, c)), c)
-                       for c in CONFIGS]
+                       for c in tuning_configs(causal)]
             _TIMINGS[key] = [{"config": c.describe(), "ms": float(ms)} for ms, c in timings]
             _TUNED[key] = min(timings, key=lambda t: t[0])[1]
             _LAST_KEY[policy.lazy] = key
