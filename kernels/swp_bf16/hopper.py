@@ -5,10 +5,8 @@ The schedule is FlashAttention-3's, expressed with Triton's Gluon dialect:
 
 - One program owns a 128-row query block of one (batch, head) and runs three partitions:
   a one-warp loader and two consumer warpgroups of 64 rows each. The loader streams K and
-  V tiles through a ring of ``STAGES`` shared-memory slots of a K and a V tile (TMA; per
-  slot a "ready" mbarrier for each tile, when its bytes landed, and one "empty" mbarrier,
-  when both consumers are done with the pair: after its PV product, so that a consumer
-  arrives once per tile; Triton syncs the consumer's warps before each arrive).
+  V tiles through a ring of ``STAGES`` shared-memory slots (TMA, one mbarrier per slot
+  and direction: "ready" when the bytes landed, "empty" when both consumers released it).
 - Each consumer overlaps its own work: the scores of tile j are issued (asynchronous
   wgmma) before the PV product of tile j-1, and the softmax of tile j runs while that
   product is still in flight; O is rescaled only after it has landed.
@@ -115,7 +113,7 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                v_ready, kv_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv,
+                k_empty, v_ready, v_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv,
                 D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr):
         """The loader warp: per work item, both Q halves (once the consumers released
@@ -134,9 +132,10 @@ if gluon is not None:
             for i in range(n_tiles):
                 slot = (it + i) % STAGES
                 free = (((it + i) // STAGES) & 1) ^ 1
-                mbarrier.wait(kv_empty.index(slot), free)
+                mbarrier.wait(k_empty.index(slot), free)
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
                 _tma_load(k_desc, [b, i * BLOCK_N, hk * D], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), free)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
                 _tma_load(v_desc, [b, i * BLOCK_N, hk * D], v_ready.index(slot), v_smem.index(slot))
             it += n_tiles
@@ -194,7 +193,7 @@ if gluon is not None:
         return p, m, corr
 
     @gluon.jit
-    def _step(g, step, n0, acc, l, m, p, q, k_smem, v_smem, k_ready, v_ready, kv_empty,
+    def _step(g, step, n0, acc, l, m, p, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               turn_mine, turn_other, rows, seqlen_kv, diag, threshold, rebase, bar_ids,
               s_layout: gl.constexpr, o_layout: gl.constexpr, D: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -217,18 +216,19 @@ if gluon is not None:
         if PINGPONG:
             mbarrier.arrive(turn_other)
         s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot))
         if MASKED:
             s = _masked(s, n0, rows, seqlen_kv, diag, s_layout, BLOCK_N, CAUSAL)
         p, m, corr = _decide(s, m, threshold, rebase, bar_ids, LAZY)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(prev))  # K and V of ring tile g-1 are done
+        mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]
         l = l * corr + gl.sum(p, 1)
         return acc, l, m, p
 
     @gluon.jit
-    def _consumer(wg, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                  turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv, scale_log2,
+    def _consumer(wg, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                  v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv, scale_log2,
                   threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
                   PINGPONG: gl.constexpr):
@@ -273,6 +273,7 @@ if gluon is not None:
             s = warpgroup_mma(q, k_t, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout),
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(it % STAGES))
             s = _masked(s, 0, rows, seqlen_kv, diag, s_layout, BLOCK_N, CAUSAL)
             m = gl.max(s, 1)
             if CAUSAL:
@@ -283,13 +284,13 @@ if gluon is not None:
 
             for i in range(1, n_full):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
-                                     k_ready, v_ready, kv_empty, turn_mine, turn_other,
+                                     k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
                                      rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
                                      D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG)
                 step += 1
             for i in range(gl.maximum(n_full, 1), n_tiles):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
-                                     k_ready, v_ready, kv_empty, turn_mine, turn_other,
+                                     k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
                                      rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
                                      D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
@@ -301,7 +302,7 @@ if gluon is not None:
             acc = warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_layout), v_last, acc,
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(kv_empty.index(g % STAGES))
+            mbarrier.arrive(v_empty.index(g % STAGES))
 
             # out = round(O / l) (0 where l = 0) through Q's slot and TMA, which clips rows
             # past Sq; lse = m ln2 + ln l (-inf where l = 0). The slot goes back to the
@@ -335,8 +336,9 @@ if gluon is not None:
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for wg in gl.static_range(2):
             mbarrier.init(q_ready.index(wg), count=1)
@@ -345,22 +347,23 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)  # one arrival per consumer
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
+            mbarrier.init(v_empty.index(i), count=2)
 
         # Partitions: consumer 0 runs in the kernel's own 4 warps (the default partition),
         # consumer 1 in 4 more, the loader in 1; the loader gives its registers up (24) so
         # that each consumer thread can hold O, S and P (240).
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                         turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
                          scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
                          PINGPONG)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                         turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
                          scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
                          PINGPONG)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                       v_ready, kv_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv, D,
+                       k_empty, v_ready, v_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv, D,
                        BLOCK_N, STAGES, CAUSAL)),
         ], [4, 1], [240, 24])
 
@@ -384,7 +387,7 @@ class HopperConfig:
     item."""
 
     block_n: int = 128
-    stages: int = 3
+    stages: int = 2
     pingpong: bool = True
     persistent: bool = False
 
@@ -418,7 +421,7 @@ class HopperConfig:
 
 #: What the first call at a new shape times (``forward`` with no config): the turn-taking
 #: and the persistent grid each pay at some shapes and not at others (``tuning_configs``).
-CONFIGS = tuple(HopperConfig(128, 3, pp, pers) for pers in (False, True) for pp in (True, False))
+CONFIGS = tuple(HopperConfig(128, 2, pp, pers) for pers in (False, True) for pp in (True, False))
 
 
 def tuning_configs(causal: bool) -> tuple[HopperConfig, ...]:
