@@ -155,6 +155,20 @@ def test_gpu_matches_reference(gen, policy, case, config, sms):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["eager", "lazy"])
+def test_gpu_f16_matches_reference(gen, policy):
+    """f16 runs through the same code as bf16 (the descriptors and the rounding of Qs, P
+    and O follow the input dtype)."""
+    B, Sq, Skv, H, Hkv, D, causal = GPU_CASES[0]
+    q = torch.randn(B, Sq, H, D, generator=gen).to(torch.float16).cuda()
+    k = torch.randn(B, Skv, Hkv, D, generator=gen).to(torch.float16).cuda()
+    v = torch.randn(B, Skv, Hkv, D, generator=gen).to(torch.float16).cuda()
+    out, lse = hopper.forward(q, k, v, causal=causal, policy=pol(policy), config=HopperConfig())
+    assert out.dtype == torch.float16
+    check_against_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("k_scale", [32, 64])
 def test_gpu_same_nan_rows_as_the_triton_kernel_at_the_same_tiling(k_scale, causal):
