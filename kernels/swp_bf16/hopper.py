@@ -249,7 +249,8 @@ if gluon is not None:
         q = q_smem.index(wg).reshape([64, D])
         diag = seqlen_kv - seqlen_q
         # the named barrier of each row's wave (rows 0-31 and 32-63 of this warpgroup)
-        bar_ids = gl.where(gl.arange(0, 64, layout=row_layout) < 32, 0, 1) + (_WAVE_BARRIER + 2 * wg)
+        wave = gl.where(gl.arange(0, 64, layout=row_layout) < 32, 0, 1)
+        bar_ids = wave + (_WAVE_BARRIER + 2 * wg)
         if PINGPONG:
             if wg == 1:
                 mbarrier.arrive(turn_other)
@@ -285,14 +286,14 @@ if gluon is not None:
             for i in range(1, n_full):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
-                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
-                                     D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG)
+                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout,
+                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG)
                 step += 1
             for i in range(gl.maximum(n_full, 1), n_tiles):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
-                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout, o_layout,
-                                     D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
+                                     rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout,
+                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
 
             # The last tile's PV.
