@@ -9,10 +9,8 @@ faster)."""
 import argparse
 import json
 import os
-import subprocess
-import tempfile
-import types
 
+import hopper_variants
 import torch
 from triton.testing import do_bench
 
@@ -25,19 +23,7 @@ parser.add_argument("--source", help="the earlier hopper.py, where git cannot sh
 parser.add_argument("--rounds", type=int, default=3)
 cli = parser.parse_args()
 
-if cli.source:
-    with open(cli.source) as f:
-        src = f.read()
-else:
-    src = subprocess.run(["git", "show", f"{cli.against}:kernels/swp_bf16/hopper.py"], check=True,
-                         capture_output=True, text=True).stdout
-src = src.replace("from .._triton import fast as common", "from fa_lab.kernels._triton import fast as common")
-path = os.path.join(tempfile.mkdtemp(), "hopper_earlier.py")
-with open(path, "w") as f:
-    f.write(src)
-ns = {"__name__": hopper.__name__, "__file__": path}
-exec(compile(src, path, "exec"), ns)
-earlier = types.SimpleNamespace(**ns)
+earlier = hopper_variants.at_commit(cli.against, cli.source)
 kernels = {"this": hopper, cli.against: earlier}
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 

@@ -9,29 +9,14 @@ read with ``git show``). Writes $OUT/hopper_rescale_cost.json
 import argparse
 import json
 import os
-import subprocess
-import tempfile
-import types
 
+import hopper_variants
 import torch
 from triton.testing import do_bench
 
 from fa_lab import bench, policies
 from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
-
-
-def load_variant(src, name):
-    """A variant of hopper.py's source as a namespace: compiled from a file of its own
-    (Gluon reads a kernel's source back), outside sys.modules."""
-    src = src.replace("from .._triton import fast as common",
-                      "from fa_lab.kernels._triton import fast as common")
-    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    ns = {"__name__": hopper.__name__, "__file__": path}
-    exec(compile(src, path, "exec"), ns)
-    return types.SimpleNamespace(**ns)
 
 
 def bound_module():
@@ -41,7 +26,7 @@ def bound_module():
               "        l = l * corr + gl.sum(p, 1)\n")
     if src.count(marker) != 1:
         raise RuntimeError("hopper.py changed: the O and l rescale is not where expected")
-    return load_variant(src.replace(marker, "        l = l + gl.sum(p, 1)\n"), "hopper_bound")
+    return hopper_variants.load(src.replace(marker, "        l = l + gl.sum(p, 1)\n"), "hopper_bound")
 
 
 def run_module(mod, inp, shp, policy, cfg):
@@ -57,9 +42,7 @@ ROUNDS = 5
 bound = bound_module()
 earlier = None
 if cli.against:
-    earlier = load_variant(subprocess.run(
-        ["git", "show", f"{cli.against}:kernels/swp_bf16/hopper.py"], check=True,
-        capture_output=True, text=True).stdout, "hopper_earlier")
+    earlier = hopper_variants.at_commit(cli.against)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = {"rounds": ROUNDS, "rows": []}
 for shp in (s for s in bench.SHAPES if s.D == 128):
@@ -84,5 +67,7 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
         med = {n: sorted(v)[ROUNDS // 2] for n, v in r["eager_over"].items()}
         print(shp.name, r["config"], {n: round(x, 3) for n, x in med.items()}, flush=True)
         out["rows"].append(r)
-        with open(os.path.join(os.environ["OUT"], "hopper_rescale_cost.json"), "w") as f:
+        tmp = os.path.join(os.environ["OUT"], "hopper_rescale_cost.json.tmp")
+        with open(tmp, "w") as f:
             json.dump(out, f, indent=1)
+        os.replace(tmp, os.path.join(os.environ["OUT"], "hopper_rescale_cost.json"))
