@@ -1,11 +1,11 @@
 """The Gluon kernel of this tree against the one at an earlier commit (``--against``, whose
 ``kernels/swp_bf16/hopper.py`` is read with ``git show`` and must be self-contained; or
 ``--source``, a copy of that file, with ``--against`` naming it), at
-the dense suite's D128 shapes, for eager and lazy: each kernel at its own one-program-per-
-item tuning launches (with and without turn-taking), all pinned, interleaved rounds.
-Writes $OUT/hopper_against.json: ms per round, and per shape and policy each kernel's
-fastest launch with the earlier one's median time over this tree's (> 1: this tree is
-faster)."""
+the dense suite's D128 shapes, for eager and lazy: each kernel at every launch of its own
+``CONFIGS`` (turn-taking or not, one program per item or persistent), all pinned,
+interleaved rounds. Writes $OUT/hopper_against.json: ms per round, and per shape and
+policy each kernel's fastest launch with the earlier one's median time over this tree's
+(> 1: this tree is faster)."""
 import argparse
 import json
 import os
@@ -40,7 +40,7 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
         pol = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale=rescale)
         fns = {}
         for name, mod in kernels.items():
-            for cfg in mod.tuning_configs(True):  # one program per item, both turn settings
+            for cfg in mod.CONFIGS:
                 fns[f"{name} {cfg.describe()}"] = runner(mod, cfg, inp, shp, pol)
         for f in fns.values():
             f()
@@ -54,6 +54,8 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
         ratio = med[best[cli.against]] / med[best["this"]]
         print(f"{shp.name:32s} {rescale:5s} earlier/this {ratio:.3f}  ({best['this']}: "
               f"{med[best['this']]:.4f} ms; {best[cli.against]}: {med[best[cli.against]]:.4f} ms)", flush=True)
+        print("    " + "; ".join(f"{n}: {med[n]:.4f} [{min(times[n]):.4f}..{max(times[n]):.4f}]"
+                                 for n in fns), flush=True)
         out["rows"].append({"shape": shp.name, "policy": rescale, "ms": times, "best": best,
                             "earlier_over_this": ratio})
         tmp = os.path.join(os.environ["OUT"], "hopper_against.json.tmp")

@@ -100,17 +100,23 @@ def test_tma_inputs_are_aligned_and_their_descriptors_take_strides_from_the_shap
 
 
 def test_hopper_config_refuses_a_ring_larger_than_shared_memory():
-    HopperConfig(128, 3).check(128)
+    HopperConfig(128, 2).check(128)
+    HopperConfig(64, 3).check(128)
     HopperConfig(128, 4).check(64)
-    with pytest.raises(ValueError, match=r"stages=4\) needs 295936 bytes"):
-        HopperConfig(128, 4).check(128)
+    # Q and O (2 x 32 KiB) and three K and V slots of 32 KiB each, at D 128
+    with pytest.raises(ValueError, match=r"stages=3\) needs 263168 bytes"):
+        HopperConfig(128, 3).check(128)
 
 
-def test_causal_calls_tune_only_one_program_per_item_launches():
-    assert {c.persistent for c in hopper.tuning_configs(False)} == {False, True}
-    causal = hopper.tuning_configs(True)
-    assert causal and not any(c.persistent for c in causal)
-    assert set(causal) == {c for c in hopper.CONFIGS if not c.persistent}
+def test_only_a_persistent_grid_asks_a_counter_for_work_and_it_leaves_it_at_zero():
+    """A persistent program asks for each further item with one relaxed atomic add; when
+    it runs out, it counts itself done (acquire-release), and the last one sets both
+    counters back to zero. One program per item needs no atomics at all."""
+    ptx = compile_sm90(True, True, 128, HopperConfig(128, 2, True, True))
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.add", ptx)) == 1
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 1
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 2
+    assert "atom." not in compile_sm90(True, True, 128, HopperConfig(128, 2, True, False))
 
 
 def test_entry_points_refuse_what_they_cannot_run():
@@ -152,6 +158,29 @@ def test_gpu_matches_reference(gen, policy, case, config, sms):
     grid, args, meta, out, lse = hopper.launch_args(q, k, v, causal, pol(policy), config, sms)
     hopper._attn_fwd[grid](*args, **meta, num_warps=4)
     check_against_reference(out, lse, q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_gpu_persistent_grid_takes_every_item_once_and_can_be_launched_again(gen, pingpong):
+    """Causal items of uneven length on 7 programs: the dynamic hand-out covers every
+    item once (each output row matches the reference), and the counters are back at zero
+    after each launch, so the same arguments give the same result a second time."""
+    B, Sq, H, D = 2, 1024, 6, 128  # 8 blocks x 12 heads = 96 items
+    q, k, v = (torch.randn(B, Sq, H, D, generator=gen).to(BF16).cuda() for _ in range(3))
+    grid, args, meta, out, lse = hopper.launch_args(q, k, v, True, pol("lazy"),
+                                                    HopperConfig(128, 2, pingpong, True), 7)
+    counter = args[5]
+    assert grid == (7,) and counter.tolist() == [0, 0]
+    outs = []
+    for _ in range(2):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        hopper._attn_fwd[grid](*args, **meta, num_warps=4)
+        assert counter.tolist() == [0, 0]
+        check_against_reference(out, lse, q, k, v, True)
+        outs.append(out.clone())
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.gpu

@@ -14,9 +14,15 @@ The schedule is FlashAttention-3's, expressed with Triton's Gluon dialect:
   its two GEMMs of a step only after the other consumer issued its own, so the softmax of
   one warpgroup overlaps the GEMMs of the other (a work item's first S product and last
   PV product run outside the turns).
-- With a persistent grid, each program walks several work items; the loader brings an
-  item's Q once both consumers handed the previous one back (after its O, staged in Q's
-  slot, was stored), so K and V of the next item wait for that too.
+- With a persistent grid (one program per multiprocessor), each program walks several
+  work items, handed out dynamically: the loader takes the next item from a global
+  counter (an atomic add) while it streams the current one, and passes it to the
+  consumers in shared memory beside the item's Q. Causal items differ in length, so a
+  fixed share per program would finish unevenly; taken on demand, the heavy items (a
+  head's bottom blocks, which come first) spread over the programs and the light ones
+  fill the tail. A consumer hands Q's slot back after its last S product, and O is staged
+  in a slot of its own, so the next item's Q and first K and V tiles load while the
+  consumer finishes the current item's last PV product and stores its O.
 
 What it keeps from the policy semantics is what ``fast`` keeps (Q pre-scaled into log2
 units and rounded once, per-32-row-wave votes, the fixed or unfixed rebase, P rounded
@@ -112,21 +118,43 @@ if gluon is not None:
         return bh // H, bh % H, m0, gl.maximum(n_tiles, 1), n_full
 
     @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv,
+    def _post_item(items, wg, t):
+        """The loader writes work item t into consumer wg's slot (both partitions' lanes
+        see the store before the mbarrier arrive that follows it)."""
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        items.index(wg).store(gl.full([1], t, gl.int32, layout=one))
+        _sync_partition()
+
+    @gluon.jit
+    def _take_item(items, q_ready, wg, j):
+        """A consumer's j-th work item (``total`` when there is none left), once the
+        loader posted it and, for a real item, its Q landed."""
+        four: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        mbarrier.wait(q_ready.index(wg), j & 1)
+        return gl.max(items.index(wg).load(four), 0)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready,
+                k_empty, v_ready, v_empty, Counter, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv,
                 D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr):
-        """The loader warp: per work item, both Q halves (once the consumers released
-        them), then K and V tile by tile into the ring. ``it`` counts ring tiles over the
-        program's whole life, so slots and phases run on across work items; a wait on
-        parity 1 passes on a fresh barrier."""
+                CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        """The loader warp: per work item, the item and both Q halves (once the consumers
+        released Q), then K and V tile by tile into the ring; at the end, ``total`` (no
+        item) to each consumer. A program's first item is its id; in a persistent grid of
+        P programs, each further one comes from ``Counter`` (items P, P + 1, ..), asked for
+        once the current item's loads are issued: the ring is full then, so the atomic's
+        wait is hidden, and the items go to the programs that free up first. ``it`` counts
+        ring tiles over the program's whole life, so slots and phases run on across work
+        items; a wait on parity 1 passes on a fresh barrier."""
         it = 0
         j = 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        t = gl.program_id(0)
+        while t < total:
             b, h, m0, n_tiles, n_full = _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N, CAUSAL)
             hk = h // GROUP
             for wg in gl.static_range(2):
                 mbarrier.wait(q_empty.index(wg), (j & 1) ^ 1)
+                _post_item(items, wg, t)
                 mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [b, m0 + wg * 64, h * D], q_ready.index(wg), q_smem.index(wg))
             for i in range(n_tiles):
@@ -140,6 +168,21 @@ if gluon is not None:
                 _tma_load(v_desc, [b, i * BLOCK_N, hk * D], v_ready.index(slot), v_smem.index(slot))
             it += n_tiles
             j += 1
+            if PERSISTENT:  # asked for once the item's loads are issued: its wait is hidden
+                t = gl.num_programs(0) + gl.atomic_add(Counter, 1, sem="relaxed")
+            else:
+                t = total
+        if PERSISTENT:
+            # The last program to run out of items sets the counter back to zero (every
+            # program's last ask came before its count here), so a launch's arguments can
+            # be launched again.
+            if gl.atomic_add(Counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+                gl.atomic_xchg(Counter, 0, sem="relaxed")
+                gl.atomic_xchg(Counter + 1, 0, sem="relaxed")
+        for wg in gl.static_range(2):
+            mbarrier.wait(q_empty.index(wg), (j & 1) ^ 1)
+            _post_item(items, wg, total)
+            mbarrier.arrive(q_ready.index(wg))
 
     @gluon.jit
     def _masked(s, n0, rows, seqlen_kv, diag, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -227,16 +270,18 @@ if gluon is not None:
         return acc, l, m, p
 
     @gluon.jit
-    def _consumer(wg, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                  v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv, scale_log2,
+    def _consumer(wg, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready, k_empty,
+                  v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
+                  scale_log2,
                   threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
                   PINGPONG: gl.constexpr):
-        """One warpgroup: rows m0 + 64 wg .. of each work item; the whole KV walk, then O
-        and lse. ``it`` runs on with the loader's; ``step`` counts the turns (consumer 0
-        takes the first: consumer 1 hands it over once, at the start). The turns stay
-        paired across work items because both consumers walk the same tiles (a causal
-        block's bounds are the whole block's): n_tiles - 1 turns each per item."""
+        """One warpgroup: rows m0 + 64 wg .. of each work item the loader posts; the whole
+        KV walk, then O and lse. ``it`` runs on with the loader's; ``step`` counts the
+        turns (consumer 0 takes the first: consumer 1 hands it over once, at the start).
+        The turns stay paired across work items because both consumers take the same
+        items and walk the same tiles (a causal block's bounds are the whole block's):
+        n_tiles - 1 turns each per item."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -254,15 +299,17 @@ if gluon is not None:
         if PINGPONG:
             if wg == 1:
                 mbarrier.arrive(turn_other)
+        o = o_smem.index(wg).reshape([64, D])
         it = 0
         step = 0
         j = 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        t = _take_item(items, q_ready, wg, j)
+        while t < total:
             b, h, m0, n_tiles, n_full = _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N, CAUSAL)
             rows = m0 + wg * 64 + gl.arange(0, 64, layout=row_layout)
 
-            # Qs = round(Q * c), in place: the tensor cores read it from shared memory.
-            mbarrier.wait(q_ready.index(wg), j & 1)
+            # Qs = round(Q * c), in place (Q landed): the tensor cores read it from shared
+            # memory.
             q.store((q.load(io_layout).to(gl.float32) * scale_log2).to(q.dtype))
             fence_async_shared()
             _sync_partition()
@@ -296,6 +343,9 @@ if gluon is not None:
                                      o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
 
+            # Every S product of this item is done: Q's slot goes back to the loader.
+            mbarrier.arrive(q_empty.index(wg))
+
             # The last tile's PV.
             g = it + n_tiles - 1
             v_last = v_smem.index(g % STAGES).reshape([BLOCK_N, D])
@@ -305,31 +355,36 @@ if gluon is not None:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(g % STAGES))
 
-            # out = round(O / l) (0 where l = 0) through Q's slot and TMA, which clips rows
-            # past Sq; lse = m ln2 + ln l (-inf where l = 0). The slot goes back to the
-            # loader once the store has read it.
+            # out = round(O / l) (0 where l = 0) through O's slot (once the previous
+            # item's store has read it) and TMA, which clips rows past Sq;
+            # lse = m ln2 + ln l (-inf where l = 0).
             inv = gl.where(l > 0, 1.0 / l, 0.0)
-            q.store((acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]).to(q.dtype))
+            tma.store_wait(0)
+            o.store((acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]).to(q.dtype))
             fence_async_shared()
             _sync_partition()
-            _tma_store(o_desc, [b, m0 + wg * 64, h * D], q_smem.index(wg))
+            _tma_store(o_desc, [b, m0 + wg * 64, h * D], o_smem.index(wg))
             lse = gl.where(l == 0, float("-inf"), m * 0.6931471805599453 + gl.log(l))
             gl.store(Lse + (b * H + h).to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(wg))
             it += n_tiles
             j += 1
+            t = _take_item(items, q_ready, wg, j)
+        tma.store_wait(0)
 
     @gluon.jit(do_not_specialize=["BH", "H", "GROUP", "seqlen_q", "seqlen_kv", "rebase"])
-    def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, BH, H, GROUP, seqlen_q, seqlen_kv, scale_log2,
-                  threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, Counter, BH, H, GROUP, seqlen_q, seqlen_kv,
+                  scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
-                  PINGPONG: gl.constexpr):
-        """Program p takes work items p, p + programs, .. of the (B x H) x query-block
-        items: one each when the grid covers them all, several when it is persistent."""
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+        """Program p takes work item p of the (B x H) x query-block items and, when the
+        grid is persistent, further ones from ``Counter`` (int32 [2]: items handed out
+        and programs done; zero at launch, and zero again when the launch ends) until none
+        is left."""
         n_m = gl.cdiv(seqlen_q, _BLOCK_M)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+        items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
@@ -355,17 +410,17 @@ if gluon is not None:
         # consumer 1 in 4 more, the loader in 1; the loader gives its registers up (24) so
         # that each consumer thread can hold O, S and P (240).
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
-                         scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
-                         PINGPONG)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
-                         scale_log2, threshold, rebase, D, BLOCK_N, STAGES, CAUSAL, LAZY,
-                         PINGPONG)),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                       k_empty, v_ready, v_empty, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv, D,
-                       BLOCK_N, STAGES, CAUSAL)),
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total,
+                         seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
+                         CAUSAL, LAZY, PINGPONG)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total,
+                         seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
+                         CAUSAL, LAZY, PINGPONG)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty,
+                       k_ready, k_empty, v_ready, v_empty, Counter, BH, H, GROUP, n_m, total,
+                       seqlen_q, seqlen_kv, D, BLOCK_N, STAGES, CAUSAL, PERSISTENT)),
         ], [4, 1], [240, 24])
 
 
@@ -398,9 +453,9 @@ class HopperConfig:
                 f"{' pingpong' if self.pingpong else ''}{' persistent' if self.persistent else ''}")
 
     def shared_bytes(self, head_dim: int) -> int:
-        """Shared memory a program needs: Q (which also stages O) for both warpgroups and
-        the K and V ring (bf16/f16), plus a little for the barriers."""
-        return 2 * WG_ROWS * head_dim * 2 + 2 * self.stages * self.block_n * head_dim * 2 + 1024
+        """Shared memory a program needs: Q and O for both warpgroups and the K and V ring
+        (bf16/f16), plus a little for the barriers and the posted work items."""
+        return 2 * 2 * WG_ROWS * head_dim * 2 + 2 * self.stages * self.block_n * head_dim * 2 + 1024
 
     def check(self, head_dim: int | None = None) -> "HopperConfig":
         """Refuse bad fields (naming them) and, given a head dim, a ring too large for
@@ -420,17 +475,13 @@ class HopperConfig:
         return self
 
 
-#: What the first call at a new shape times (``forward`` with no config): the turn-taking
-#: and the persistent grid each pay at some shapes and not at others (``tuning_configs``).
+#: What the first call at a new shape times (``forward`` with no config), causal or not:
+#: the turn-taking and the persistent grid each pay at some shapes and not at others.
+#: (Causal items differ in length, as a block walks only the tiles left of its diagonal;
+#: a fixed share per persistent program would spread them unevenly, but they are handed
+#: out on demand.)
 CONFIGS = tuple(HopperConfig(128, 2, pp, pers) for pers in (False, True) for pp in (True, False))
 
-
-def tuning_configs(causal: bool) -> tuple[HopperConfig, ...]:
-    """The launches tuned for a call: ``CONFIGS``, less the persistent ones when causal. A
-    persistent program walks a fixed share of the work items, and causal items differ in
-    length (a block walks only the tiles left of its diagonal), so the programs finish
-    unevenly and a single timing of such a launch depends on how the items fell."""
-    return tuple(c for c in CONFIGS if not (causal and c.persistent))
 _TUNED: dict[tuple, HopperConfig] = {}
 _TIMINGS: dict[tuple, list[dict]] = {}
 _LAST_KEY: dict[bool, tuple] = {}  # per lazy flag: the last key tuned
@@ -451,9 +502,12 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
              _descriptor(v.view(B, Skv, Hkv * D), config.block_n, D),
              _descriptor(out.view(B, Sq, H * D), WG_ROWS, D))
     scale_log2, threshold, _, rebase = common.policy_args(policy, D)
-    args = (*descs, lse, B * H, H, H // Hkv, Sq, Skv, scale_log2, threshold, rebase)
+    # the persistent grid's work counters (the kernel leaves them at zero, so these args
+    # can be launched again); one-program-per-item launches never read them
+    counter = (torch.zeros if config.persistent else torch.empty)(2, device=q.device, dtype=torch.int32)
+    args = (*descs, lse, counter, B * H, H, H // Hkv, Sq, Skv, scale_log2, threshold, rebase)
     meta = dict(D=D, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=causal,
-                LAZY=policy.lazy, PINGPONG=config.pingpong)
+                LAZY=policy.lazy, PINGPONG=config.pingpong, PERSISTENT=config.persistent)
     items = triton.cdiv(Sq, BLOCK_M) * B * H
     grid = (min(items, num_sms),) if config.persistent else (items,)
     return grid, args, meta, out, lse
@@ -483,8 +537,8 @@ def _key(q, k, causal, lazy):
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, policy: Policy,
             config: HopperConfig | None = None):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, D 64 or 128, on a Hopper GPU.
-    ``config`` pins a launch; by default the first call at a new shape times
-    ``tuning_configs(causal)`` and keeps the fastest. Returns (out [B, Sq, H, D], lse [B, H, Sq] fp32, natural log)."""
+    ``config`` pins a launch; by default the first call at a new shape times ``CONFIGS``
+    and keeps the fastest. Returns (out [B, Sq, H, D], lse [B, H, Sq] fp32, natural log)."""
     common.check_qkv(q, k, v, DTYPES, HEAD_DIMS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -502,7 +556,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
         key = _key(q, k, causal, policy.lazy)
         if key not in _TUNED:
             timings = [(triton.testing.do_bench(lambda c=c: _launch(q, k, v, causal, policy, c)), c)
-                       for c in tuning_configs(causal)]
+                       for c in CONFIGS]
             _TIMINGS[key] = [{"config": c.describe(), "ms": float(ms)} for ms, c in timings]
             _TUNED[key] = min(timings, key=lambda t: t[0])[1]
             _LAST_KEY[policy.lazy] = key
