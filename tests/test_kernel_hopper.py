@@ -162,14 +162,18 @@ def test_gpu_matches_reference(gen, policy, case, config, sms):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pingpong", [True, False])
-def test_gpu_persistent_grid_takes_every_item_once_and_can_be_launched_again(gen, pingpong):
+@pytest.mark.parametrize("B, Sq, H", [(2, 1024, 6), (1, 4096, 6)])
+def test_gpu_persistent_grid_takes_every_item_once_and_can_be_launched_again(gen, B, Sq, H,
+                                                                             pingpong):
     """Causal items of uneven length on 7 programs: the dynamic hand-out covers every
     item once (each output row matches the reference), and the counters are back at zero
-    after each launch, so the same arguments give the same result a second time."""
-    B, Sq, H, D = 2, 1024, 6, 128  # 8 blocks x 12 heads = 96 items
+    after each launch, so the same arguments give the same result a second time. 8 query
+    blocks x 12 heads make one group of heads; 32 blocks x 6 heads make groups of 4 and 2."""
+    D = 128
     q, k, v = (torch.randn(B, Sq, H, D, generator=gen).to(BF16).cuda() for _ in range(3))
     grid, args, meta, out, lse = hopper.launch_args(q, k, v, True, pol("lazy"),
                                                     HopperConfig(128, 2, pingpong, True), 7)
+    assert args[8] == min(B * H, hopper.GROUP_ITEMS // (Sq // 128))  # heads per group
     counter = args[5]
     assert grid == (7,) and counter.tolist() == [0, 0]
     outs = []

@@ -80,6 +80,9 @@ WG_ROWS = 64
 #: The first of the four named barriers the lazy vote uses (one per wave of each consumer
 #: warpgroup); Triton's own partition barriers take the lowest ids.
 WAVE_BARRIER = 8
+#: Causal work items are ordered in groups of (B, head) pairs that hold about this many
+#: query blocks (about one program per multiprocessor of an H100/H200; see ``_tile_of``).
+GROUP_ITEMS = 128
 #: Shared memory one program may use on sm_90 (227 KiB).
 SHARED_BYTES = 232448
 
@@ -97,13 +100,20 @@ if gluon is not None:
     _WAVE_BARRIER = gl.constexpr(WAVE_BARRIER)
 
     @gluon.jit
-    def _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Work item t: (b, h, m0, n_tiles, n_full). A head's query blocks come one after
-        another, so programs running together share its K and V in L2; causal walks take
-        each head's heaviest (bottom) block first, for a shorter tail. A causal block's
+    def _tile_of(t, n_m, BH, H, HG, seqlen_q, seqlen_kv, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+        """Work item t: (b, h, m0, n_tiles, n_full). The (batch, head) pairs come in
+        groups of ``HG``; within a group, query block by query block (all its heads'
+        first block, then their second, ..), so the programs running together share a
+        few heads' K and V in L2. Causal walks take the heaviest (bottom) blocks first:
+        the items handed out last are the lightest, for a short tail. A causal block's
         walk bounds are those of its whole 128 rows, for both warpgroups."""
-        bh = t // n_m
-        pid_m = t % n_m
+        per_group = HG * n_m
+        g = t // per_group
+        heads = gl.minimum(HG, BH - g * HG)  # the last group may hold fewer
+        r = t - g * per_group
+        bh = g * HG + r % heads
+        pid_m = r // heads
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
         m0 = pid_m * _BLOCK_M
@@ -135,8 +145,8 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, Counter, BH, H, GROUP, n_m, total, seqlen_q, seqlen_kv,
-                D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                k_empty, v_ready, v_empty, Counter, BH, H, HG, GROUP, n_m, total, seqlen_q,
+                seqlen_kv, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         """The loader warp: per work item, the item and both Q halves (once the consumers
         released Q), then K and V tile by tile into the ring; at the end, ``total`` (no
@@ -150,7 +160,8 @@ if gluon is not None:
         j = 0
         t = gl.program_id(0)
         while t < total:
-            b, h, m0, n_tiles, n_full = _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N, CAUSAL)
+            b, h, m0, n_tiles, n_full = _tile_of(t, n_m, BH, H, HG, seqlen_q, seqlen_kv, BLOCK_N,
+                                                 CAUSAL)
             hk = h // GROUP
             for wg in gl.static_range(2):
                 mbarrier.wait(q_empty.index(wg), (j & 1) ^ 1)
@@ -271,9 +282,8 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(wg, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready, k_empty,
-                  v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total, seqlen_q, seqlen_kv,
-                  scale_log2,
-                  threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
+                  v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total, seqlen_q,
+                  seqlen_kv, scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
                   PINGPONG: gl.constexpr):
         """One warpgroup: rows m0 + 64 wg .. of each work item the loader posts; the whole
@@ -305,7 +315,8 @@ if gluon is not None:
         j = 0
         t = _take_item(items, q_ready, wg, j)
         while t < total:
-            b, h, m0, n_tiles, n_full = _tile_of(t, n_m, H, seqlen_q, seqlen_kv, BLOCK_N, CAUSAL)
+            b, h, m0, n_tiles, n_full = _tile_of(t, n_m, BH, H, HG, seqlen_q, seqlen_kv, BLOCK_N,
+                                                 CAUSAL)
             rows = m0 + wg * 64 + gl.arange(0, 64, layout=row_layout)
 
             # Qs = round(Q * c), in place (Q landed): the tensor cores read it from shared
@@ -371,9 +382,9 @@ if gluon is not None:
             t = _take_item(items, q_ready, wg, j)
         tma.store_wait(0)
 
-    @gluon.jit(do_not_specialize=["BH", "H", "GROUP", "seqlen_q", "seqlen_kv", "rebase"])
-    def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, Counter, BH, H, GROUP, seqlen_q, seqlen_kv,
-                  scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
+    @gluon.jit(do_not_specialize=["BH", "H", "HG", "GROUP", "seqlen_q", "seqlen_kv", "rebase"])
+    def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, Counter, BH, H, HG, GROUP, seqlen_q,
+                  seqlen_kv, scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         """Program p takes work item p of the (B x H) x query-block items and, when the
@@ -411,15 +422,15 @@ if gluon is not None:
         # that each consumer thread can hold O, S and P (240).
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
-                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total,
+                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total,
                          seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
                          CAUSAL, LAZY, PINGPONG)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
-                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, n_m, total,
+                         k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total,
                          seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
                          CAUSAL, LAZY, PINGPONG)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty,
-                       k_ready, k_empty, v_ready, v_empty, Counter, BH, H, GROUP, n_m, total,
+                       k_ready, k_empty, v_ready, v_empty, Counter, BH, H, HG, GROUP, n_m, total,
                        seqlen_q, seqlen_kv, D, BLOCK_N, STAGES, CAUSAL, PERSISTENT)),
         ], [4, 1], [240, 24])
 
@@ -505,10 +516,13 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
     # the persistent grid's work counters (the kernel leaves them at zero, so these args
     # can be launched again); one-program-per-item launches never read them
     counter = (torch.zeros if config.persistent else torch.empty)(2, device=q.device, dtype=torch.int32)
-    args = (*descs, lse, counter, B * H, H, H // Hkv, Sq, Skv, scale_log2, threshold, rebase)
+    n_m = triton.cdiv(Sq, BLOCK_M)
+    heads_per_group = min(B * H, triton.cdiv(GROUP_ITEMS, n_m)) if causal else 1
+    args = (*descs, lse, counter, B * H, H, heads_per_group, H // Hkv, Sq, Skv, scale_log2,
+            threshold, rebase)
     meta = dict(D=D, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=causal,
                 LAZY=policy.lazy, PINGPONG=config.pingpong, PERSISTENT=config.persistent)
-    items = triton.cdiv(Sq, BLOCK_M) * B * H
+    items = n_m * B * H
     grid = (min(items, num_sms),) if config.persistent else (items,)
     return grid, args, meta, out, lse
 
