@@ -18,9 +18,9 @@ The schedule is FlashAttention-3's, expressed with Triton's Gluon dialect:
   work items, handed out dynamically: the loader takes the next item from a global
   counter (an atomic add) while it streams the current one, and passes it to the
   consumers in shared memory beside the item's Q. Causal items differ in length, so a
-  fixed share per program would finish unevenly; taken on demand, the heavy items (a
-  head's bottom blocks, which come first) spread over the programs and the light ones
-  fill the tail. A consumer hands Q's slot back after its last S product, and O is staged
+  fixed share per program would finish unevenly; taken on demand, the heavy items (the
+  bottom blocks of a small group of heads, which come first: ``_tile_of``) spread over
+  the programs and the light ones fill the tail. A consumer hands Q's slot back after its last S product, and O is staged
   in a slot of its own, so the next item's Q and first K and V tiles load while the
   consumer finishes the current item's last PV product and stores its O.
 
