@@ -15,7 +15,8 @@ shp = next(s for s in bench.SHAPES if s.B == 16)
 inp = bench._inputs(shp, "cuda", 0)
 pol = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="lazy")
 cfg = hopper.HopperConfig(128, 2, False, True)
-grid, args, meta, _, _ = hopper.launch_args(inp.q, inp.k, inp.v, True, pol, cfg, 132)
+sms = torch.cuda.get_device_properties(0).multi_processor_count  # as forward's grid
+grid, args, meta, _, _ = hopper.launch_args(inp.q, inp.k, inp.v, True, pol, cfg, sms)
 fns = {"launch": lambda: hopper._attn_fwd[grid](*args, **meta, num_warps=4),
        "forward": lambda: hopper.forward(inp.q, inp.k, inp.v, causal=True, policy=pol, config=cfg),
        "zeros": lambda: torch.zeros(2, device="cuda", dtype=torch.int32)}
