@@ -12,9 +12,8 @@ PATH = "kernels/swp_bf16/hopper.py"
 
 
 def load(src: str, name: str) -> types.SimpleNamespace:
-    """The module built from ``src`` (its relative import of ``_triton.fast`` made absolute)."""
-    src = src.replace("from .._triton import fast as common",
-                      "from fa_lab.kernels._triton import fast as common")
+    """The module built from ``src`` (its relative imports of ``_triton`` made absolute)."""
+    src = src.replace("from .._triton", "from fa_lab.kernels._triton")
     path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
         f.write(src)
