@@ -71,7 +71,6 @@ except ImportError:  # pragma: no cover - the project pins a triton with Gluon
     gluon = None
 
 from .._triton import fast as common
-from .._triton.exp2 import exp2_split_gluon
 
 KERNEL = "hopper_bf16"
 HEAD_DIMS = common.BF16_HEAD_DIMS
@@ -229,7 +228,7 @@ if gluon is not None:
             "=r,=r,r,r,r,r", [vote, bar_ids], dtype=gl.int32, is_pure=False, pack=2)
 
     @gluon.jit
-    def _decide(s, m, threshold, rebase, bar_ids, LAZY: gl.constexpr, POLY_EVERY: gl.constexpr):
+    def _decide(s, m, threshold, rebase, bar_ids, LAZY: gl.constexpr):
         """The rescale decision for one tile of scores: (P, new m, corr). Lazy: a row
         votes when not (mt - m <= threshold) (NaN votes yes); in a wave where some row
         voted, every row rebases (to fmax(m, mt), or to mt under the unfixed rule), and
@@ -245,7 +244,7 @@ if gluon is not None:
             m_new = gl.maximum(m, mt)
             corr = gl.exp2(m - m_new)
             m = m_new
-        p = exp2_split_gluon(s - m[:, None], POLY_EVERY)
+        p = gl.exp2(s - m[:, None])
         return p, m, corr
 
     @gluon.jit
@@ -253,8 +252,7 @@ if gluon is not None:
               turn_mine, turn_other, rows, seqlen_kv, diag, threshold, rebase, bar_ids,
               s_layout: gl.constexpr, o_layout: gl.constexpr, D: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              LAZY: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
-              POLY_EVERY: gl.constexpr):
+              LAZY: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr):
         """Ring tile g (columns n0..): S = Q K^T issued, then O += P V of ring tile g-1; the
         decision on S while PV runs; O rescaled once PV landed. ``step`` counts this
         consumer's turns at the tensor cores."""
@@ -276,7 +274,7 @@ if gluon is not None:
         mbarrier.arrive(k_empty.index(slot))
         if MASKED:
             s = _masked(s, n0, rows, seqlen_kv, diag, s_layout, BLOCK_N, CAUSAL)
-        p, m, corr = _decide(s, m, threshold, rebase, bar_ids, LAZY, POLY_EVERY)
+        p, m, corr = _decide(s, m, threshold, rebase, bar_ids, LAZY)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]
@@ -288,7 +286,7 @@ if gluon is not None:
                   v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total, seqlen_q,
                   seqlen_kv, scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
-                  PINGPONG: gl.constexpr, POLY_EVERY: gl.constexpr):
+                  PINGPONG: gl.constexpr):
         """One warpgroup: rows m0 + 64 wg .. of each work item the loader posts; the whole
         KV walk, then O and lse. ``it`` runs on with the loader's; ``step`` counts the
         turns (consumer 0 takes the first: consumer 1 hands it over once, at the start).
@@ -348,15 +346,13 @@ if gluon is not None:
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
                                      rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout,
-                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG,
-                                     POLY_EVERY)
+                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, False, PINGPONG)
                 step += 1
             for i in range(gl.maximum(n_full, 1), n_tiles):
                 acc, l, m, p = _step(it + i, step, i * BLOCK_N, acc, l, m, p, q, k_smem, v_smem,
                                      k_ready, k_empty, v_ready, v_empty, turn_mine, turn_other,
                                      rows, seqlen_kv, diag, threshold, rebase, bar_ids, s_layout,
-                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG,
-                                     POLY_EVERY)
+                                     o_layout, D, BLOCK_N, STAGES, CAUSAL, LAZY, True, PINGPONG)
                 step += 1
 
             # Every S product of this item is done: Q's slot goes back to the loader.
@@ -391,8 +387,7 @@ if gluon is not None:
     def _attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, Counter, BH, H, HG, GROUP, seqlen_q,
                   seqlen_kv, scale_log2, threshold, rebase, D: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, LAZY: gl.constexpr,
-                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                  POLY_EVERY: gl.constexpr = 0):
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         """Program p takes work item p of the (B x H) x query-block items and, when the
         grid is persistent, further ones from ``Counter`` (int32 [2]: items handed out
         and programs done; zero at launch, and zero again when the launch ends) until none
@@ -430,11 +425,11 @@ if gluon is not None:
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
                          k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total,
                          seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
-                         CAUSAL, LAZY, PINGPONG, POLY_EVERY)),
+                         CAUSAL, LAZY, PINGPONG)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, items, q_ready, q_empty, k_ready,
                          k_empty, v_ready, v_empty, turns, o_desc, Lse, BH, H, HG, n_m, total,
                          seqlen_q, seqlen_kv, scale_log2, threshold, rebase, D, BLOCK_N, STAGES,
-                         CAUSAL, LAZY, PINGPONG, POLY_EVERY)),
+                         CAUSAL, LAZY, PINGPONG)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, items, q_ready, q_empty,
                        k_ready, k_empty, v_ready, v_empty, Counter, BH, H, HG, GROUP, n_m, total,
                        seqlen_q, seqlen_kv, D, BLOCK_N, STAGES, CAUSAL, PERSISTENT)),

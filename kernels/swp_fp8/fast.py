@@ -44,7 +44,6 @@ from fa_lab.checks import check_descale
 from fa_lab.policies import Policy
 
 from .._triton import fast as common
-from .._triton.exp2 import exp2_split
 from .._triton.fast import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
                             scores, walk_bounds, wave_any)
 
@@ -117,7 +116,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
           bound, headroom, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, LAZY: tl.constexpr, SATURATE: tl.constexpr,
           MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr,
-          ROW_SUM_FILTER: tl.constexpr, POLY_EVERY: tl.constexpr):
+          ROW_SUM_FILTER: tl.constexpr):
     """128 KV columns: raw scores, the rescale decision, P, and O += e4m3(P) V."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
@@ -128,7 +127,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
             # Optimistic: P on the old base. A row votes only if some P exceeds
             # 2**(threshold + H), so only if its row sum reaches vote_limit (that, less a
             # margin for the fma's rounding): no row max on the fast path.
-            p = exp2_split(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]), POLY_EVERY)
+            p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
             row_sum = tl.sum(p, 1)
             maybe = tl.where(row_sum < vote_limit, 0, 1)  # NaN: maybe
             if block_any(maybe, BLOCK_M):  # rare (always on the first tile): decide exactly
@@ -136,11 +135,11 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
                 s = scores(q, k, n0, rows, seqlen_kv, diag, rebase * 0.0, BLOCK_M, BLOCK_N,
                            CAUSAL, MASKED, False)
                 acc, l, m = _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M, CAUSAL)
-                p = exp2_split(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]), POLY_EVERY)
+                p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
                 row_sum = tl.sum(p, 1)
         else:
             acc, l, m = _lazy_rebase(acc, l, m, s, ls, threshold, rebase, bound, BLOCK_M, CAUSAL)
-            p = exp2_split(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]), POLY_EVERY)
+            p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
             row_sum = tl.sum(p, 1)
     else:
         mt = tl.max(s, 1)
@@ -151,7 +150,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
         acc = acc * corr[:, None]
         l = l * corr
         m = m_new
-        p = exp2_split(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]), POLY_EVERY)
+        p = tl.math.exp2(tl.fma(s, ls, ((0.0 - ls * m) + headroom)[:, None]))
         row_sum = tl.sum(p, 1)
     l = l + row_sum
     if SATURATE:
@@ -176,8 +175,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
                   vote_limit, rebase, bound, headroom,
                   D: tl.constexpr, CAUSAL: tl.constexpr, LAZY: tl.constexpr,
                   SATURATE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr,
-                  POLY_EVERY: tl.constexpr = 0):
+                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
     b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)
     offs_d = tl.arange(0, D)
     row_ok = rows < seqlen_q
@@ -203,12 +201,12 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
         acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
                           kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
                           threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
-                          CAUSAL, LAZY, SATURATE, False, USE_TMA, INTERPRET, ROW_SUM_FILTER, POLY_EVERY)
+                          CAUSAL, LAZY, SATURATE, False, USE_TMA, INTERPRET, ROW_SUM_FILTER)
     for t in range(n_full, n_end):
         acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
                           kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
                           threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
-                          CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER, POLY_EVERY)
+                          CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER)
 
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = acc * inv[:, None] * v_descale
