@@ -116,7 +116,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
           bound, headroom, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           CAUSAL: tl.constexpr, LAZY: tl.constexpr, SATURATE: tl.constexpr,
           MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERPRET: tl.constexpr,
-          ROW_SUM_FILTER: tl.constexpr, V_ROWS: tl.constexpr):
+          ROW_SUM_FILTER: tl.constexpr):
     """128 KV columns: raw scores, the rescale decision, P, and O += e4m3(P) V."""
     k = load_tile(desc_k, k_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
                   USE_TMA, MASKED)
@@ -158,22 +158,11 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
             p = tl.where(p > 448.0, 448.0, p)
     else:
         p = tl.where(p >= 464.0, float("nan"), p)  # rounds past 448: NaN, as the model
-    if V_ROWS:
-        v = load_tile(desc_vt, vt_base, stride_ks, kv_row0, kv_col0, n0, seqlen_kv, BLOCK_N, D,
-                      USE_TMA, MASKED)
-        if MASKED and USE_TMA:  # TMA read the next batch's rows past seqlen_kv
-            cols = n0 + tl.arange(0, BLOCK_N)
-            v = tl.where((cols < seqlen_kv)[:, None], v.to(tl.uint8, bitcast=True), 0).to(v.dtype, bitcast=True)
-        if INTERPRET:
-            acc = tl.dot(round_e4m3_bits(p), v.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(tl.float8e4nv), v, acc)
+    vt = _load_vt(desc_vt, vt_base, vt_row0, n0, seqlen_vpad, BLOCK_N, D, USE_TMA, MASKED)
+    if INTERPRET:  # the interpreter's fp8 cast is unusable: round by hand, multiply in fp32
+        acc = tl.dot(round_e4m3_bits(p), tl.trans(vt.to(tl.float32)), acc, input_precision="ieee")
     else:
-        vt = _load_vt(desc_vt, vt_base, vt_row0, n0, seqlen_vpad, BLOCK_N, D, USE_TMA, MASKED)
-        if INTERPRET:  # the interpreter's fp8 cast is unusable: round by hand, multiply in fp32
-            acc = tl.dot(round_e4m3_bits(p), tl.trans(vt.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
+        acc = tl.dot(p.to(tl.float8e4nv), tl.trans(vt), acc)
     return acc, l, m
 
 
@@ -186,8 +175,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
                   vote_limit, rebase, bound, headroom,
                   D: tl.constexpr, CAUSAL: tl.constexpr, LAZY: tl.constexpr,
                   SATURATE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr,
-                  V_ROWS: tl.constexpr = False):
+                  BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
     b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)
     offs_d = tl.arange(0, D)
     row_ok = rows < seqlen_q
@@ -198,10 +186,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
 
     k_base = K + b.to(tl.int64) * stride_kb + hk * stride_kh
     vt_row0 = (b * HKV + hk) * D
-    if V_ROWS:
-        vt_base = Vt + b.to(tl.int64) * stride_kb + hk * stride_kh
-    else:
-        vt_base = Vt + vt_row0.to(tl.int64) * seqlen_vpad
+    vt_base = Vt + vt_row0.to(tl.int64) * seqlen_vpad
     kv_row0 = b * seqlen_kv
     kv_col0 = hk * D
 
@@ -216,12 +201,12 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
         acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
                           kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
                           threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
-                          CAUSAL, LAZY, SATURATE, False, USE_TMA, INTERPRET, ROW_SUM_FILTER, V_ROWS)
+                          CAUSAL, LAZY, SATURATE, False, USE_TMA, INTERPRET, ROW_SUM_FILTER)
     for t in range(n_full, n_end):
         acc, l, m = _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0,
                           kv_col0, vt_row0, seqlen_vpad, t * BLOCK_N, rows, seqlen_kv, diag, ls,
                           threshold, vote_limit, rebase, bound, headroom, D, BLOCK_M, BLOCK_N,
-                          CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER, V_ROWS)
+                          CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER)
 
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = acc * inv[:, None] * v_descale
