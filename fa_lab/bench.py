@@ -21,6 +21,14 @@ in the same round: A's speed over B's, > 1 when A is faster; so ``fast_lazy /
 fast_eager`` is eager's time over lazy's) and summarised by median and min-max over
 rounds (``RATIO_PAIRS``; the table's ``attrs["ratios"]`` and the JSON's ``ratios``).
 
+**Pairs** (``time_paired``). Under a power cap the SM clock swings by more than 10 %
+within a round, so two implementations timed a few hundred ms apart can meet different
+clocks; for pairs whose difference is smaller than that (``PAIRED_RATIOS``: one kernel
+under two policies) the rounds are followed by as many rounds of those pairs timed
+call-alternated: A B A B ..., one call of each per cycle (B leading in odd rounds), each
+call flushed and timed alone, so both see the same clocks; a round's ratio is B's median
+ms over A's (the JSON's ``paired_ratios``).
+
 **Timer.** On a CUDA device (``CudaTimer``): CUDA events around each call, the L2 flushed
 before each call (a 256 MB memset, as ``triton.testing.do_bench``), and a spin kernel
 (``torch.cuda._sleep``) ahead of each chunk of calls, sized from the host's measured
@@ -184,6 +192,15 @@ EXTRA_RATIO_PAIRS = (
     ("fast_fp8_lazy", "fast_fp8_eager"),
     ("fast_eager", "sdpa_cudnn"),
     ("fast_lazy_varlen", "sdpa_cudnn"),
+)
+
+#: Pairs also timed call-alternated (``time_paired``): the same kernel under two policies,
+#: whose difference is a few per cent at most, less than the clock's swing under a power
+#: cap between two implementations' turns in a round.
+PAIRED_RATIOS = (
+    ("fast_lazy", "fast_lazy_unfixed"),
+    ("fast_lazy", "fast_eager"),
+    ("fast_fp8_lazy", "fast_fp8_eager"),
 )
 
 
@@ -524,17 +541,26 @@ class CpuTimer:
     def __init__(self, now=time.perf_counter):
         self.now = now
 
+    host_ms = 0.0
+
     def probe(self, fn) -> float:
-        """ms of one call."""
-        return self.times(fn, 1)[0]
+        """ms of one call (on the CPU, also its host time: ``host_ms``)."""
+        self.host_ms = self.times(fn, 1)[0]
+        return self.host_ms
 
     def times(self, fn, n: int) -> list[float]:
         """ms of each of ``n`` calls."""
-        out = []
+        return self.cycle([fn], n)[0]
+
+    def cycle(self, fns, n: int, host_ms: float | None = None) -> list[list[float]]:
+        """``n`` cycles through ``fns``, one call of each per cycle: per fn, the ms of each
+        of its calls (``host_ms``: unused here, as ``CudaTimer.cycle``'s)."""
+        out = [[] for _ in fns]
         for _ in range(n):
-            t0 = self.now()
-            fn()
-            out.append((self.now() - t0) * 1e3)
+            for j, fn in enumerate(fns):
+                t0 = self.now()
+                fn()
+                out[j].append((self.now() - t0) * 1e3)
         return out
 
 
@@ -587,19 +613,28 @@ class CudaTimer:
             return start.elapsed_time(end)
 
     def times(self, fn, n: int) -> list[float]:
+        """ms of each of ``n`` calls."""
+        return self.cycle([fn], n)[0]
+
+    def cycle(self, fns, n: int, host_ms: float | None = None) -> list[list[float]]:
+        """``n`` cycles through ``fns``, one call of each per cycle (each flushed and timed
+        on its own): per fn, the ms of each of its calls. ``host_ms``: the host's enqueue
+        time of one cycle (default: the last probe's, of one call), which sizes the spin."""
+        host = self.host_ms if host_ms is None else host_ms
         with torch.cuda.device(self.device):
-            pairs = []
+            pairs = [[] for _ in fns]
             for c0 in range(0, n, self.chunk):
                 k = min(self.chunk, n - c0)
                 # the memset and two event records cost the host some tens of microseconds too
-                self._spin_ms(min(self.max_spin_ms, self.host_margin * k * (self.host_ms + 0.05)))
+                self._spin_ms(min(self.max_spin_ms, self.host_margin * k * (host + 0.05 * len(fns))))
                 for _ in range(k):
-                    self.cache.zero_()
-                    start = self._event()
-                    fn()
-                    pairs.append((start, self._event()))
+                    for j, fn in enumerate(fns):
+                        self.cache.zero_()
+                        start = self._event()
+                        fn()
+                        pairs[j].append((start, self._event()))
             torch.cuda.synchronize()
-            return [s.elapsed_time(e) for s, e in pairs]
+            return [[s.elapsed_time(e) for s, e in p] for p in pairs]
 
 
 def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
@@ -612,6 +647,29 @@ def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
     n = max(1, min(n, max(max_calls, min_calls)))
     times = [first, *timer.times(fn, n - 1)] if n > 1 else [first]
     return statistics.median(times), n
+
+
+def measure_paired(fa, fb, timer, *, min_calls: int = 10, min_ms: float = 100.0,
+                   max_calls: int = 10_000, b_first: bool = False) -> tuple[float, float, int]:
+    """(a's median ms, b's median ms, cycles): ``fa`` and ``fb`` called in alternation,
+    one call of each per cycle (``b_first``: b leads each cycle), for at least
+    ``min_calls`` cycles and about ``min_ms`` ms of them (at most ``max_calls``). The first
+    cycle is a probe of each, which sizes the rest and counts among them. Neighbouring
+    calls run under the same clocks, so a drift of the GPU's clock (a power cap) moves
+    both medians alike."""
+    order = [fb, fa] if b_first else [fa, fb]
+    first, host = [], 0.0
+    for fn in order:
+        first.append(timer.probe(fn))
+        host += timer.host_ms
+    per_cycle = sum(first)
+    n = max(min_calls, math.ceil(min_ms / per_cycle) if per_cycle > 0 else max_calls)
+    n = max(1, min(n, max(max_calls, min_calls)))
+    rest = timer.cycle(order, n - 1, host_ms=host) if n > 1 else [[], []]
+    times = [[t0, *ts] for t0, ts in zip(first, rest)]
+    if b_first:
+        times.reverse()
+    return statistics.median(times[0]), statistics.median(times[1]), n
 
 
 # ---- interleaved rounds -------------------------------------------------------------------------
@@ -694,6 +752,41 @@ def time_rounds(fns: dict, *, rounds: int = 5, min_calls: int = 10, min_ms: floa
                 on_step(r, impl)
         res.spans.append((t0, time.perf_counter()))
     return res
+
+
+def time_paired(fns: dict, pairs, *, rounds: int = 5, min_calls: int = 10, min_ms: float = 100.0,
+                timer=None, max_calls: int = 10_000, on_step=None) -> dict:
+    """``a / b`` for each (a, b) of ``pairs`` (names in ``fns``) in ``rounds`` rounds of
+    ``measure_paired`` (b's median ms over a's, each round; b leads the cycles in odd
+    rounds): {(a, b): {"rounds": [ratio or None], "calls": [cycles or None], "error": text
+    or None}}. A pair whose call raises is left out of the rounds after.
+    ``on_step(round, pair)`` is called after each measurement."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if min_calls < 1:
+        raise ValueError(f"min_calls must be >= 1, got {min_calls}")
+    pairs = [tuple(p) for p in pairs]
+    unknown = sorted({i for p in pairs for i in p} - set(fns))
+    if unknown:
+        raise ValueError(f"pairs name implementations not in fns: {unknown}")
+    if any(len(p) != 2 or p[0] == p[1] for p in pairs):
+        raise ValueError(f"each pair must name two different implementations, got {pairs}")
+    timer = CpuTimer() if timer is None else timer
+    out = {p: {"rounds": [None] * rounds, "calls": [None] * rounds, "error": None} for p in pairs}
+    for r in range(rounds):
+        for p in pairs:
+            res = out[p]
+            if res["error"] is None:
+                try:
+                    ma, mb, n = measure_paired(fns[p[0]], fns[p[1]], timer, min_calls=min_calls,
+                                               min_ms=min_ms, max_calls=max_calls, b_first=r % 2 == 1)
+                    res["rounds"][r] = None if ma == 0 else mb / ma
+                    res["calls"][r] = n
+                except Exception as e:
+                    res["error"] = f"round {r + 1}: {_err(e)}"
+            if on_step is not None:
+                on_step(r, p)
+    return out
 
 
 def spread(values) -> dict:
@@ -900,7 +993,7 @@ class ClockSampler:
 
 def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=5, min_calls=10,
         warmup=25, rep=100, faithful_shapes=1, progress=True, on_shape=None, tuning=None,
-        timer=None) -> pd.DataFrame:
+        timer=None, paired=True) -> pd.DataFrame:
     """Time every implementation at every shape in ``rounds`` interleaved rounds
     (``time_rounds``: each round at least ``min_calls`` calls and ``rep`` ms of each, after
     ``warmup`` ms of untimed calls). One row per (shape, impl):
@@ -916,8 +1009,12 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
     replaces either). ``on_shape(table)`` is called after each shape with the table so far
     (to save it); ``tuning``, a list, receives the autotuner's timings of every config.
 
+    With ``paired``, the pairs of ``PAIRED_RATIOS`` that ran are then also timed
+    call-alternated (``time_paired``), ``rounds`` rounds of them.
+
     The table's ``attrs`` hold ``ratios`` (one dict per (shape, pair): median, min, max and
-    the per-round values of ``a / b``, see ``ratio_pairs``), ``shapes`` (per shape: round
+    the per-round values of ``a / b``, see ``ratio_pairs``), ``paired_ratios`` (the same
+    for the call-alternated pairs, with each round's cycles and any error), ``shapes`` (per shape: round
     orders, GPU clocks at the start and end of its rounds and per round, the autotuner's
     choices, the reference's heads, seconds) and ``timing`` (the method and its
     parameters)."""
@@ -935,6 +1032,8 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
             raise TypeError(f"{name} must be a{'n int' if kinds is int else ' number'}, got {value!r}")
         if value < lo:
             raise ValueError(f"{name} must be >= {lo}, got {value!r}")
+    if not isinstance(paired, bool):
+        raise TypeError(f"paired must be a bool, got {type(paired).__name__}")
     dev = torch.device(device)
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"the benchmark runs on a CUDA device or the CPU, got device={device!r}")
@@ -951,15 +1050,18 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
     jobs = [(suite, shape, tuple(i for i in chosen if i != FAITHFUL or si < faithful_shapes))
             for si, (suite, shape, chosen) in enumerate(jobs)]
     shapes = [shape for _, shape, _ in jobs]
-    rows, ratio_rows, shape_info = [], [], []
+    rows, ratio_rows, paired_rows, shape_info = [], [], [], []
     timing = {"timer": timer.name, "rounds": rounds, "min_calls": min_calls, "rep_ms": rep,
               "warmup_ms": warmup, "order": "rotated each round (round_orders)",
+              "paired": ("PAIRED_RATIOS call-alternated (time_paired: one call of each per "
+                         "cycle, b leading in odd rounds)" if paired else None),
               "reference": f"fa_lab.reference.attention fp32, heads sub-sampled above "
                            f"{REF_SCORE_BUDGET} (query, key) pairs x heads"}
 
     def table_so_far():
         t = _ordered(rows, shapes)
-        t.attrs.update(ratios=list(ratio_rows), shapes=list(shape_info), timing=dict(timing))
+        t.attrs.update(ratios=list(ratio_rows), paired_ratios=list(paired_rows),
+                       shapes=list(shape_info), timing=dict(timing))
         return t
     bar = tqdm(total=sum(len(i) * (rounds + 2) for _, _, i in jobs), desc="bench", disable=not progress)
     for suite, shape, impls in jobs:
@@ -1025,6 +1127,11 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
         with ClockSampler(device) as sampler:
             res = time_rounds(fns, rounds=rounds, min_calls=min_calls, min_ms=rep,
                               warmup_ms=warmup, timer=timer, on_step=step)
+            pairs = [p for p in PAIRED_RATIOS
+                     if all(i in fns and i not in res.errors for i in p)] if paired else []
+            bar.total += len(pairs) * rounds
+            paired_res = time_paired(fns, pairs, rounds=rounds, min_calls=min_calls, min_ms=rep,
+                                     timer=timer, on_step=lambda r, p: step(r, " / ".join(p)))
         clocks_end = gpu_clocks(device)
         bar.update((len(impls) - len(fns)) * rounds)
         for impl in fns:
@@ -1047,6 +1154,10 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
             if s["n"]:
                 ratio_rows.append({"suite": suite, "shape": shape.name, "ratio": f"{a} / {b}",
                                    "a": a, "b": b, **s, "rounds": per_round})
+        for (a, b), pr in paired_res.items():
+            paired_rows.append({"suite": suite, "shape": shape.name, "ratio": f"{a} / {b}",
+                                "a": a, "b": b, **spread(pr["rounds"]), "rounds": pr["rounds"],
+                                "calls": pr["calls"], "error": pr["error"]})
         info.update(
             rounds=rounds, orders=res.orders,
             clocks={"start": clocks_start, "end": clocks_end,
@@ -1116,9 +1227,10 @@ def _clock_text(c: dict | None) -> str:
     return ", ".join(parts)
 
 
-def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict]) -> list[str]:
+def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict],
+                 paired: list[dict] = ()) -> list[str]:
     """One shape's block: clocks, autotune picks, per implementation the median TFLOP/s
-    with its min-max over rounds, and the per-round ratios."""
+    with its min-max over rounds, the per-round ratios and the call-alternated ones."""
     shape = sub["shape"].iloc[0]
     n = int(sub["rounds"].max()) if sub["rounds"].notna().any() else 0
     head = f"== {sub['suite'].iloc[0]} · {shape}" if "suite" in sub else f"== {shape}"
@@ -1159,6 +1271,13 @@ def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict]) -> list
         lines.append(f"   {'ratio (A / B = B ms / A ms, per round)':<40}{'median':>8}  [min .. max]")
         for q in rats:
             lines.append(f"   {q['ratio']:<40}{q['median']:>8.3f}  [{q['min']:.3f} .. {q['max']:.3f}]")
+    if paired:
+        lines.append(f"   {'call-alternated (A B A B ..., per round)':<40}{'median':>8}  [min .. max]")
+        for q in paired:
+            if q["n"]:
+                lines.append(f"   {q['ratio']:<40}{q['median']:>8.3f}  [{q['min']:.3f} .. {q['max']:.3f}]")
+            if q.get("error"):
+                lines.append(f"   {q['ratio']:<40}  failed: {q['error']}")
     return lines
 
 
@@ -1169,10 +1288,12 @@ def format_table(table: pd.DataFrame) -> str:
     several); then the rel-L2 checks, configs and notes."""
     lines = []
     rats = table.attrs.get("ratios") or []
+    paired = table.attrs.get("paired_ratios") or []
     infos = {i["shape"]: i for i in table.attrs.get("shapes") or []}
     if "ms_rounds" in table.columns:
         for shape, sub in table.groupby("shape", sort=False):
-            lines += _shape_lines(sub, infos.get(shape), [q for q in rats if q["shape"] == shape])
+            lines += _shape_lines(sub, infos.get(shape), [q for q in rats if q["shape"] == shape],
+                                  [q for q in paired if q["shape"] == shape])
             lines.append("")
     blocks = table.groupby("suite", sort=False) if "suite" in table.columns else [(None, table)]
     width = max(28, 2 + max(len(str(s)) for s in table["shape"]))
@@ -1229,12 +1350,14 @@ def save(table: pd.DataFrame, name="bench_h200", *, directory=None, device="cuda
          tuning=None):
     """data/results/<name>.json (or ``directory``), with provenance (atomic write): ``rows``
     (one per (shape, impl), with the per-round values), ``ratios`` (per round, with median
-    and min-max), ``shapes`` (round orders, clocks, autotune picks, seconds), ``timing``
+    and min-max), ``paired_ratios`` (call-alternated, likewise), ``shapes`` (round
+    orders, clocks, autotune picks, seconds), ``timing``
     (the method), ``autotune_timings`` (``tuning``) and ``params``."""
     if "timing" not in table.attrs:  # a table without rounds (config_sweep's): rows alone
         return save_result(name, table, params=dict(params or {}), device=device, directory=directory)
     payload = {"params": dict(params or {}), "timing": table.attrs.get("timing"),
                "shapes": table.attrs.get("shapes", []), "ratios": table.attrs.get("ratios", []),
+               "paired_ratios": table.attrs.get("paired_ratios", []),
                "autotune_timings": list(tuning or []), "rows": table.to_dict("records")}
     return save_result(name, payload, params=payload["params"], device=device, directory=directory)
 

@@ -79,6 +79,8 @@ def test_run_refuses_bad_arguments_before_any_work():
         bench.run(device="cpu", min_calls=2.5)
     with pytest.raises(ValueError, match="rep must be >= 0"):
         bench.run(device="cpu", rep=-1)
+    with pytest.raises(TypeError, match="paired must be a bool"):
+        bench.run(device="cpu", paired="yes")
 
 
 def test_cli_bench_rejects_bad_shape_indices():
@@ -232,7 +234,8 @@ class _VirtualTime:
     by its round's time (and logs its name). ``calls_per_round`` calls make a round, after
     ``warm_calls`` untimed ones (1 s each: time_rounds' warm-up; run's first call too);
     within a round, calls take ``ms``, ``ms``, ... and every third one ``ms + 50`` (an
-    outlier the per-round median must drop)."""
+    outlier the per-round median must drop). Calls past the last round take the last
+    round's time (run's call-alternated pairs come after its rounds)."""
 
     def __init__(self, calls_per_round, warm_calls=1):
         self.t = 0.0
@@ -253,7 +256,7 @@ class _VirtualTime:
                 ms = 1000.0
             else:
                 r, j = divmod(k - self.warm, self.per_round)
-                ms = ms_of_round[r] + (50.0 if j % 3 == 2 else 0.0)
+                ms = ms_of_round[min(r, len(ms_of_round) - 1)] + (50.0 if j % 3 == 2 else 0.0)
             self.t += ms * 1e-3
             self.log.append(name)
             return out
@@ -361,6 +364,82 @@ def test_time_rounds_keeps_going_when_one_implementation_fails():
         bench.time_rounds({"ok": ok}, min_calls=0)
 
 
+def test_measure_paired_alternates_one_call_of_each_and_takes_their_medians():
+    vt = _VirtualTime(calls_per_round=10**6, warm_calls=0)
+    a, b = vt.kernel("a", [2.0]), vt.kernel("b", [3.0])
+    timer = bench.CpuTimer(now=vt.now)
+    # 12 ms / (2 + 3) ms per cycle -> 3 cycles; every third call of each is +50 ms
+    assert bench.measure_paired(a, b, timer, min_calls=1, min_ms=12.0) == (
+        pytest.approx(2.0), pytest.approx(3.0), 3)
+    assert vt.log == ["a", "b"] * 3
+    vt.log.clear()
+    ma, mb, n = bench.measure_paired(a, b, timer, min_calls=4, min_ms=0.0, b_first=True)
+    assert vt.log == ["b", "a"] * 4 and (ma, mb, n) == (pytest.approx(2.0), pytest.approx(3.0), 4)
+    assert bench.measure_paired(a, b, timer, min_calls=1, min_ms=1e9, max_calls=2)[2] == 2
+
+
+class _CappedClock:
+    """A GPU stand-in whose clock drops once: calls of ``work`` ms take ``work`` ms of
+    virtual time until ``t_drop`` (s), then ``work / 0.8`` (a power cap pulling the SM
+    clock from 100 % to 80 %)."""
+
+    def __init__(self, t_drop):
+        self.t, self.t_drop = 0.0, t_drop
+
+    def now(self):
+        return self.t
+
+    def kernel(self, work_ms):
+        def fn():
+            self.t += work_ms * 1e-3 / (1.0 if self.t < self.t_drop else 0.8)
+        return fn
+
+
+def test_call_alternated_pairs_see_the_same_clock_where_turns_do_not():
+    """Two kernels of the same work under a clock that drops by 20 % during the round:
+    timed in turns (``time_rounds``), the second one's turn runs after the drop and a
+    reads 25 % faster than b; call-alternated (``time_paired``), both run before and after it alike
+    and the ratio is 1."""
+    clock = _CappedClock(t_drop=0.015)
+    fns = {"a": clock.kernel(1.0), "b": clock.kernel(1.0)}
+    timer = bench.CpuTimer(now=clock.now)
+    res = bench.time_rounds(fns, rounds=1, min_calls=10, min_ms=0, warmup_ms=0, timer=timer)
+    assert bench.ratio_rounds(res.ms, "a", "b") == [pytest.approx(1.25)]
+    clock.t, clock.t_drop = 0.0, 0.007  # the drop falls in the middle of the cycles
+    out = bench.time_paired(fns, [("a", "b")], rounds=2, min_calls=10, min_ms=0, timer=timer)
+    assert out[("a", "b")]["rounds"] == [pytest.approx(1.0)] * 2
+    assert out[("a", "b")]["calls"] == [10, 10] and out[("a", "b")]["error"] is None
+
+
+def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
+    vt = _VirtualTime(calls_per_round=10**6, warm_calls=0)
+    fns = {"a": vt.kernel("a", [1.0]), "b": vt.kernel("b", [2.0])}
+    with pytest.raises(ValueError, match="not in fns"):
+        bench.time_paired(fns, [("a", "c")])
+    with pytest.raises(ValueError, match="two different"):
+        bench.time_paired(fns, [("a", "a")])
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench.time_paired(fns, [("a", "b")], rounds=0)
+    with pytest.raises(ValueError, match="min_calls"):
+        bench.time_paired(fns, [("a", "b")], min_calls=0)
+    assert vt.log == []  # refused before any call
+    calls = [0]
+
+    def flaky():
+        calls[0] += 1
+        vt.t += 1e-3
+        if calls[0] == 4:
+            raise RuntimeError("CUDA out of memory")
+    steps = []
+    out = bench.time_paired({**fns, "flaky": flaky}, [("a", "b"), ("a", "flaky")], rounds=3,
+                            min_calls=3, min_ms=0, timer=bench.CpuTimer(now=vt.now),
+                            on_step=lambda r, p: steps.append((r, p)))
+    assert out[("a", "b")]["rounds"] == [pytest.approx(2.0)] * 3
+    assert out[("a", "flaky")]["rounds"] == [pytest.approx(1.0), None, None]
+    assert out[("a", "flaky")]["error"] == "round 2: RuntimeError: CUDA out of memory"
+    assert steps == [(r, p) for r in range(3) for p in (("a", "b"), ("a", "flaky"))]
+
+
 def _stand_in_runner(vt, times):
     """bench._runner's stand-in: each implementation of ``times`` ({impl: ms per round})
     advances the virtual clock by its round's ms and returns SDPA's output (``wrong``:
@@ -433,6 +512,11 @@ def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch,
     assert obj["shapes"][0]["orders"] == info["orders"]
     assert obj["ratios"][0]["ratio"] == "fast_lazy / fast_eager" and obj["ratios"][0]["median"] == 2.0
     assert bench.ratio_table(obj).shape[0] == 3
+    # the call-alternated pair (both at their last round's time: 1 and 3 ms)
+    pr, = obj["paired_ratios"]
+    assert (pr["ratio"], pr["rounds"], pr["calls"], pr["error"]) == (
+        "fast_lazy / fast_eager", pytest.approx([3.0] * 5), [3] * 5, None)
+    assert "call-alternated" in text and "3.000  [3.000 .. 3.000]" in text
 
 
 # ---- the fp32 reference ------------------------------------------------------------------------
@@ -586,6 +670,17 @@ def test_cuda_timer_measures_gpu_time_in_proportion():
 
 
 @pytest.mark.gpu
+def test_cuda_timer_times_alternated_calls_each_alone():
+    """Spin kernels of 1e6 and 4e6 cycles called in alternation: each call's events hold
+    its own kernel only (medians 1 : 4 within 10 %), whichever leads the cycle."""
+    timer = bench.CudaTimer("cuda")
+    one, four = (lambda: torch.cuda._sleep(1_000_000)), (lambda: torch.cuda._sleep(4_000_000))
+    for b_first in (False, True):
+        ma, mb, n = bench.measure_paired(one, four, timer, min_calls=8, min_ms=5, b_first=b_first)
+        assert n >= 8 and 3.6 < mb / ma < 4.4, (ma, mb)
+
+
+@pytest.mark.gpu
 def test_run_on_a_gpu_times_rounds_and_reads_clocks():
     shape = bench.Shape(1, 1024, 4, 64, True)
     table = bench.run(jobs=[("dense", shape, ("fast_lazy", "fast_eager", "sdpa_flash"))], rounds=2,
@@ -595,3 +690,5 @@ def test_run_on_a_gpu_times_rounds_and_reads_clocks():
     info, = table.attrs["shapes"]
     assert info["clocks"]["start"]["source"] is not None
     assert set(info["autotune"]) == {"fast_lazy", "fast_eager"}
+    pr, = table.attrs["paired_ratios"]
+    assert pr["ratio"] == "fast_lazy / fast_eager" and pr["n"] == 2 and pr["error"] is None
