@@ -262,6 +262,18 @@ class _VirtualTime:
             return out
         return fn
 
+    def failing(self, on_call, message):
+        """A callable that takes 1 ms a call and raises RuntimeError(``message``) on call
+        number ``on_call`` (from 1)."""
+        calls = [0]
+
+        def fn():
+            calls[0] += 1
+            self.t += 1e-3
+            if calls[0] == on_call:
+                raise RuntimeError(message)
+        return fn
+
 
 A_MS = [2.0, 4.0, 3.0, 5.0, 1.0]  # median 3, min 1, max 5
 B_MS = [4.0, 4.0, 6.0, 10.0, 3.0]  # median 4, min 3, max 10
@@ -347,13 +359,7 @@ def test_time_rounds_on_the_real_clock_with_sleeping_callables():
 def test_time_rounds_keeps_going_when_one_implementation_fails():
     vt = _VirtualTime(calls_per_round=1)
     ok = vt.kernel("ok", [1.0] * 4)
-    calls = [0]
-
-    def flaky():
-        calls[0] += 1
-        vt.t += 1e-3
-        if calls[0] == 3:
-            raise RuntimeError("CUDA out of memory\nmore text")
+    flaky = vt.failing(3, "CUDA out of memory\nmore text")
     res = bench.time_rounds({"ok": ok, "flaky": flaky}, rounds=4, min_calls=1, min_ms=0,
                             warmup_ms=0, timer=bench.CpuTimer(now=vt.now))
     # flaky: call 1 is the warm-up, 2 its first round; it fails in its second round
@@ -423,13 +429,7 @@ def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
     with pytest.raises(ValueError, match="min_calls"):
         bench.time_paired(fns, [("a", "b")], min_calls=0)
     assert vt.log == []  # refused before any call
-    calls = [0]
-
-    def flaky():
-        calls[0] += 1
-        vt.t += 1e-3
-        if calls[0] == 4:
-            raise RuntimeError("CUDA out of memory")
+    flaky = vt.failing(4, "CUDA out of memory")
     steps = []
     out = bench.time_paired({**fns, "flaky": flaky}, [("a", "b"), ("a", "flaky")], rounds=3,
                             min_calls=3, min_ms=0, timer=bench.CpuTimer(now=vt.now),
