@@ -540,8 +540,7 @@ class CpuTimer:
 
     def __init__(self, now=time.perf_counter):
         self.now = now
-
-    host_ms = 0.0
+        self.host_ms = 0.0
 
     def probe(self, fn) -> float:
         """ms of one call (on the CPU, also its host time: ``host_ms``)."""
@@ -554,7 +553,8 @@ class CpuTimer:
 
     def cycle(self, fns, n: int, host_ms: float | None = None) -> list[list[float]]:
         """``n`` cycles through ``fns``, one call of each per cycle: per fn, the ms of each
-        of its calls (``host_ms``: unused here, as ``CudaTimer.cycle``'s)."""
+        of its calls. ``host_ms`` keeps ``CudaTimer.cycle``'s signature; on the CPU there is
+        no queue to keep ahead of, so it is not used."""
         out = [[] for _ in fns]
         for _ in range(n):
             for j, fn in enumerate(fns):
@@ -1014,10 +1014,10 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
 
     The table's ``attrs`` hold ``ratios`` (one dict per (shape, pair): median, min, max and
     the per-round values of ``a / b``, see ``ratio_pairs``), ``paired_ratios`` (the same
-    for the call-alternated pairs, with each round's cycles and any error), ``shapes`` (per shape: round
-    orders, GPU clocks at the start and end of its rounds and per round, the autotuner's
-    choices, the reference's heads, seconds) and ``timing`` (the method and its
-    parameters)."""
+    for the call-alternated pairs, with each round's cycles and any error), ``shapes``
+    (per shape: round orders, GPU clocks at the start and end of its rounds and per round,
+    the autotuner's choices, the reference's heads, seconds) and ``timing`` (the method
+    and its parameters)."""
     if jobs is None:
         _check_impls(impls)
         if not shapes:
@@ -1351,8 +1351,8 @@ def save(table: pd.DataFrame, name="bench_h200", *, directory=None, device="cuda
     """data/results/<name>.json (or ``directory``), with provenance (atomic write): ``rows``
     (one per (shape, impl), with the per-round values), ``ratios`` (per round, with median
     and min-max), ``paired_ratios`` (call-alternated, likewise), ``shapes`` (round
-    orders, clocks, autotune picks, seconds), ``timing``
-    (the method), ``autotune_timings`` (``tuning``) and ``params``."""
+    orders, clocks, autotune picks, seconds), ``timing`` (the method),
+    ``autotune_timings`` (``tuning``) and ``params``."""
     if "timing" not in table.attrs:  # a table without rounds (config_sweep's): rows alone
         return save_result(name, table, params=dict(params or {}), device=device, directory=directory)
     payload = {"params": dict(params or {}), "timing": table.attrs.get("timing"),
