@@ -1,7 +1,8 @@
 """The launches behind an Nsight Compute profile of the fp8 target shape of the dense suite
 (B2 S8192 H32 D128): the fp8 Triton kernel under lazy at its tuned tiling (BM64 BN128,
-4 warps, 3 stages, TMA, row-sum filter) and the Gluon bf16 kernel under lazy at its tuned
-launch (BN128, 2 stages, persistent), each called twice (the first call compiles). Run it
+4 warps, 3 stages, TMA, row-sum filter) and the Gluon bf16 kernel under lazy at a pinned
+launch (BN128, 2 stages, persistent: the tuner's pick there in bench_h200.json at
+1a2da9a), each called twice (the first call compiles). Run it
 under ncu, e.g.
 
     ncu -k regex:attn_fwd --section SpeedOfLight --section ComputeWorkloadAnalysis

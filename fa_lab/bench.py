@@ -25,7 +25,7 @@ rounds (``RATIO_PAIRS``; the table's ``attrs["ratios"]`` and the JSON's ``ratios
 within a round, so two implementations timed a few hundred ms apart can meet different
 clocks; for pairs whose difference is smaller than that (``PAIRED_RATIOS``: one kernel
 under two policies) the rounds are followed by as many rounds of those pairs timed
-call-alternated: A B A B ..., one call of each per cycle (B leading in odd rounds), each
+call-alternated: A B A B ..., one call of each per cycle (B leading in rounds 2, 4, ...), each
 call flushed and timed alone, so both see the same clocks; a round's ratio is B's median
 ms over A's (the JSON's ``paired_ratios``).
 
@@ -757,9 +757,10 @@ def time_rounds(fns: dict, *, rounds: int = 5, min_calls: int = 10, min_ms: floa
 def time_paired(fns: dict, pairs, *, rounds: int = 5, min_calls: int = 10, min_ms: float = 100.0,
                 timer=None, max_calls: int = 10_000, on_step=None) -> dict:
     """``a / b`` for each (a, b) of ``pairs`` (names in ``fns``) in ``rounds`` rounds of
-    ``measure_paired`` (b's median ms over a's, each round; b leads the cycles in odd
-    rounds): {(a, b): {"rounds": [ratio or None], "calls": [cycles or None], "error": text
-    or None}}. A pair whose call raises is left out of the rounds after.
+    ``measure_paired`` (b's median ms over a's, each round; b leads the cycles in rounds
+    2, 4, ...): {(a, b): {"rounds": [ratio or None], "calls": [cycles or None], "error":
+    text or None}}. A pair whose call raises, or whose a takes 0 ms (no ratio), is left out
+    of the rounds after, with the reason in "error".
     ``on_step(round, pair)`` is called after each measurement."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -780,10 +781,14 @@ def time_paired(fns: dict, pairs, *, rounds: int = 5, min_calls: int = 10, min_m
                 try:
                     ma, mb, n = measure_paired(fns[p[0]], fns[p[1]], timer, min_calls=min_calls,
                                                min_ms=min_ms, max_calls=max_calls, b_first=r % 2 == 1)
-                    res["rounds"][r] = None if ma == 0 else mb / ma
-                    res["calls"][r] = n
                 except Exception as e:
                     res["error"] = f"round {r + 1}: {_err(e)}"
+                else:
+                    res["calls"][r] = n
+                    if ma > 0:
+                        res["rounds"][r] = mb / ma
+                    else:
+                        res["error"] = f"round {r + 1}: {p[0]} took 0 ms, no ratio"
             if on_step is not None:
                 on_step(r, p)
     return out
@@ -1054,7 +1059,7 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
     timing = {"timer": timer.name, "rounds": rounds, "min_calls": min_calls, "rep_ms": rep,
               "warmup_ms": warmup, "order": "rotated each round (round_orders)",
               "paired": ("PAIRED_RATIOS call-alternated (time_paired: one call of each per "
-                         "cycle, b leading in odd rounds)" if paired else None),
+                         "cycle, b leading in rounds 2, 4, ...)" if paired else None),
               "reference": f"fa_lab.reference.attention fp32, heads sub-sampled above "
                            f"{REF_SCORE_BUDGET} (query, key) pairs x heads"}
 

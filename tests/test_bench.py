@@ -411,10 +411,14 @@ def test_call_alternated_pairs_see_the_same_clock_where_turns_do_not():
     timer = bench.CpuTimer(now=clock.now)
     res = bench.time_rounds(fns, rounds=1, min_calls=10, min_ms=0, warmup_ms=0, timer=timer)
     assert bench.ratio_rounds(res.ms, "a", "b") == [pytest.approx(1.25)]
-    clock.t, clock.t_drop = 0.0, 0.007  # the drop falls in the middle of the cycles
-    out = bench.time_paired(fns, [("a", "b")], rounds=2, min_calls=10, min_ms=0, timer=timer)
-    assert out[("a", "b")]["rounds"] == [pytest.approx(1.0)] * 2
-    assert out[("a", "b")]["calls"] == [10, 10] and out[("a", "b")]["error"] is None
+    for b_first in (False, True):  # the drop falls in the middle of the cycles
+        clock.t, clock.t_drop = 0.0, 0.007
+        ma, mb, n = bench.measure_paired(fns["a"], fns["b"], timer, min_calls=10, min_ms=0,
+                                         b_first=b_first)
+        assert (ma, n) == (pytest.approx(1.25), 10) and mb == pytest.approx(ma)
+    clock.t, clock.t_drop = 0.0, 0.007
+    out = bench.time_paired(fns, [("a", "b")], rounds=1, min_calls=10, min_ms=0, timer=timer)
+    assert out == {("a", "b"): {"rounds": [pytest.approx(1.0)], "calls": [10], "error": None}}
 
 
 def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
@@ -438,6 +442,12 @@ def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
     assert out[("a", "flaky")]["rounds"] == [pytest.approx(1.0), None, None]
     assert out[("a", "flaky")]["error"] == "round 2: RuntimeError: CUDA out of memory"
     assert steps == [(r, p) for r in range(3) for p in (("a", "b"), ("a", "flaky"))]
+    # a that takes no time gives no ratio: said, not a silent gap
+    still = {"z": lambda: None, "b": fns["b"]}
+    out = bench.time_paired(still, [("z", "b")], rounds=2, min_calls=2, min_ms=0,
+                            timer=bench.CpuTimer(now=vt.now))
+    assert out[("z", "b")] == {"rounds": [None, None], "calls": [2, None],
+                               "error": "round 1: z took 0 ms, no ratio"}
 
 
 def _stand_in_runner(vt, times):
