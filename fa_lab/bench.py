@@ -637,14 +637,21 @@ class CudaTimer:
             return [[s.elapsed_time(e) for s, e in p] for p in pairs]
 
 
+def _calls(probe_ms: float, min_calls: int, min_ms: float, max_calls: int) -> int:
+    """How many calls (or cycles) to time, given one probe of ``probe_ms``: at least
+    ``min_calls``, about ``min_ms`` ms in all, at most ``max_calls`` (unless ``min_calls``
+    asks for more), at least one."""
+    n = max(min_calls, math.ceil(min_ms / probe_ms) if probe_ms > 0 else max_calls)
+    return max(1, min(n, max(max_calls, min_calls)))
+
+
 def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
             max_calls: int = 10_000) -> tuple[float, int]:
     """(median ms per call, calls) of ``fn`` over at least ``min_calls`` calls and about
     ``min_ms`` ms of them (at most ``max_calls``): one probe call, which sizes the rest and
     counts among them."""
     first = timer.probe(fn)
-    n = max(min_calls, math.ceil(min_ms / first) if first > 0 else max_calls)
-    n = max(1, min(n, max(max_calls, min_calls)))
+    n = _calls(first, min_calls, min_ms, max_calls)
     times = [first, *timer.times(fn, n - 1)] if n > 1 else [first]
     return statistics.median(times), n
 
@@ -662,9 +669,7 @@ def measure_paired(fa, fb, timer, *, min_calls: int = 10, min_ms: float = 100.0,
     for fn in order:
         first.append(timer.probe(fn))
         host += timer.host_ms
-    per_cycle = sum(first)
-    n = max(min_calls, math.ceil(min_ms / per_cycle) if per_cycle > 0 else max_calls)
-    n = max(1, min(n, max(max_calls, min_calls)))
+    n = _calls(sum(first), min_calls, min_ms, max_calls)
     rest = timer.cycle(order, n - 1, host_ms=host) if n > 1 else [[], []]
     times = [[t0, *ts] for t0, ts in zip(first, rest)]
     if b_first:
