@@ -7,13 +7,18 @@ the TMA and plain-load paths against each other, and argument checks. The compil
 kernels are checked the same way on a GPU (marked ``gpu``).
 """
 
+import re
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fa_lab
 from _shared import BF16_TOL, check_against_reference
 from fa_lab import experiments as ex
 from fa_lab import policies, reference
+from fa_lab.kernels._triton import fast as common
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
@@ -190,18 +195,109 @@ def test_fp8_tma_plain_and_filter_variants_agree():
         assert torch.equal(plain.nan_to_num(), other.nan_to_num())
 
 
+def _fp8_operand_column(key: int) -> int:
+    """Where the fp8 kernel's V^T keeps ``key``: wgmma's accumulator gives a thread score
+    columns 8j + 2i, 8j + 2i + 1 (j = 0, 1 in each 16); an fp8 A operand takes 4 adjacent
+    keys 4i .. 4i + 3 of each 16 from it. Stored in that order, the thread's own P values
+    are the operand: key 16b + 8j + 2i + e sits at column 16b + 4i + 2j + e."""
+    b, r = divmod(key, 16)
+    j, r = divmod(r, 8)
+    i, e = divmod(r, 2)
+    return 16 * b + 4 * i + 2 * j + e
+
+
+def _v_transposed_as_stored(v8: torch.Tensor, skv_pad: int) -> torch.Tensor:
+    """The expected V^T copy of v8 [B, Skv, Hkv, D], as uint8: zeros past Skv."""
+    B, skv, hkv, d = v8.shape
+    want = torch.zeros(B, hkv, d, skv_pad, dtype=torch.uint8, device=v8.device)
+    cols = torch.tensor([_fp8_operand_column(s) for s in range(skv)], device=v8.device)
+    want[..., cols] = v8.view(torch.uint8).permute(0, 2, 3, 1)
+    return want
+
+
 @pytest.mark.parametrize("skv, strided", [(200, False), (64, False), (13, True)])
-def test_fp8_v_transpose_is_a_permute_with_zero_padding(skv, strided):
-    """The transposed V copy (interpreted): every byte of V at [b, h, d, s], zeros in the
-    padding columns, also from a non-contiguous V."""
+def test_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv, strided):
+    """The transposed V copy (interpreted): every byte of V at [b, h, d, column of s],
+    zeros in the padding columns, also from a non-contiguous V."""
     gen = torch.Generator().manual_seed(skv)
     raw = torch.randint(0, 256, (2, skv, 3, 256 if strided else 128), generator=gen, dtype=torch.uint8)
     v8 = raw[..., :128].view(torch.float8_e4m3fn) if not strided else raw[..., ::2].view(torch.float8_e4m3fn)
     vt = fast_fp8.transpose_v(v8, interpret=True)
     pad = -skv % fast_fp8.V_PAD
     assert vt.shape == (2, 3, 128, skv + pad) and vt.is_contiguous()
-    assert torch.equal(vt[..., :skv].view(torch.uint8), v8.view(torch.uint8).permute(0, 2, 3, 1))
-    assert not vt[..., skv:].view(torch.uint8).any()
+    assert torch.equal(vt.view(torch.uint8), _v_transposed_as_stored(v8, skv + pad))
+
+
+# ---- the fp8 P operand, compiled for sm_90 on the CPU ------------------------------------
+
+@triton.jit
+def _pv_probe(Q, K, Vt, Out, IN_STORED_ORDER: tl.constexpr):
+    """One fp8 tile as the kernel computes it: S = Q K^T on the tensor cores, P = exp2(S)
+    cast to e4m3, O = P V (V transposed)."""
+    r, n, d = tl.arange(0, 64), tl.arange(0, 128), tl.arange(0, 128)
+    k = tl.load(K + n[:, None] * 128 + d[None, :])
+    s = tl.dot(tl.load(Q + r[:, None] * 128 + d[None, :]), tl.trans(k))
+    p = tl.math.exp2(s).to(tl.float8e4nv)
+    if IN_STORED_ORDER:
+        p = fast_fp8._in_stored_order(p, 64, 128)
+    vt = tl.load(Vt + d[:, None] * 128 + n[None, :])
+    tl.store(Out + r[:, None] * 128 + d[None, :], tl.dot(p, tl.trans(vt)))
+
+
+def _sm90_ptx(src, num_warps):
+    from triton.backends.compiler import GPUTarget
+
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps}).asm["ptx"]
+    except Exception as e:  # a Triton without its NVIDIA back end or ptxas
+        pytest.skip(f"cannot compile for sm_90 here: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _lane_exchanges(ptx: str) -> list[str]:
+    """The shuffles that read a lane chosen per thread (a layout change moves data so);
+    a broadcast from a fixed lane and the butterflies of row reductions are not counted."""
+    return re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, %r\d+", ptx)
+
+
+def test_fp8_p_operand_in_stored_order_moves_no_data_between_lanes():
+    """From the scores' accumulator to wgmma's fp8 A operand, P in key order needs lane
+    shuffles (the control); reordered by ``_in_stored_order`` it needs none."""
+    from triton.compiler import ASTSource
+
+    def ptx(in_order):
+        sig = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "Vt": "*fp8e4nv", "Out": "*fp32",
+               "IN_STORED_ORDER": "constexpr"}
+        return _sm90_ptx(ASTSource(fn=_pv_probe, signature=sig,
+                                   constexprs={"IN_STORED_ORDER": in_order}), 4)
+    control, ours = ptx(False), ptx(True)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ours
+    assert len(_lane_exchanges(control)) >= 16
+    assert _lane_exchanges(ours) == []
+
+
+@pytest.mark.parametrize("config", fast_fp8.CONFIGS, ids=lambda c: c.describe())
+def test_fp8_kernel_compiles_to_no_lane_shuffle(config):
+    """The fp8 kernel itself (lazy, causal, every autotuned config): no data moves
+    between lanes on the way to the PV product."""
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    q = torch.zeros(1, 256, 2, 128, dtype=fast_fp8.FP8)
+    vt = torch.zeros(1, 2, 128, 256, dtype=fast_fp8.FP8)
+    desc_k = common.make_descriptor(q.view(256, 256), [config.block_n, 128])
+    desc_vt = common.make_descriptor(vt.view(256, 256), [128, config.block_n])
+    args = (q, q, vt, q, q, desc_k, desc_vt, *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
+            2, 1, 2, 256, 256, 256, 1.0, 1.0, 8.0, 1.0, 0, 0.0, 8.0)
+    meta = dict(D=128, CAUSAL=True, LAZY=True, SATURATE=True, INTERPRET=False,
+                **{k: v for k, v in config.meta(True).items() if not k.startswith("num_")})
+    fn = fast_fp8._attn_fwd_fp8
+    ints = {n if isinstance(n, str) else fn.arg_names[n] for n in fn.do_not_specialize}
+    sig = {n: ("i32" if n in ints else mangle_type(a)) for n, a in zip(fn.arg_names, args)}
+    sig.update({n: "constexpr" for n in meta})
+    ptx = _sm90_ptx(ASTSource(fn=fn, signature=sig, constexprs=meta), config.num_warps)
+    assert "e4m3.e4m3" in ptx
+    assert _lane_exchanges(ptx) == []
 
 
 # ---- bad input ---------------------------------------------------------------------------
@@ -325,11 +421,11 @@ def test_gpu_fp8_autotuned_matches_reference(gen, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("skv", [1, 1000, 4099])
-def test_gpu_fp8_v_transpose_is_a_permute_with_zero_padding(skv):
+def test_gpu_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv):
     raw = torch.randint(0, 256, (2, skv, 4, 128), dtype=torch.uint8, device="cuda")
-    vt = fast_fp8.transpose_v(raw.view(torch.float8_e4m3fn))
-    assert torch.equal(vt[..., :skv].view(torch.uint8), raw.permute(0, 2, 3, 1))
-    assert not vt[..., skv:].view(torch.uint8).any()
+    v8 = raw.view(torch.float8_e4m3fn)
+    vt = fast_fp8.transpose_v(v8)
+    assert torch.equal(vt.view(torch.uint8), _v_transposed_as_stored(v8, skv + -skv % fast_fp8.V_PAD))
 
 
 # ---- backend="fast" through the public API ---------------------------------------------

@@ -20,10 +20,15 @@ For throughput, not for reproducing the faithful model bit for bit. What it keep
 What is its own: the tile height (BLOCK_M rows, a multiple of the 32-row wave), the order
 of the tensor cores' fp32 sums, and V is first copied to a [B, Hkv, D, Skv] layout
 (Hopper's fp8 tensor-core instructions read both operands K-major; the copy is part of
-``forward`` and of its timing). When no row of a block voted, the O and l rescale is
-skipped (one block-wide max of the votes; the per-wave vote runs only in that branch);
-with ``row_sum_filter`` the fast path tests the row sums of P against 2**(threshold + H)
-instead of taking row maxes (as in ``swp_bf16.fast``; the same decisions).
+``forward`` and of its timing). The copy stores the keys of each 16 in the order of
+``_in_stored_order``, and P's columns are reordered the same way before the PV product:
+the same sum over the keys, in an order in which each thread of the scores' accumulator
+already holds the P elements the fp8 instruction takes from it (the change of layout
+renames registers instead of shuffling data between lanes). When no row of a block
+voted, the O and l rescale is skipped (one block-wide max of the votes; the per-wave vote
+runs only in that branch); with ``row_sum_filter`` the fast path tests the row sums of P
+against 2**(threshold + H) instead of taking row maxes (as in ``swp_bf16.fast``; the same
+decisions).
 
 Shared with the bf16/f16 fast kernels (``_triton.fast``): the scores and their masks
 (``scores``), the tiles a query block walks (``walk_bounds``), the block and wave votes,
@@ -65,8 +70,20 @@ CONFIGS = (
     Config(128, 128, 8, 3, False),
 )
 INTERPRET_CONFIG = Config(64, 128, 4, 1, False)
-#: Skv of the transposed V copy is padded to this many columns (TMA: 16-byte row strides).
+#: Skv of the transposed V copy is padded to this many columns (TMA: 16-byte row strides;
+#: ``_in_stored_order`` permutes keys within aligned groups of 16).
 V_PAD = 16
+
+
+@triton.jit
+def _in_stored_order(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The columns of a [BLOCK_M, BLOCK_N] tile in the key order of the V^T copy: within
+    each aligned group of 16, column 8 g + 2 i + e (g, e in 0..1, i in 0..3) moves to
+    4 i + 2 g + e. A thread of wgmma's accumulator holds score columns 2i, 2i + 1 of each
+    group of 8 (i: its lane mod 4), and an fp8 A operand takes keys 4i .. 4i + 3 of each
+    16 from it: in this order, the scores' thread already holds its P operand."""
+    p = tl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
+    return tl.reshape(tl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
 
 
 @triton.jit
@@ -159,6 +176,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
     else:
         p = tl.where(p >= 464.0, float("nan"), p)  # rounds past 448: NaN, as the model
     vt = _load_vt(desc_vt, vt_base, vt_row0, n0, seqlen_vpad, BLOCK_N, D, USE_TMA, MASKED)
+    p = _in_stored_order(p, BLOCK_M, BLOCK_N)
     if INTERPRET:  # the interpreter's fp8 cast is unusable: round by hand, multiply in fp32
         acc = tl.dot(round_e4m3_bits(p), tl.trans(vt.to(tl.float32)), acc, input_precision="ieee")
     else:
@@ -242,8 +260,9 @@ def vote_limit(threshold: float, headroom: float) -> float:
 @triton.jit
 def _transpose_v_kernel(V, Vt, stride_vb, stride_vs, stride_vh, Hkv, seqlen, seqlen_pad,
                         D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One [BLOCK_S, D] slab of one (batch, kv head) of V, stored transposed; the padding
-    columns (seqlen .. seqlen_pad) are written as zeros. Bytes are moved as uint8."""
+    """One [BLOCK_S, D] slab of one (batch, kv head) of V, stored transposed with its keys
+    in ``_in_stored_order``'s order; the padding columns (seqlen .. seqlen_pad) are written
+    as zeros. Bytes are moved as uint8."""
     s0 = tl.program_id(0) * BLOCK_S
     bh = tl.program_id(1)
     b = bh // Hkv
@@ -253,7 +272,8 @@ def _transpose_v_kernel(V, Vt, stride_vb, stride_vs, stride_vh, Hkv, seqlen, seq
     src = V + b.to(tl.int64) * stride_vb + h * stride_vh + cols[:, None].to(tl.int64) * stride_vs + dims[None, :]
     tile = tl.load(src, mask=(cols < seqlen)[:, None], other=0)
     dst = Vt + bh.to(tl.int64) * D * seqlen_pad + dims[:, None] * seqlen_pad + cols[None, :]
-    tl.store(dst, tl.trans(tile), mask=(cols < seqlen_pad)[None, :])
+    tl.store(dst, _in_stored_order(tl.trans(tile), D, BLOCK_S),
+             mask=(cols < seqlen_pad)[None, :])
 
 
 #: Rows of V per program of the transpose (a [64, 128] byte slab: 8 KiB).
@@ -261,7 +281,8 @@ TRANSPOSE_BLOCK_S = 64
 
 
 def transpose_v(v8: torch.Tensor, interpret: bool = False) -> torch.Tensor:
-    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv.
+    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv, the keys of
+    each 16 in ``_in_stored_order``'s order.
 
     One pass of a Triton kernel over the bytes (``interpret``: through the CPU
     interpreter); a strided torch copy into a zero-filled buffer would read and write the
