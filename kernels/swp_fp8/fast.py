@@ -63,7 +63,8 @@ CANDIDATE_CONFIGS = (
     Config(128, 128, 8, 3, False),
 )
 #: The autotuner's list (Hopper; pinned timings of the candidates in
-#: data/results/bench_configs_h200.json). Lazy autotunes with and without the row-sum
+#: data/results/bench_configs_h200.json, and of the tilings around the first one in
+#: data/results/fp8_configs_h200.json). Lazy autotunes with and without the row-sum
 #: filter.
 CONFIGS = (
     Config(64, 128, 4, 3, True),
