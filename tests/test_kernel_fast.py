@@ -244,12 +244,12 @@ def _pv_probe(Q, K, Vt, Out, IN_STORED_ORDER: tl.constexpr):
     tl.store(Out + r[:, None] * 128 + d[None, :], tl.dot(p, tl.trans(vt)))
 
 
-def _sm90_ptx(src, num_warps):
+def _sm90_ptx(build):
+    """The PTX of ``build(target)`` for sm_90 (compiled on the CPU)."""
     from triton.backends.compiler import GPUTarget
 
     try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps}).asm["ptx"]
+        return build(GPUTarget("cuda", 90, 32)).asm["ptx"]
     except Exception as e:  # a Triton without its NVIDIA back end or ptxas
         pytest.skip(f"cannot compile for sm_90 here: {type(e).__name__}: {str(e)[:200]}")
 
@@ -268,8 +268,8 @@ def test_fp8_p_operand_in_stored_order_moves_no_data_between_lanes():
     def ptx(in_order):
         sig = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "Vt": "*fp8e4nv", "Out": "*fp32",
                "IN_STORED_ORDER": "constexpr"}
-        return _sm90_ptx(ASTSource(fn=_pv_probe, signature=sig,
-                                   constexprs={"IN_STORED_ORDER": in_order}), 4)
+        src = ASTSource(fn=_pv_probe, signature=sig, constexprs={"IN_STORED_ORDER": in_order})
+        return _sm90_ptx(lambda target: triton.compile(src, target=target, options={"num_warps": 4}))
     control, ours = ptx(False), ptx(True)
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ours
     assert len(_lane_exchanges(control)) >= 16
@@ -280,24 +280,14 @@ def test_fp8_p_operand_in_stored_order_moves_no_data_between_lanes():
 def test_fp8_kernel_compiles_to_no_lane_shuffle(config):
     """The fp8 kernel itself (lazy, causal, every autotuned config): no data moves
     between lanes on the way to the PV product."""
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
-
-    q = torch.zeros(1, 256, 2, 128, dtype=fast_fp8.FP8)
-    vt = torch.zeros(1, 2, 128, 256, dtype=fast_fp8.FP8)
-    desc_k = common.make_descriptor(q.view(256, 256), [config.block_n, 128])
-    desc_vt = common.make_descriptor(vt.view(256, 256), [128, config.block_n])
-    args = (q, q, vt, q, q, desc_k, desc_vt, *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
-            2, 1, 2, 256, 256, 256, 1.0, 1.0, 8.0, 1.0, 0, 0.0, 8.0)
-    meta = dict(D=128, CAUSAL=True, LAZY=True, SATURATE=True, INTERPRET=False,
-                **{k: v for k, v in config.meta(True).items() if not k.startswith("num_")})
-    fn = fast_fp8._attn_fwd_fp8
-    ints = {n if isinstance(n, str) else fn.arg_names[n] for n in fn.do_not_specialize}
-    sig = {n: ("i32" if n in ints else mangle_type(a)) for n, a in zip(fn.arg_names, args)}
-    sig.update({n: "constexpr" for n in meta})
-    ptx = _sm90_ptx(ASTSource(fn=fn, signature=sig, constexprs=meta), config.num_warps)
+    ptx = _sm90_ptx(lambda target: fast_fp8.compile_only(target, config, lazy=True, causal=True))
     assert "e4m3.e4m3" in ptx
     assert _lane_exchanges(ptx) == []
+
+
+def test_fp8_compile_only_refuses_a_config_that_is_not_one():
+    with pytest.raises(TypeError, match="config"):
+        fast_fp8.compile_only(None, (64, 128, 4, 3, True), lazy=True, causal=False)
 
 
 # ---- bad input ---------------------------------------------------------------------------

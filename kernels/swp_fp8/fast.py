@@ -350,6 +350,34 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     return out, lse
 
 
+def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options):
+    """The kernel built for ``target`` (a ``triton.backends.compiler.GPUTarget``) with
+    ``config``, not launched: its PTX and cubin, for reading what the compiler made of it on
+    any machine (Triton's back end and ptxas run on the CPU). Pointer arguments are typed
+    and aligned as a launch on contiguous fp8 tensors types them; ``options`` go to
+    ``triton.compile`` (``maxnreg``, say)."""
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a Config, got {type(config).__name__}")
+    q = torch.zeros(1, 256, 2, HEAD_DIM, dtype=FP8)
+    vt = torch.zeros(1, 2, HEAD_DIM, 256, dtype=FP8)
+    desc_k = common.make_descriptor(q.view(256, 256), [config.block_n, HEAD_DIM])
+    desc_vt = common.make_descriptor(vt.view(256, 256), [HEAD_DIM, config.block_n])
+    args = (q, q, vt, q, q, desc_k, desc_vt, *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
+            2, 1, 2, 256, 256, 256, 1.0, 1.0, 8.0, 1.0, 0, 0.0, 8.0)
+    meta = dict(D=HEAD_DIM, CAUSAL=causal, LAZY=lazy, SATURATE=True, INTERPRET=False,
+                **{k: v for k, v in config.meta(lazy).items() if not k.startswith("num_")})
+    fn = _attn_fwd_fp8
+    ints = {n if isinstance(n, str) else fn.arg_names[n] for n in fn.do_not_specialize}
+    sig = {n: ("i32" if n in ints else mangle_type(a)) for n, a in zip(fn.arg_names, args)}
+    sig.update({n: "constexpr" for n in meta})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=meta), target=target,
+                          options={"num_warps": config.num_warps,
+                                   "num_stages": config.num_stages, **options})
+
+
 def best_config(q8, k8, causal: bool, lazy: bool):
     """The autotuner's pick for these shapes (after a forward ran), or None."""
     B, Sq, H, D = q8.shape

@@ -1,0 +1,97 @@
+"""How many fp8 programs share an H100/H200 SM: registers, spills and shared memory of
+the fast fp8 kernel's sm_90 build, per tiling, policy and register cap.
+
+Compiles ``fast_fp8._attn_fwd_fp8`` for sm_90 on any machine (``fast_fp8.compile_only``;
+Triton's back end and its ptxas run on the CPU) for every tiling in ``CANDIDATE_CONFIGS``,
+eager and lazy (with and without the row-sum filter), causal, with no register cap and with
+``maxnreg`` 168 (the most that lets three 4-warp programs share the register file). For
+each build, read from the cubin Triton made (its own ptxas and flags): registers, stack
+frame bytes, the local-memory stores and loads in its SASS (spills: ``STL``, ``LDL``), the
+shared memory Triton allocates, and the
+programs per SM that each of the two limits allows on sm_90 (65,536 registers, allocated
+per warp in units of 256; 228 KiB of shared memory, 1 KiB of it reserved per program; 64
+warps). The counts are those of the Triton that compiled (its version is in the
+provenance); another version's ptxas may allocate differently.
+
+    python benchmarks/fp8_resources_sm90.py --out data/results/fp8_resources_sm90.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from fa_lab.experiments import atomic_write_json, provenance
+from fa_lab.kernels._triton.fast import Config
+from fa_lab.kernels.swp_fp8 import fast as fast_fp8
+
+SM90 = dict(registers=65536, register_unit=256, shared_bytes=228 * 1024,
+            shared_reserved_per_program=1024, warps=64)
+CAPS = (None, 168)
+
+
+def cubin_usage(cubin: bytes) -> dict:
+    """Registers and stack frame (``cuobjdump -res-usage``) and spill instructions (local
+    stores and loads in ``cuobjdump -sass``) of a one-kernel cubin."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", res).groups()
+    return {"registers": int(reg), "stack_bytes": int(stack),
+            "local_stores": len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),
+            "local_loads": len(re.findall(r"\bLDL(?:\.\w+)*\s", sass))}
+
+
+def programs_per_sm(registers: int, shared: int, warps: int) -> dict:
+    """Programs of ``warps`` warps that fit on one sm_90 SM, by each limit."""
+    unit = SM90["register_unit"]
+    per_warp = -(-registers * 32 // unit) * unit
+    return {"by_registers": SM90["registers"] // (per_warp * warps),
+            "by_shared_memory": SM90["shared_bytes"] // (shared + SM90["shared_reserved_per_program"]),
+            "by_warps": SM90["warps"] // warps}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="JSON to write (atomically)")
+    args = ap.parse_args()
+    target = GPUTarget("cuda", 90, 32)
+    rows = []
+    for base in fast_fp8.CANDIDATE_CONFIGS:
+        for lazy, row_sum in ((False, False), (True, True), (True, False)):
+            config = Config(base.block_m, base.block_n, base.num_warps, base.num_stages,
+                            base.use_tma, row_sum)
+            for cap in CAPS:
+                kernel = fast_fp8.compile_only(target, config, lazy=lazy, causal=True,
+                                               **({"maxnreg": cap} if cap else {}))
+                if cap and f".maxnreg {cap}" not in kernel.asm["ptx"]:  # ptxas reads it there
+                    raise RuntimeError(f"the PTX carries no .maxnreg {cap}")
+                usage = cubin_usage(kernel.asm["cubin"])
+                row = {"tiling": config.describe(lazy), "policy": "lazy" if lazy else "eager",
+                       "maxnreg": cap, "shared_bytes": kernel.metadata.shared, **usage}
+                row["programs_per_sm"] = programs_per_sm(usage["registers"], kernel.metadata.shared,
+                                                         config.num_warps)
+                print(row, flush=True)
+                rows.append(row)
+    if args.out:
+        atomic_write_json(Path(args.out), {
+            "name": Path(args.out).stem,
+            "what": __doc__.split("\n\n")[1].replace("\n", " "),
+            "sm90_limits": SM90,
+            "provenance": provenance("cpu", triton_compiled_for="sm_90 (CPU compile, no GPU)",
+                                     command="python benchmarks/fp8_resources_sm90.py --out "
+                                             + Path(args.out).name),
+            "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
