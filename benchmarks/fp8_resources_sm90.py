@@ -4,7 +4,8 @@ the fast fp8 kernel's sm_90 build, per tiling, policy and register cap.
 Compiles ``fast_fp8._attn_fwd_fp8`` for sm_90 on any machine (``fast_fp8.compile_only``;
 Triton's back end and its ptxas run on the CPU) for every tiling in ``CANDIDATE_CONFIGS``,
 eager and lazy (with and without the row-sum filter), causal, with no register cap and with
-``maxnreg`` 168 (the most that lets three 4-warp programs share the register file). For
+``maxnreg`` 232, 200 and 168 (168: the most that lets three 4-warp programs share the
+register file). For
 each build, read from the cubin Triton made (its own ptxas and flags): registers, stack
 frame bytes, the local-memory stores and loads in its SASS (spills: ``STL``, ``LDL``), the
 shared memory Triton allocates, and the
@@ -33,7 +34,7 @@ from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 
 SM90 = dict(registers=65536, register_unit=256, shared_bytes=228 * 1024,
             shared_reserved_per_program=1024, warps=64)
-CAPS = (None, 168)
+CAPS = (None, 232, 200, 168)
 
 
 def cubin_usage(cubin: bytes) -> dict:
