@@ -1,18 +1,17 @@
 """How many fp8 programs share an H100/H200 SM: registers, spills and shared memory of
 the fast fp8 kernel's sm_90 build, per tiling, policy and register cap.
 
-Compiles ``fast_fp8._attn_fwd_fp8`` for sm_90 on any machine (``fast_fp8.compile_only``;
-Triton's back end and its ptxas run on the CPU) for every tiling in ``CANDIDATE_CONFIGS``,
-eager and lazy (with and without the row-sum filter), causal, with no register cap and with
-``maxnreg`` 232, 200 and 168 (168: the most that lets three 4-warp programs share the
-register file). For
-each build, read from the cubin Triton made (its own ptxas and flags): registers, stack
-frame bytes, the local-memory stores and loads in its SASS (spills: ``STL``, ``LDL``), the
-shared memory Triton allocates, and the
-programs per SM that each of the two limits allows on sm_90 (65,536 registers, allocated
-per warp in units of 256; 228 KiB of shared memory, 1 KiB of it reserved per program; 64
-warps). The counts are those of the Triton that compiled (its version is in the
-provenance); another version's ptxas may allocate differently.
+Builds ``fast_fp8._attn_fwd_fp8`` for sm_90 as a launch on contiguous tensors builds it
+(``fast_fp8.compile_only``; Triton's back end and its ptxas run on the CPU) for every
+tiling in ``CANDIDATE_CONFIGS``, eager and lazy (with and without the row-sum filter),
+causal, with no register cap and with ``maxnreg`` 232, 200 and 168 (168: the most that
+lets three 4-warp programs share the register file). Each build is read from the cubin
+Triton made (its own ptxas and flags): registers, stack frame bytes, the local-memory
+stores and loads in its SASS (spills: ``STL``, ``LDL``), the shared memory Triton
+allocates, and the programs per SM that each limit allows on sm_90 (65,536 registers,
+allocated per warp in units of 256; 228 KiB of shared memory, 1 KiB of it reserved per
+program; 64 warps). The counts are those of the Triton that compiled (its version is in
+the provenance); another version's ptxas may allocate differently.
 
     python benchmarks/fp8_resources_sm90.py --out data/results/fp8_resources_sm90.json
 """

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 from fa_lab.experiments import atomic_write_json, provenance
+from fa_lab.kernels._triton import fast as common
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 
 TILINGS = ((128, 64, 8, 3), (128, 128, 8, 2))  # BLOCK_M, BLOCK_N, warps, stages (CONFIGS)
@@ -33,28 +32,25 @@ _SCALARS = ("H", "GROUP", "seqlen_q", "seqlen_kv", "rebase")
 
 def compile_ptx(lazy: bool, block_m: int, block_n: int, warps: int, stages: int):
     fn = fast_bf16._attn_fwd
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
+    types, aligned = {}, []
+    for name in fn.arg_names:
         if name in ("Q", "K", "V", "Out"):
-            sig[name] = "*bf16"
+            types[name] = "*bf16"
         elif name == "Lse":
-            sig[name] = "*fp32"
+            types[name] = "*fp32"
         elif name in ("desc_k", "desc_v"):
-            sig[name] = f"tensordesc<bf16[{block_n}, 128]>"
+            types[name] = f"tensordesc<bf16[{block_n}, 128]>"
         elif name.startswith("stride") or name in _SCALARS:
-            sig[name] = "i32"
+            types[name] = "i32"
         elif name in ("scale_log2", "threshold", "vote_limit"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "constexpr"
+            types[name] = "fp32"
         if name in ("Q", "K", "V", "Out", "Lse") or name.startswith("stride"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            aligned.append(name)
     constexprs = dict(D=128, CAUSAL=False, LAZY=lazy, INTERPRET=False, BLOCK_M=block_m,
                       BLOCK_N=block_n, USE_TMA=False, ROW_SUM_FILTER=lazy)
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps, "num_stages": stages,
-                                     "enable_fp_fusion": True})
+    kernel = common.compile_only(fn, GPUTarget("cuda", 90, 32), types=types, constexprs=constexprs,
+                                 aligned=aligned, num_warps=warps, num_stages=stages,
+                                 enable_fp_fusion=True)
     return kernel.asm["ptx"], kernel.metadata.shared
 
 

@@ -1,7 +1,9 @@
 """Helpers several test files share (pytest puts tests/ on sys.path)."""
 
 import itertools
+from pathlib import Path
 
+import pytest
 import torch
 
 from fa_lab import reference
@@ -43,3 +45,17 @@ def assert_lse_close(lse_k, lse_m):
     if fin.any():
         err = (lse_k.double() - lse_m.double())[fin].abs().max()
         assert err <= 1e-5 * lse_m[fin].abs().max() + 1e-6, f"lse: max |kernel - model| {err:.3g}"
+
+
+def sm90_target():
+    """Triton's sm_90 target, for compiling on the CPU (Triton's NVIDIA back end and its
+    ptxas run here). Skips only where this Triton has no NVIDIA back end or ptxas; a
+    kernel that fails to compile then fails its test."""
+    import triton
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if "nvidia" not in backends or not any((bin_dir / n).exists() for n in ("ptxas", "ptxas-blackwell")):
+        pytest.skip("this Triton has no NVIDIA back end or ptxas to compile for sm_90")
+    return GPUTarget("cuda", 90, 32)

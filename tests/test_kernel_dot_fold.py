@@ -11,10 +11,10 @@ the dot; with a plain ``tl.dot`` (the control) it is folded into the dot's accum
 
 import re
 
-import pytest
 import triton
 import triton.language as tl
 
+from _shared import sm90_target
 from fa_lab.kernels._triton.dots import DOT_TENSOR_CORES, dot16
 
 CONTROL = 9
@@ -35,19 +35,14 @@ def _fold_probe(A, B, O, Z, Out, MODE: tl.constexpr):
 
 
 def ttgir(mode: int) -> str:
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     src = ASTSource(fn=_fold_probe,
                     signature={"A": "*fp32", "B": "*bf16", "O": "*fp32", "Z": "*fp32",
                                "Out": "*fp32", "MODE": "constexpr"},
                     constexprs={"MODE": mode})
-    try:
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": 4, "enable_fp_fusion": False})
-    except Exception as e:  # a Triton without its NVIDIA back end or ptxas
-        pytest.skip(f"cannot compile for sm_90 here: {type(e).__name__}: {str(e)[:200]}")
-    return kernel.asm["ttgir"]
+    return triton.compile(src, target=sm90_target(),
+                          options={"num_warps": 4, "enable_fp_fusion": False}).asm["ttgir"]
 
 
 def dot_accumulator_and_adds(ir: str):

@@ -17,6 +17,7 @@ import fa_lab
 from fa_lab.kernels import generic, swa
 from fa_lab.kernels._triton import dots as _dots
 from test_kernel_swp_bf16 import assert_same_masks, make_inputs
+from _shared import sm90_target
 
 
 def test_exact_dots_switches_the_compiled_mode_only():
@@ -118,18 +119,14 @@ def test_generic_and_swa_scratch_dots_equal_the_interpreters_exact_dots(monkeypa
 
 
 def test_scratch_mode_compiles_to_fp64_sums_behind_barriers():
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {"A": "*fp32", "B": "*bf16", "Out": "*fp32", "Scratch": "*fp32", "M": "constexpr",
            "K": "constexpr", "N": "constexpr", "MODE": "constexpr"}
     src = ASTSource(fn=_dot_probe, signature=sig,
                     constexprs={"M": 64, "K": 128, "N": 64, "MODE": _dots.DOT_EXACT_SCRATCH})
-    try:
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                             options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
-    except Exception as e:  # a Triton without its NVIDIA back end or ptxas
-        pytest.skip(f"cannot compile for sm_90 here: {type(e).__name__}: {str(e)[:200]}")
+    ptx = triton.compile(src, target=sm90_target(),
+                         options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx  # fp64, no fused rounding
     assert ptx.count("bar.sync") + ptx.count("barrier.sync") >= 2
     assert "wgmma" not in ptx and "mma.sync" not in ptx  # no tensor-core sum

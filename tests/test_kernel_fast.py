@@ -15,10 +15,9 @@ import triton
 import triton.language as tl
 
 import fa_lab
-from _shared import BF16_TOL, check_against_reference
+from _shared import BF16_TOL, check_against_reference, sm90_target
 from fa_lab import experiments as ex
 from fa_lab import policies, reference
-from fa_lab.kernels._triton import fast as common
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
@@ -218,7 +217,7 @@ def _v_transposed_as_stored(v8: torch.Tensor, skv_pad: int) -> torch.Tensor:
 @pytest.mark.parametrize("skv, strided", [(200, False), (64, False), (13, True)])
 def test_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv, strided):
     """The transposed V copy (interpreted): every byte of V at [b, h, d, column of s],
-    zeros in the padding columns, also from a non-contiguous V."""
+    zeros at the columns of the padded keys, also from a non-contiguous V."""
     gen = torch.Generator().manual_seed(skv)
     raw = torch.randint(0, 256, (2, skv, 3, 256 if strided else 128), generator=gen, dtype=torch.uint8)
     v8 = raw[..., :128].view(torch.float8_e4m3fn) if not strided else raw[..., ::2].view(torch.float8_e4m3fn)
@@ -244,16 +243,6 @@ def _pv_probe(Q, K, Vt, Out, IN_STORED_ORDER: tl.constexpr):
     tl.store(Out + r[:, None] * 128 + d[None, :], tl.dot(p, tl.trans(vt)))
 
 
-def _sm90_ptx(build):
-    """The PTX of ``build(target)`` for sm_90 (compiled on the CPU)."""
-    from triton.backends.compiler import GPUTarget
-
-    try:
-        return build(GPUTarget("cuda", 90, 32)).asm["ptx"]
-    except Exception as e:  # a Triton without its NVIDIA back end or ptxas
-        pytest.skip(f"cannot compile for sm_90 here: {type(e).__name__}: {str(e)[:200]}")
-
-
 def _lane_exchanges(ptx: str) -> list[str]:
     """The shuffles that read a lane chosen per thread (a layout change moves data so);
     a broadcast from a fixed lane and the butterflies of row reductions are not counted."""
@@ -269,7 +258,7 @@ def test_fp8_p_operand_in_stored_order_moves_no_data_between_lanes():
         sig = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "Vt": "*fp8e4nv", "Out": "*fp32",
                "IN_STORED_ORDER": "constexpr"}
         src = ASTSource(fn=_pv_probe, signature=sig, constexprs={"IN_STORED_ORDER": in_order})
-        return _sm90_ptx(lambda target: triton.compile(src, target=target, options={"num_warps": 4}))
+        return triton.compile(src, target=sm90_target(), options={"num_warps": 4}).asm["ptx"]
     control, ours = ptx(False), ptx(True)
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ours
     assert len(_lane_exchanges(control)) >= 16
@@ -280,7 +269,7 @@ def test_fp8_p_operand_in_stored_order_moves_no_data_between_lanes():
 def test_fp8_kernel_compiles_to_no_lane_shuffle(config):
     """The fp8 kernel itself (lazy, causal, every autotuned config): no data moves
     between lanes on the way to the PV product."""
-    ptx = _sm90_ptx(lambda target: fast_fp8.compile_only(target, config, lazy=True, causal=True))
+    ptx = fast_fp8.compile_only(sm90_target(), config, lazy=True, causal=True).asm["ptx"]
     assert "e4m3.e4m3" in ptx
     assert _lane_exchanges(ptx) == []
 

@@ -204,6 +204,31 @@ def make_descriptor(t2d: torch.Tensor, block_shape):
     return TensorDescriptor.from_tensor(t2d, list(block_shape))
 
 
+def compile_only(fn, target, *, types: dict, constexprs: dict, aligned=(), **options):
+    """``fn`` built for ``target`` (a ``triton.backends.compiler.GPUTarget``) without a
+    launch: Triton's back end and ptxas run on the CPU, so its PTX, cubin and resource use
+    can be read on any machine.
+
+    ``types`` gives each run-time argument's Triton type (``"*bf16"``, ``"i32"``,
+    ``"fp32"``, ``"tensordesc<fp8e4nv[128, 128]>"``), ``constexprs`` each compile-time
+    one; the arguments named in ``aligned`` are marked divisible by 16, as a launch marks
+    16-byte aligned pointers and integers that are multiples of 16 (the marks decide
+    vectorised loads and stores, hence registers). ``options`` go to ``triton.compile``."""
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    missing = [n for n in names if n not in types and n not in constexprs]
+    both = sorted(set(types) & set(constexprs))
+    unknown = sorted((set(types) | set(constexprs) | set(aligned)) - set(names))
+    if missing or both or unknown:
+        raise ValueError(f"types/constexprs must name each argument of {fn.__name__} once: "
+                         f"missing {missing}, in both {both}, not arguments {unknown}")
+    signature = {n: types[n] if n in types else "constexpr" for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=target, options=options)
+
+
 def check_device(q: torch.Tensor, interpret: bool) -> None:
     if not isinstance(interpret, bool):
         raise TypeError(f"interpret must be a bool, got {type(interpret).__name__}")

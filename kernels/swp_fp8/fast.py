@@ -83,6 +83,7 @@ def _in_stored_order(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     4 i + 2 g + e. A thread of wgmma's accumulator holds score columns 2i, 2i + 1 of each
     group of 8 (i: its lane mod 4), and an fp8 A operand takes keys 4i .. 4i + 3 of each
     16 from it: in this order, the scores' thread already holds its P operand."""
+    tl.static_assert(BLOCK_N % 16 == 0)
     p = tl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 4, 2])
     return tl.reshape(tl.permute(p, [0, 1, 3, 2, 4]), [BLOCK_M, BLOCK_N])
 
@@ -262,8 +263,9 @@ def vote_limit(threshold: float, headroom: float) -> float:
 def _transpose_v_kernel(V, Vt, stride_vb, stride_vs, stride_vh, Hkv, seqlen, seqlen_pad,
                         D: tl.constexpr, BLOCK_S: tl.constexpr):
     """One [BLOCK_S, D] slab of one (batch, kv head) of V, stored transposed with its keys
-    in ``_in_stored_order``'s order; the padding columns (seqlen .. seqlen_pad) are written
-    as zeros. Bytes are moved as uint8."""
+    in ``_in_stored_order``'s order; the padded keys (seqlen .. seqlen_pad) are written as
+    zeros at their reordered columns, which may lie before column seqlen (a reader takes
+    the whole padded width). Bytes are moved as uint8."""
     s0 = tl.program_id(0) * BLOCK_S
     bh = tl.program_id(1)
     b = bh // Hkv
@@ -282,8 +284,8 @@ TRANSPOSE_BLOCK_S = 64
 
 
 def transpose_v(v8: torch.Tensor, interpret: bool = False) -> torch.Tensor:
-    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, zeros past Skv, the keys of
-    each 16 in ``_in_stored_order``'s order.
+    """[B, Skv, Hkv, D] -> [B, Hkv, D, Skv_pad] contiguous, the keys of each 16 in
+    ``_in_stored_order``'s order, the padded keys Skv .. Skv_pad zero.
 
     One pass of a Triton kernel over the bytes (``interpret``: through the CPU
     interpreter); a strided torch copy into a zero-filled buffer would read and write the
@@ -351,31 +353,28 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 
 
 def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options):
-    """The kernel built for ``target`` (a ``triton.backends.compiler.GPUTarget``) with
-    ``config``, not launched: its PTX and cubin, for reading what the compiler made of it on
-    any machine (Triton's back end and ptxas run on the CPU). Pointer arguments are typed
-    and aligned as a launch on contiguous fp8 tensors types them; ``options`` go to
+    """The kernel built for ``target`` with ``config`` as a launch on contiguous tensors
+    builds it (16-byte aligned pointers, strides and the padded V^T length multiples of
+    16), without launching it: see ``_triton.fast.compile_only``. ``options`` go to
     ``triton.compile`` (``maxnreg``, say)."""
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import mangle_type
-
     if not isinstance(config, Config):
         raise TypeError(f"config must be a Config, got {type(config).__name__}")
-    q = torch.zeros(1, 256, 2, HEAD_DIM, dtype=FP8)
-    vt = torch.zeros(1, 2, HEAD_DIM, 256, dtype=FP8)
-    desc_k = common.make_descriptor(q.view(256, 256), [config.block_n, HEAD_DIM])
-    desc_vt = common.make_descriptor(vt.view(256, 256), [HEAD_DIM, config.block_n])
-    args = (q, q, vt, q, q, desc_k, desc_vt, *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
-            2, 1, 2, 256, 256, 256, 1.0, 1.0, 8.0, 1.0, 0, 0.0, 8.0)
-    meta = dict(D=HEAD_DIM, CAUSAL=causal, LAZY=lazy, SATURATE=True, INTERPRET=False,
-                **{k: v for k, v in config.meta(lazy).items() if not k.startswith("num_")})
+    for name, x in (("lazy", lazy), ("causal", causal)):
+        if not isinstance(x, bool):
+            raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
     fn = _attn_fwd_fp8
-    ints = {n if isinstance(n, str) else fn.arg_names[n] for n in fn.do_not_specialize}
-    sig = {n: ("i32" if n in ints else mangle_type(a)) for n, a in zip(fn.arg_names, args)}
-    sig.update({n: "constexpr" for n in meta})
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=meta), target=target,
-                          options={"num_warps": config.num_warps,
-                                   "num_stages": config.num_stages, **options})
+    pointers = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "Vt": "*fp8e4nv", "Out": "*bf16", "Lse": "*fp32"}
+    strides = [n for n in fn.arg_names if n.startswith("stride_")]
+    types = {**pointers, **{n: "i32" for n in strides},
+             "desc_k": f"tensordesc<fp8e4nv[{config.block_n}, {HEAD_DIM}]>",
+             "desc_vt": f"tensordesc<fp8e4nv[{HEAD_DIM}, {config.block_n}]>",
+             **{n: "i32" for n in ("H", "GROUP", "HKV", "seqlen_q", "seqlen_kv", "seqlen_vpad", "rebase")},
+             **{n: "fp32" for n in ("ls", "v_descale", "threshold", "vote_limit", "bound", "headroom")}}
+    constexprs = dict(D=HEAD_DIM, CAUSAL=causal, LAZY=lazy, SATURATE=True, INTERPRET=False,
+                      **{k: v for k, v in config.meta(lazy).items() if not k.startswith("num_")})
+    return common.compile_only(fn, target, types=types, constexprs=constexprs,
+                               aligned=[*pointers, *strides, "seqlen_vpad"],
+                               num_warps=config.num_warps, num_stages=config.num_stages, **options)
 
 
 def best_config(q8, k8, causal: bool, lazy: bool):
