@@ -274,9 +274,25 @@ def test_fp8_kernel_compiles_to_no_lane_shuffle(config):
     assert _lane_exchanges(ptx) == []
 
 
-def test_fp8_compile_only_refuses_a_config_that_is_not_one():
+def test_fp8_compile_only_refuses_bad_arguments():
     with pytest.raises(TypeError, match="config"):
         fast_fp8.compile_only(None, (64, 128, 4, 3, True), lazy=True, causal=False)
+    with pytest.raises(TypeError, match="causal"):
+        fast_fp8.compile_only(None, fast_fp8.CONFIGS[0], lazy=True, causal=1)
+
+
+def test_compile_only_wants_each_argument_typed_or_given_once():
+    from fa_lab.kernels._triton.fast import compile_only
+
+    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "Vt": "*fp8e4nv", "Out": "*fp32"}
+    flag = {"IN_STORED_ORDER": True}
+    assert set(_pv_probe.arg_names) == {*types, *flag}
+    with pytest.raises(ValueError, match=r"missing \['Out'\]"):
+        compile_only(_pv_probe, None, types={n: types[n] for n in ("Q", "K", "Vt")}, constexprs=flag)
+    with pytest.raises(ValueError, match=r"in both \['IN_STORED_ORDER'\]"):
+        compile_only(_pv_probe, None, types={**types, "IN_STORED_ORDER": "i1"}, constexprs=flag)
+    with pytest.raises(ValueError, match=r"not arguments \['Qx'\]"):
+        compile_only(_pv_probe, None, types=types, constexprs=flag, aligned=["Qx"])
 
 
 # ---- bad input ---------------------------------------------------------------------------
