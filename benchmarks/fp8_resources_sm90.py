@@ -19,12 +19,9 @@ the provenance); another version's ptxas may allocate differently.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import tempfile
 from pathlib import Path
 
-import triton
+from ptx_barriers import cubin_usage
 from triton.backends.compiler import GPUTarget
 
 from fa_lab.experiments import atomic_write_json, provenance
@@ -34,21 +31,6 @@ from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 SM90 = dict(registers=65536, register_unit=256, shared_bytes=228 * 1024,
             shared_reserved_per_program=1024, warps=64)
 CAPS = (None, 232, 200, 168)
-
-
-def cubin_usage(cubin: bytes) -> dict:
-    """Registers and stack frame (``cuobjdump -res-usage``) and spill instructions (local
-    stores and loads in ``cuobjdump -sass``) of a one-kernel cubin."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", res).groups()
-    return {"registers": int(reg), "stack_bytes": int(stack),
-            "local_stores": len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),
-            "local_loads": len(re.findall(r"\bLDL(?:\.\w+)*\s", sass))}
 
 
 def programs_per_sm(registers: int, shared: int, warps: int) -> dict:

@@ -3,8 +3,8 @@
 Compiles ``fast_bf16._attn_fwd`` for sm_90 on any machine (no GPU: Triton's NVIDIA back end
 and ptxas run on the CPU), with the alignment hints a launch on the benchmark's shapes gets
 (pointers and strides divisible by 16), and counts, in every loop of the PTX (a backward
-branch), the ``bar.sync`` CTA barriers, the wgmma instructions and the ex2 calls, and asks
-Triton's ptxas for the registers and spills. For each
+branch), the ``bar.sync`` CTA barriers, the wgmma instructions and the ex2 calls, and reads
+registers and spills from the cubin Triton made (``cubin_usage``). For each
 tiling it reports eager and lazy (row-sum filter) side by side; a lazy loop shows twice:
 the fast path alone, and with the rare rescale branch.
 
@@ -14,7 +14,6 @@ the fast path alone, and with the rare rescale branch.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+
 from fa_lab.experiments import atomic_write_json, provenance
 from fa_lab.kernels._triton import fast as common
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
@@ -51,31 +51,22 @@ def compile_ptx(lazy: bool, block_m: int, block_n: int, warps: int, stages: int)
     kernel = common.compile_only(fn, GPUTarget("cuda", 90, 32), types=types, constexprs=constexprs,
                                  aligned=aligned, num_warps=warps, num_stages=stages,
                                  enable_fp_fusion=True)
-    return kernel.asm["ptx"], kernel.metadata.shared
+    return kernel.asm["ptx"], kernel.metadata.shared, kernel.asm["cubin"]
 
 
-def ptxas_usage(ptx: str) -> dict:
-    """Registers and spill bytes per thread, from the ptxas bundled with Triton (-v); the
-    first of its assemblers that accepts the PTX's version."""
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    arch = re.search(r"\.target (sm_\w+)", ptx).group(1)
-    errors = []
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        for name in ("ptxas", "ptxas-blackwell"):
-            if not (bin_dir / name).exists():
-                continue
-            r = subprocess.run([str(bin_dir / name), f"-arch={arch}", "-v", str(src), "-o", os.devnull],
-                               capture_output=True, text=True)
-            text = r.stdout + r.stderr
-            if r.returncode == 0:
-                return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)),
-                        "spill_store_bytes": int(re.search(r"(\d+) bytes spill stores", text).group(1)),
-                        "spill_load_bytes": int(re.search(r"(\d+) bytes spill loads", text).group(1))}
-            errors.append(f"{name}: {text.strip().splitlines()[0] if text.strip() else r.returncode}")
-    return {"registers": None, "spill_store_bytes": None, "spill_load_bytes": None,
-            "ptxas_error": "; ".join(errors) or "no ptxas bundled"}
+def cubin_usage(cubin: bytes) -> dict:
+    """Registers and stack frame (``cuobjdump -res-usage``) and spill instructions (local
+    stores and loads in ``cuobjdump -sass``) of a one-kernel cubin."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    reg, stack = re.search(r"REG:(\d+) STACK:(\d+)", res).groups()
+    return {"registers": int(reg), "stack_bytes": int(stack),
+            "local_stores": len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),
+            "local_loads": len(re.findall(r"\bLDL(?:\.\w+)*\s", sass))}
 
 
 def loops(ptx: str) -> list[dict]:
@@ -102,9 +93,9 @@ def main():
     rows = []
     for bm, bn, warps, stages in TILINGS:
         for lazy in (False, True):
-            ptx, shared = compile_ptx(lazy, bm, bn, warps, stages)
+            ptx, shared, cubin = compile_ptx(lazy, bm, bn, warps, stages)
             row = {"tiling": f"BM{bm} BN{bn} w{warps} s{stages}", "policy": "lazy" if lazy else "eager",
-                   "shared_bytes": shared, **ptxas_usage(ptx), "loops": loops(ptx)}
+                   "shared_bytes": shared, **cubin_usage(cubin), "loops": loops(ptx)}
             print(row, flush=True)
             rows.append(row)
     if args.out:
