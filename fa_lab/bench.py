@@ -29,7 +29,7 @@ call-alternated: A B A B ..., one call of each per cycle (B leading in rounds 2,
 call flushed and timed alone, so both see the same clocks; a round's ratio is B's median
 ms over A's (the JSON's ``paired_ratios``).
 
-**Timer.** On a CUDA device (``CudaTimer``): CUDA events around each call, the L2 flushed
+**Timer** (``fa_lab.timing``). On a CUDA device (``CudaTimer``): CUDA events around each call, the L2 flushed
 before each call (a 256 MB memset, as ``triton.testing.do_bench``), and a spin kernel
 (``torch.cuda._sleep``) ahead of each chunk of calls, sized from the host's measured
 enqueue time, so that the host stays ahead of the GPU and launch overhead does not enter
@@ -85,6 +85,7 @@ from tqdm.auto import tqdm
 
 from . import policies, reference
 from .experiments import quantize_e4m3, save_result
+from .timing import CpuTimer, CudaTimer, measure, measure_cycle
 
 
 @dataclass(frozen=True)
@@ -529,154 +530,6 @@ def _tuning(impl, shape):
     return None
 
 
-# ---- timers -----------------------------------------------------------------------------------
-
-class CpuTimer:
-    """Wall-clock time of each call: ``now()`` (seconds; ``time.perf_counter`` by default)
-    read before and after it. The benchmark's timer on the CPU; a test passes its own
-    ``now`` to make the clock's readings exact."""
-
-    name = "perf_counter per call"
-
-    def __init__(self, now=time.perf_counter):
-        self.now = now
-        self.host_ms = 0.0
-
-    def probe(self, fn) -> float:
-        """ms of one call (on the CPU, also its host time: ``host_ms``)."""
-        self.host_ms = self.times(fn, 1)[0]
-        return self.host_ms
-
-    def times(self, fn, n: int) -> list[float]:
-        """ms of each of ``n`` calls."""
-        return self.cycle([fn], n)[0]
-
-    def cycle(self, fns, n: int, host_ms: float | None = None) -> list[list[float]]:
-        """``n`` cycles through ``fns``, one call of each per cycle: per fn, the ms of each
-        of its calls. ``host_ms`` keeps ``CudaTimer.cycle``'s signature; on the CPU there is
-        no queue to keep ahead of, so it is not used."""
-        out = [[] for _ in fns]
-        for _ in range(n):
-            for j, fn in enumerate(fns):
-                t0 = self.now()
-                fn()
-                out[j].append((self.now() - t0) * 1e3)
-        return out
-
-
-class CudaTimer:
-    """GPU time of each call: CUDA events just before and after it, on the current stream.
-
-    Before each call the L2 is flushed (a memset of a 256 MB buffer, as
-    ``triton.testing.do_bench``: a call never finds its inputs in the 60 MB L2 left warm
-    by the call before). Before each chunk of ``chunk`` calls a spin kernel
-    (``torch.cuda._sleep``) holds the GPU for ``host_margin`` times the host's enqueue
-    time of those calls (measured by ``probe``), so the host is ahead when the GPU starts
-    them and launch overhead stays out of every call's time. ``probe`` itself spins for
-    ``probe_spin_ms`` first. The memsets and spins fall outside the events."""
-
-    name = "cuda events per call, L2 flushed, host kept ahead"
-    #: spin-kernel cycles per ms: an H200's top SM clock (1980 MHz), rounded up; at a lower
-    #: clock the spin only lasts longer
-    CYCLES_PER_MS = 2_000_000
-
-    def __init__(self, device="cuda", *, chunk: int = 32, host_margin: float = 1.5,
-                 probe_spin_ms: float = 1.0, max_spin_ms: float = 200.0, flush_mb: int = 256):
-        self.device = torch.device(device)
-        self.chunk, self.host_margin, self.probe_spin_ms = chunk, host_margin, probe_spin_ms
-        self.max_spin_ms = max_spin_ms  # a host hiccup in the probe must not stall a round
-        self.cache = torch.empty(flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
-        self.host_ms = 0.0
-        self._spin = getattr(torch.cuda, "_sleep", None)
-
-    def _spin_ms(self, ms: float) -> None:
-        if self._spin is not None and ms > 0:
-            self._spin(int(ms * self.CYCLES_PER_MS))
-
-    def _event(self):
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def probe(self, fn) -> float:
-        """ms of one call, which also measures the host's enqueue time (``host_ms``)."""
-        with torch.cuda.device(self.device):
-            torch.cuda.synchronize()
-            self._spin_ms(self.probe_spin_ms)
-            self.cache.zero_()
-            start = self._event()
-            t0 = time.perf_counter()
-            fn()
-            self.host_ms = (time.perf_counter() - t0) * 1e3
-            end = self._event()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-
-    def times(self, fn, n: int) -> list[float]:
-        """ms of each of ``n`` calls."""
-        return self.cycle([fn], n)[0]
-
-    def cycle(self, fns, n: int, host_ms: float | None = None) -> list[list[float]]:
-        """``n`` cycles through ``fns``, one call of each per cycle (each flushed and timed
-        on its own): per fn, the ms of each of its calls. ``host_ms``: the host's enqueue
-        time of one cycle (default: the last probe's, of one call), which sizes the spin."""
-        host = self.host_ms if host_ms is None else host_ms
-        with torch.cuda.device(self.device):
-            pairs = [[] for _ in fns]
-            for c0 in range(0, n, self.chunk):
-                k = min(self.chunk, n - c0)
-                # the memset and two event records cost the host some tens of microseconds too
-                self._spin_ms(min(self.max_spin_ms, self.host_margin * k * (host + 0.05 * len(fns))))
-                for _ in range(k):
-                    for j, fn in enumerate(fns):
-                        self.cache.zero_()
-                        start = self._event()
-                        fn()
-                        pairs[j].append((start, self._event()))
-            torch.cuda.synchronize()
-            return [[s.elapsed_time(e) for s, e in p] for p in pairs]
-
-
-def _calls(probe_ms: float, min_calls: int, min_ms: float, max_calls: int) -> int:
-    """How many calls (or cycles) to time, given one probe of ``probe_ms``: at least
-    ``min_calls``, about ``min_ms`` ms in all, at most ``max_calls`` (unless ``min_calls``
-    asks for more), at least one."""
-    n = max(min_calls, math.ceil(min_ms / probe_ms) if probe_ms > 0 else max_calls)
-    return max(1, min(n, max(max_calls, min_calls)))
-
-
-def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
-            max_calls: int = 10_000) -> tuple[float, int]:
-    """(median ms per call, calls) of ``fn`` over at least ``min_calls`` calls and about
-    ``min_ms`` ms of them (at most ``max_calls``): one probe call, which sizes the rest and
-    counts among them."""
-    first = timer.probe(fn)
-    n = _calls(first, min_calls, min_ms, max_calls)
-    times = [first, *timer.times(fn, n - 1)] if n > 1 else [first]
-    return statistics.median(times), n
-
-
-def measure_paired(fa, fb, timer, *, min_calls: int = 10, min_ms: float = 100.0,
-                   max_calls: int = 10_000, b_first: bool = False) -> tuple[float, float, int]:
-    """(a's median ms, b's median ms, cycles): ``fa`` and ``fb`` called in alternation,
-    one call of each per cycle (``b_first``: b leads each cycle), for at least
-    ``min_calls`` cycles and about ``min_ms`` ms of them (at most ``max_calls``). The first
-    cycle is a probe of each, which sizes the rest and counts among them. Neighbouring
-    calls run under the same clocks, so a drift of the GPU's clock (a power cap) moves
-    both medians alike."""
-    order = [fb, fa] if b_first else [fa, fb]
-    first, host = [], 0.0
-    for fn in order:
-        first.append(timer.probe(fn))
-        host += timer.host_ms
-    n = _calls(sum(first), min_calls, min_ms, max_calls)
-    rest = timer.cycle(order, n - 1, host_ms=host) if n > 1 else [[], []]
-    times = [[t0, *ts] for t0, ts in zip(first, rest)]
-    if b_first:
-        times.reverse()
-    return statistics.median(times[0]), statistics.median(times[1]), n
-
-
 # ---- interleaved rounds -------------------------------------------------------------------------
 
 def round_orders(impls, rounds: int) -> list[list[str]]:
@@ -762,7 +615,7 @@ def time_rounds(fns: dict, *, rounds: int = 5, min_calls: int = 10, min_ms: floa
 def time_paired(fns: dict, pairs, *, rounds: int = 5, min_calls: int = 10, min_ms: float = 100.0,
                 timer=None, max_calls: int = 10_000, on_step=None) -> dict:
     """``a / b`` for each (a, b) of ``pairs`` (names in ``fns``) in ``rounds`` rounds of
-    ``measure_paired`` (b's median ms over a's, each round; b leads the cycles in rounds
+    ``measure_cycle`` of (a, b) (b's median ms over a's, each round; b leads the cycles in rounds
     2, 4, ...): {(a, b): {"rounds": [ratio or None], "calls": [cycles or None], "error":
     text or None}}. A pair whose call raises, or whose a takes 0 ms (no ratio), is left out
     of the rounds after, with the reason in "error".
@@ -784,8 +637,8 @@ def time_paired(fns: dict, pairs, *, rounds: int = 5, min_calls: int = 10, min_m
             res = out[p]
             if res["error"] is None:
                 try:
-                    ma, mb, n = measure_paired(fns[p[0]], fns[p[1]], timer, min_calls=min_calls,
-                                               min_ms=min_ms, max_calls=max_calls, b_first=r % 2 == 1)
+                    (ma, mb), n = measure_cycle([fns[p[0]], fns[p[1]]], timer, min_calls=min_calls,
+                                                min_ms=min_ms, max_calls=max_calls, lead=r % 2)
                 except Exception as e:
                     res["error"] = f"round {r + 1}: {_err(e)}"
                 else:

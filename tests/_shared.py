@@ -59,3 +59,67 @@ def sm90_target():
     if "nvidia" not in backends or not any((bin_dir / n).exists() for n in ("ptxas", "ptxas-blackwell")):
         pytest.skip("this Triton has no NVIDIA back end or ptxas to compile for sm_90")
     return GPUTarget("cuda", 90, 32)
+
+
+class VirtualTime:
+    """A clock that moves only when a stand-in kernel says so: ``now()`` (seconds) for
+    ``timing.CpuTimer``, and ``kernel(name, ms_of_round)`` builds a callable that advances it
+    by its round's time (and logs its name). ``calls_per_round`` calls make a round, after
+    ``warm_calls`` untimed ones (1 s each: time_rounds' warm-up; run's first call too);
+    within a round, calls take ``ms``, ``ms``, ... and every third one ``ms + 50`` (an
+    outlier the per-round median must drop). Calls past the last round take the last
+    round's time (run's call-alternated pairs come after its rounds)."""
+
+    def __init__(self, calls_per_round, warm_calls=1):
+        self.t = 0.0
+        self.log = []
+        self.per_round = calls_per_round
+        self.warm = warm_calls
+
+    def now(self):
+        return self.t
+
+    def kernel(self, name, ms_of_round, out=None):
+        count = [0]
+
+        def fn():
+            k = count[0]
+            count[0] += 1
+            if k < self.warm:  # untimed
+                ms = 1000.0
+            else:
+                r, j = divmod(k - self.warm, self.per_round)
+                ms = ms_of_round[min(r, len(ms_of_round) - 1)] + (50.0 if j % 3 == 2 else 0.0)
+            self.t += ms * 1e-3
+            self.log.append(name)
+            return out
+        return fn
+
+    def failing(self, on_call, message):
+        """A callable that takes 1 ms a call and raises RuntimeError(``message``) on call
+        number ``on_call`` (from 1)."""
+        calls = [0]
+
+        def fn():
+            calls[0] += 1
+            self.t += 1e-3
+            if calls[0] == on_call:
+                raise RuntimeError(message)
+        return fn
+
+
+class CappedClock:
+    """A GPU stand-in whose clock drops once: calls of ``work`` ms take ``work`` ms of
+    virtual time (``now()``, seconds) until ``t_drop`` (s), then ``work / 0.8`` (a power
+    cap pulling the SM clock from 100 % to 80 %)."""
+
+    def __init__(self, t_drop):
+        self.t, self.t_drop = 0.0, t_drop
+
+    def now(self):
+        return self.t
+
+    def kernel(self, work_ms):
+        def fn():
+            self.t += work_ms * 1e-3 / (1.0 if self.t < self.t_drop else 0.8)
+        return fn

@@ -12,6 +12,8 @@ import torch
 
 from fa_lab import bench, cli
 
+from _shared import CappedClock, VirtualTime
+
 
 def test_flops_counts_two_matmuls_and_halves_for_causal():
     s = bench.Shape(B=2, S=8192, H=32, D=128, causal=False)
@@ -228,53 +230,6 @@ def test_run_times_split_k_and_varlen_beside_dense_end_to_end(monkeypatch, tmp_p
 
 # ---- interleaved rounds: scheduling and statistics, with callables whose time is known ---------
 
-class _VirtualTime:
-    """A clock that moves only when a stand-in kernel says so: ``now()`` (seconds) for
-    ``bench.CpuTimer``, and ``kernel(name, ms_of_round)`` builds a callable that advances it
-    by its round's time (and logs its name). ``calls_per_round`` calls make a round, after
-    ``warm_calls`` untimed ones (1 s each: time_rounds' warm-up; run's first call too);
-    within a round, calls take ``ms``, ``ms``, ... and every third one ``ms + 50`` (an
-    outlier the per-round median must drop). Calls past the last round take the last
-    round's time (run's call-alternated pairs come after its rounds)."""
-
-    def __init__(self, calls_per_round, warm_calls=1):
-        self.t = 0.0
-        self.log = []
-        self.per_round = calls_per_round
-        self.warm = warm_calls
-
-    def now(self):
-        return self.t
-
-    def kernel(self, name, ms_of_round, out=None):
-        count = [0]
-
-        def fn():
-            k = count[0]
-            count[0] += 1
-            if k < self.warm:  # untimed
-                ms = 1000.0
-            else:
-                r, j = divmod(k - self.warm, self.per_round)
-                ms = ms_of_round[min(r, len(ms_of_round) - 1)] + (50.0 if j % 3 == 2 else 0.0)
-            self.t += ms * 1e-3
-            self.log.append(name)
-            return out
-        return fn
-
-    def failing(self, on_call, message):
-        """A callable that takes 1 ms a call and raises RuntimeError(``message``) on call
-        number ``on_call`` (from 1)."""
-        calls = [0]
-
-        def fn():
-            calls[0] += 1
-            self.t += 1e-3
-            if calls[0] == on_call:
-                raise RuntimeError(message)
-        return fn
-
-
 A_MS = [2.0, 4.0, 3.0, 5.0, 1.0]  # median 3, min 1, max 5
 B_MS = [4.0, 4.0, 6.0, 10.0, 3.0]  # median 4, min 3, max 10
 C_MS = [8.0, 8.0, 8.0, 8.0, 8.0]
@@ -294,7 +249,7 @@ def test_round_orders_rotate_and_spread_their_starting_points():
 
 
 def test_time_rounds_times_each_implementation_once_per_round_in_rotated_order():
-    vt = _VirtualTime(calls_per_round=3)
+    vt = VirtualTime(calls_per_round=3)
     fns = {"a": vt.kernel("a", A_MS), "b": vt.kernel("b", B_MS), "c": vt.kernel("c", C_MS)}
     steps = []
     res = bench.time_rounds(fns, rounds=5, min_calls=3, min_ms=0, warmup_ms=0,
@@ -311,16 +266,6 @@ def test_time_rounds_times_each_implementation_once_per_round_in_rotated_order()
     assert res.ms == {"a": pytest.approx(A_MS), "b": pytest.approx(B_MS), "c": pytest.approx(C_MS)}
     assert res.calls == {i: [3] * 5 for i in fns}
     assert len(res.spans) == 5 and all(t1 >= t0 for t0, t1 in res.spans)
-
-
-def test_measure_sizes_the_calls_by_time_and_count():
-    vt = _VirtualTime(calls_per_round=10**6)
-    fn = vt.kernel("a", [2.0])
-    timer = bench.CpuTimer(now=vt.now)
-    fn()  # the warm-up call
-    assert bench.measure(fn, timer, min_calls=1, min_ms=10.0) == (pytest.approx(2.0), 5)  # 10 ms / 2 ms
-    assert bench.measure(fn, timer, min_calls=7, min_ms=1.0)[1] == 7
-    assert bench.measure(fn, timer, min_calls=1, min_ms=1e9, max_calls=4)[1] == 4
 
 
 def test_spread_and_per_round_ratios_match_hand_computed_values():
@@ -357,7 +302,7 @@ def test_time_rounds_on_the_real_clock_with_sleeping_callables():
 
 
 def test_time_rounds_keeps_going_when_one_implementation_fails():
-    vt = _VirtualTime(calls_per_round=1)
+    vt = VirtualTime(calls_per_round=1)
     ok = vt.kernel("ok", [1.0] * 4)
     flaky = vt.failing(3, "CUDA out of memory\nmore text")
     res = bench.time_rounds({"ok": ok, "flaky": flaky}, rounds=4, min_calls=1, min_ms=0,
@@ -370,59 +315,23 @@ def test_time_rounds_keeps_going_when_one_implementation_fails():
         bench.time_rounds({"ok": ok}, min_calls=0)
 
 
-def test_measure_paired_alternates_one_call_of_each_and_takes_their_medians():
-    vt = _VirtualTime(calls_per_round=10**6, warm_calls=0)
-    a, b = vt.kernel("a", [2.0]), vt.kernel("b", [3.0])
-    timer = bench.CpuTimer(now=vt.now)
-    # 12 ms / (2 + 3) ms per cycle -> 3 cycles; every third call of each is +50 ms
-    assert bench.measure_paired(a, b, timer, min_calls=1, min_ms=12.0) == (
-        pytest.approx(2.0), pytest.approx(3.0), 3)
-    assert vt.log == ["a", "b"] * 3
-    vt.log.clear()
-    ma, mb, n = bench.measure_paired(a, b, timer, min_calls=4, min_ms=0.0, b_first=True)
-    assert vt.log == ["b", "a"] * 4 and (ma, mb, n) == (pytest.approx(2.0), pytest.approx(3.0), 4)
-    assert bench.measure_paired(a, b, timer, min_calls=1, min_ms=1e9, max_calls=2)[2] == 2
-
-
-class _CappedClock:
-    """A GPU stand-in whose clock drops once: calls of ``work`` ms take ``work`` ms of
-    virtual time until ``t_drop`` (s), then ``work / 0.8`` (a power cap pulling the SM
-    clock from 100 % to 80 %)."""
-
-    def __init__(self, t_drop):
-        self.t, self.t_drop = 0.0, t_drop
-
-    def now(self):
-        return self.t
-
-    def kernel(self, work_ms):
-        def fn():
-            self.t += work_ms * 1e-3 / (1.0 if self.t < self.t_drop else 0.8)
-        return fn
-
-
 def test_call_alternated_pairs_see_the_same_clock_where_turns_do_not():
     """Two kernels of the same work under a clock that drops by 20 % during the round:
     timed in turns (``time_rounds``), the second one's turn runs after the drop and a
     reads 25 % faster than b; call-alternated (``time_paired``), both run before and after it alike
     and the ratio is 1."""
-    clock = _CappedClock(t_drop=0.015)
+    clock = CappedClock(t_drop=0.015)
     fns = {"a": clock.kernel(1.0), "b": clock.kernel(1.0)}
     timer = bench.CpuTimer(now=clock.now)
     res = bench.time_rounds(fns, rounds=1, min_calls=10, min_ms=0, warmup_ms=0, timer=timer)
     assert bench.ratio_rounds(res.ms, "a", "b") == [pytest.approx(1.25)]
-    for b_first in (False, True):  # the drop falls in the middle of the cycles
-        clock.t, clock.t_drop = 0.0, 0.007
-        ma, mb, n = bench.measure_paired(fns["a"], fns["b"], timer, min_calls=10, min_ms=0,
-                                         b_first=b_first)
-        assert (ma, n) == (pytest.approx(1.25), 10) and mb == pytest.approx(ma)
-    clock.t, clock.t_drop = 0.0, 0.007
+    clock.t, clock.t_drop = 0.0, 0.007  # the drop falls in the middle of the cycles
     out = bench.time_paired(fns, [("a", "b")], rounds=1, min_calls=10, min_ms=0, timer=timer)
     assert out == {("a", "b"): {"rounds": [pytest.approx(1.0)], "calls": [10], "error": None}}
 
 
 def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
-    vt = _VirtualTime(calls_per_round=10**6, warm_calls=0)
+    vt = VirtualTime(calls_per_round=10**6, warm_calls=0)
     fns = {"a": vt.kernel("a", [1.0]), "b": vt.kernel("b", [2.0])}
     with pytest.raises(ValueError, match="not in fns"):
         bench.time_paired(fns, [("a", "c")])
@@ -469,7 +378,7 @@ def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch,
     the medians, min / max, per-round values and per-round ratios of the table and of
     the saved JSON match the hand-computed ones; the rounds' orders rotate; every row has
     its rel-L2 against fp32 attention."""
-    vt = _VirtualTime(calls_per_round=3, warm_calls=2)  # run's first call, then the warm-up
+    vt = VirtualTime(calls_per_round=3, warm_calls=2)  # run's first call, then the warm-up
     times = {"fast_lazy": A_MS, "fast_eager": B_MS, "sdpa_cudnn": C_MS}
     monkeypatch.setattr(bench, "_runner", _stand_in_runner(vt, times))
     shape = bench.Shape(1, 64, 2, 32, True)
@@ -677,17 +586,6 @@ def test_cuda_timer_measures_gpu_time_in_proportion():
     ratio = bench.spread(bench.ratio_rounds(res.ms, "one", "four"))
     assert 3.6 < ratio["median"] < 4.4, res.ms
     assert bench.gpu_clocks("cuda")["source"] is not None
-
-
-@pytest.mark.gpu
-def test_cuda_timer_times_alternated_calls_each_alone():
-    """Spin kernels of 1e6 and 4e6 cycles called in alternation: each call's events hold
-    its own kernel only (medians 1 : 4 within 10 %), whichever leads the cycle."""
-    timer = bench.CudaTimer("cuda")
-    one, four = (lambda: torch.cuda._sleep(1_000_000)), (lambda: torch.cuda._sleep(4_000_000))
-    for b_first in (False, True):
-        ma, mb, n = bench.measure_paired(one, four, timer, min_calls=8, min_ms=5, b_first=b_first)
-        assert n >= 8 and 3.6 < mb / ma < 4.4, (ma, mb)
 
 
 @pytest.mark.gpu

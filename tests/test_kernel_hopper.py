@@ -9,13 +9,14 @@ NaN rows as the Triton kernel at the same tiling under the unfixed rebase.
 """
 
 import re
+import types
 
 import pytest
 import torch
 import triton
 
-from _shared import check_against_reference
-from fa_lab import policies
+from _shared import CappedClock, check_against_reference
+from fa_lab import policies, timing
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast, hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
@@ -117,6 +118,52 @@ def test_only_a_persistent_grid_asks_a_counter_for_work_and_it_leaves_it_at_zero
     assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 1
     assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 2
     assert "atom." not in compile_sm90(True, True, 128, HopperConfig(128, 2, True, False))
+
+
+def test_the_tuner_picks_the_lowest_median_over_rounds_and_records_every_round():
+    """A config that wins one round by a clock's luck and loses the others is not the
+    pick: the median over rounds ranks. A tie goes to the first listed."""
+    a, b, c = hopper.CONFIGS[:3]
+    rounds = [[1.0, 1.2, 1.2], [1.1, 1.1, 1.1], [1.3, 1.0, 1.3]]
+    best, records = hopper.pick_fastest([a, b, c], rounds)
+    assert best == b
+    assert records == [{"config": x.describe(), "ms": m, "ms_rounds": r}
+                       for x, m, r in zip((a, b, c), (1.2, 1.1, 1.3), rounds)]
+    assert hopper.pick_fastest([a, b], [[2.0, 1.0, 3.0], [1.0, 2.0, 3.0]])[0] == a
+    with pytest.raises(ValueError):  # a config without its rounds
+        hopper.pick_fastest([a, b], [[1.0]])
+
+
+def test_the_tuner_warms_every_candidate_then_times_them_in_alternation(monkeypatch):
+    """``_tune`` on the CPU, with the launch and the CUDA timer replaced by stand-ins on a
+    clock that drops by 20 % part way (``CappedClock``): each candidate is called once
+    (its compile), then the candidates alternate, one call of each per cycle; the one with
+    the least work wins although the drop comes after its first calls."""
+    clock = CappedClock(t_drop=0.040)
+    work = {c: 1.0 for c in hopper.CONFIGS}
+    work[hopper.CONFIGS[0]] = 0.97
+    log = []
+
+    def run(device, grid, args, meta):
+        c, = [c for c in hopper.CONFIGS
+              if (c.pingpong, c.persistent, c.block_n) == (meta["PINGPONG"], meta["PERSISTENT"], meta["BLOCK_N"])]
+        log.append(c)
+        clock.kernel(work[c])()
+
+    monkeypatch.setattr(hopper, "_run", run)
+    monkeypatch.setattr(hopper.timing, "CudaTimer", lambda device: timing.CpuTimer(now=clock.now))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(multi_processor_count=132))
+    q = torch.zeros(1, 256, 2, 128, dtype=BF16)
+    best, records = hopper._tune(q, q, q, True, pol("lazy"))
+    n = len(hopper.CONFIGS)
+    assert log[:n] == list(hopper.CONFIGS)  # compiled first
+    cycles = [log[i:i + n] for i in range(n, len(log), n)]
+    assert all(sorted(map(hopper.CONFIGS.index, c)) == list(range(n)) for c in cycles)
+    assert best == hopper.CONFIGS[0]
+    assert [r["config"] for r in records] == [c.describe() for c in hopper.CONFIGS]
+    assert all(len(r["ms_rounds"]) == hopper.TUNE_ROUNDS for r in records)
+    assert records[0]["ms"] / records[1]["ms"] == pytest.approx(0.97)
 
 
 def test_entry_points_refuse_what_they_cannot_run():
@@ -226,5 +273,11 @@ def test_gpu_fast_forward_picks_gluon_at_d128_and_triton_at_d64(gen):
         q = torch.randn(1, 512, 4, D, generator=gen).to(BF16).cuda()
         out, lse = fast.forward(q, q, q, causal=True, policy=pol("lazy"))
         assert isinstance(fast.best_config(q, q, True, True), kind)
-        assert fast.tuning_timings(True)  # the pick's measurements are on record
+        timings = fast.tuning_timings(True)  # the pick's measurements are on record
+        assert timings and all(t["ms"] > 0 for t in timings)
+        if kind is HopperConfig:  # every candidate, timed in the tuner's rounds
+            assert [t["config"] for t in timings] == [c.describe() for c in hopper.CONFIGS]
+            assert all(len(t["ms_rounds"]) == hopper.TUNE_ROUNDS for t in timings)
+            assert fast.best_config(q, q, True, True).describe() == min(
+                timings, key=lambda t: t["ms"])["config"]
         check_against_reference(out, lse, q, q, q, True)

@@ -76,12 +76,15 @@ def test_kernels_reach_fa_lab_only_through_its_core():
     mods = modules()
     allowed = {"fa_lab.capabilities", "fa_lab.checks", "fa_lab.models.geometry",
                "fa_lab.models.swp_bf16", "fa_lab.models.swp_fp8", "fa_lab.models.generic",
-               "fa_lab.models.swa", "fa_lab.numerics", "fa_lab.policies", "fa_lab.trace",
-               "fa_lab.varlen"}
+               "fa_lab.models.swa", "fa_lab.numerics", "fa_lab.policies", "fa_lab.timing",
+               "fa_lab.trace", "fa_lab.varlen"}
     for m, p in mods.items():
         if m.startswith("fa_lab.kernels"):
             outside = {t for t in imports(m, p, mods) if not t.startswith("fa_lab.kernels")}
             assert outside <= allowed, (m, outside - allowed)
+    # the timers the kernels' tuners share with the benchmark import nothing of fa_lab's
+    assert not {t for t in imports("fa_lab.timing", mods["fa_lab.timing"], mods)
+                if t.startswith("fa_lab")}
     # and fa_lab reaches the kernels through dispatch (and the kernels' own helpers) only
     for m, p in mods.items():
         if not m.startswith("fa_lab.kernels"):
