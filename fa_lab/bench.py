@@ -3,7 +3,8 @@ timed in interleaved rounds.
 
 Every implementation runs on the same inputs in the same process: the fast kernels with
 each rescale policy (``fast_lazy``, ``fast_lazy_unfixed``, ``fast_eager``, and the fp8
-kernel's ``fast_fp8_lazy`` / ``fast_fp8_eager`` on the same data quantised per tensor),
+kernel's ``fast_fp8_lazy`` / ``fast_fp8_eager`` on the same data quantised per tensor, and
+``fast_fp8_lazy_vt`` given V already transposed, without the call's V^T copy),
 torch SDPA with its FlashAttention and cuDNN backends, compiled ``flex_attention``, and
 the faithful Triton port (``faithful_lazy``, first shape only) when it is importable.
 TFLOP/s counts ``4 B H Sq Skv D`` (halved when causal).
@@ -167,7 +168,10 @@ VARLEN_SHAPES = (varlen_shape(VARLEN_LENGTHS, 32, 128, False),
                  varlen_shape(VARLEN_LENGTHS, 32, 128, True))
 
 FAST_BF16 = {"fast_lazy": "lazy", "fast_lazy_unfixed": "lazy_unfixed", "fast_eager": "eager"}
-FAST_FP8 = {"fast_fp8_lazy": "lazy", "fast_fp8_eager": "eager"}
+FAST_FP8 = {"fast_fp8_lazy": "lazy", "fast_fp8_eager": "eager", "fast_fp8_lazy_vt": "lazy"}
+#: fp8 rows whose V comes already transposed (``TransposedV``, made once outside the
+#: timing): the kernel without its per-call V^T copy, as for a V that several calls read.
+FP8_STORED_V = ("fast_fp8_lazy_vt",)
 FAST_SPLITK = {"fast_lazy_split2": 2, "fast_lazy_split4": 4, "fast_lazy_split8": 8}
 FAST_VARLEN = {"fast_lazy_varlen": "lazy"}
 PEERS = ("sdpa_flash", "sdpa_cudnn", "flex")
@@ -191,17 +195,20 @@ EXTRA_RATIO_PAIRS = (
     ("fast_fp8_lazy", "fast_lazy"),
     ("fast_fp8_lazy", "sdpa_cudnn"),
     ("fast_fp8_lazy", "fast_fp8_eager"),
+    ("fast_fp8_lazy_vt", "fast_lazy"),
     ("fast_eager", "sdpa_cudnn"),
     ("fast_lazy_varlen", "sdpa_cudnn"),
 )
 
 #: Pairs also timed call-alternated (``time_paired``): the same kernel under two policies,
-#: whose difference is a few per cent at most, less than the clock's swing under a power
-#: cap between two implementations' turns in a round.
+#: or with and without its V^T copy, whose difference is a few per cent at most at long
+#: sequences, less than the clock's swing under a power cap between two implementations'
+#: turns in a round.
 PAIRED_RATIOS = (
     ("fast_lazy", "fast_lazy_unfixed"),
     ("fast_lazy", "fast_eager"),
     ("fast_fp8_lazy", "fast_fp8_eager"),
+    ("fast_fp8_lazy_vt", "fast_fp8_lazy"),
 )
 
 
@@ -323,6 +330,8 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
         mod = _fast_module("swp_fp8.fast")
         (q8, k8, v8), (qd, kd, vd) = inp.fp8
         pol = policies.resolve(fp8=True, seqlen_kv=shape.seqlen_kv, rescale=FAST_FP8[impl])
+        if impl in FP8_STORED_V:
+            v8 = mod.TransposedV.from_v(v8)
         return lambda: mod.forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
                                    causal=causal, policy=pol)[0]
     if impl == FAITHFUL:
@@ -518,14 +527,15 @@ def _fast_config(impl, shape, inp: Inputs):
 
 def _tuning(impl, shape):
     """The autotuner's timings of every config at its last new key (fast kernels;
-    lazy_unfixed shares lazy's tuning; per-sequence loops tune once per length)."""
+    lazy_unfixed shares lazy's tuning, and fp8 with V stored transposed fp8 lazy's;
+    per-sequence loops tune once per length)."""
     if impl in FAST_BF16 and impl != "fast_lazy_unfixed" and not shape.varlen:
         return _fast_module("swp_bf16.fast").tuning_timings(FAST_BF16[impl] != "eager")
     if impl in FAST_SPLITK:
         return _fast_module("swp_bf16.splitk").tuning_timings(True)
     if impl in FAST_VARLEN:
         return _fast_module("swp_bf16.varlen").tuning_timings(True)
-    if impl in FAST_FP8:
+    if impl in FAST_FP8 and impl not in FP8_STORED_V:
         return _fast_module("swp_fp8.fast").tuning_timings(FAST_FP8[impl] != "eager")
     return None
 

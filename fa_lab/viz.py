@@ -53,6 +53,7 @@ IMPL_COLORS = {
     "fast_lazy_unfixed": policies.color("lazy_unfixed"),
     "fast_fp8_lazy": LABEL_COLORS["fp8"],
     "fast_fp8_eager": "#fdbf6f",
+    "fast_fp8_lazy_vt": "#d95f02",
     "faithful_lazy": "#08306b",
     "fast_lazy_split2": "#6baed6",
     "fast_lazy_split4": "#4292c6",

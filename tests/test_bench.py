@@ -157,6 +157,12 @@ class _Interpreted:
     def forward_varlen(self, *a, **kw):
         return self.mod.forward_varlen(*a, interpret=True, **kw)
 
+    @property
+    def TransposedV(self):  # its V^T copy interpreted too
+        import types
+        return types.SimpleNamespace(
+            from_v=lambda v8: self.mod.TransposedV.from_v(v8, interpret=True))
+
     def __getattr__(self, name):  # best_config, tuning_timings, ...
         return getattr(self.mod, name)
 
@@ -490,10 +496,12 @@ def test_fp8_rows_get_a_dequantised_reference():
 def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch):
     """The real runners of the fast bf16 and fp8 kernels (Triton's CPU interpreter) at a
     GQA shape, in 2 rounds: bf16 rows close to fp32 attention, the fp8 row closer to the
-    fp32 attention of its own quantised inputs than to that of the bf16 ones."""
+    fp32 attention of its own quantised inputs than to that of the bf16 ones; fp8 with V
+    stored transposed gives the fp8 row's output, and is timed alternated with it."""
     monkeypatch.setattr(bench, "_fast_module", _Interpreted)
     shape = bench.Shape(1, 128, 4, 128, True, Hkv=2)
-    table = bench.run(jobs=[("dense", shape, ("fast_lazy", "fast_eager", "fast_fp8_lazy", "sdpa_flash"))],
+    impls = ("fast_lazy", "fast_eager", "fast_fp8_lazy", "fast_fp8_lazy_vt", "sdpa_flash")
+    table = bench.run(jobs=[("dense", shape, impls)],
                       device="cpu", rounds=2, min_calls=1, rep=0, warmup=0, progress=False)
     t = table.set_index("impl")
     assert t["note"].isna().all(), t["note"].tolist()
@@ -501,8 +509,13 @@ def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch
     assert (t.loc[["fast_lazy", "fast_eager", "sdpa_flash"], "rel_l2"] < 1e-2).all()
     fp8 = t.loc["fast_fp8_lazy"]
     assert fp8.rel_l2_dequant < fp8.rel_l2 < 0.1
+    vt = t.loc["fast_fp8_lazy_vt"]
+    assert (vt.rel_l2, vt.rel_l2_dequant, vt.dtype) == (fp8.rel_l2, fp8.rel_l2_dequant, fp8.dtype)
     assert {q["ratio"] for q in table.attrs["ratios"]} >= {"fast_lazy / fast_eager",
-                                                          "fast_fp8_lazy / fast_lazy"}
+                                                          "fast_fp8_lazy / fast_lazy",
+                                                          "fast_fp8_lazy_vt / fast_lazy"}
+    assert {q["ratio"] for q in table.attrs["paired_ratios"]} == {
+        "fast_lazy / fast_eager", "fast_fp8_lazy_vt / fast_fp8_lazy"}
 
 
 def test_dense_suite_holds_the_issues_shapes():

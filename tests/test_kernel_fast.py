@@ -24,6 +24,8 @@ from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 from fa_lab.metrics import rel_l2
 from fa_lab.models import swp_fp8
 
+FP8 = torch.float8_e4m3fn
+
 BF16 = torch.bfloat16
 # bf16 output rounding alone is ~2**-9 relative; P in bf16 adds about as much.
 
@@ -227,6 +229,67 @@ def test_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv, str
     assert torch.equal(vt.view(torch.uint8), _v_transposed_as_stored(v8, skv + pad))
 
 
+@pytest.mark.parametrize("skv", [200, 16, 13])
+def test_fp8_transposed_v_holds_v_in_the_kernel_key_order_and_gives_it_back(skv):
+    """``TransposedV.from_v`` (interpreted) holds the same bytes as the per-call copy, its
+    column map is the operand formula's, and ``to_v`` returns V byte for byte."""
+    gen = torch.Generator().manual_seed(skv)
+    v8 = torch.randint(0, 256, (2, skv, 3, 128), generator=gen, dtype=torch.uint8).view(FP8)
+    tv = fast_fp8.TransposedV.from_v(v8, interpret=True)
+    pad = -skv % fast_fp8.V_PAD
+    assert tv.shape == v8.shape and tv.seqlen == skv and tv.device == v8.device
+    assert tv.data.shape == (2, 3, 128, skv + pad) and tv.data.dtype == FP8 and tv.data.is_contiguous()
+    assert torch.equal(tv.data.view(torch.uint8), _v_transposed_as_stored(v8, skv + pad))
+    assert fast_fp8.stored_columns(skv).tolist() == [_fp8_operand_column(s) for s in range(skv)]
+    assert torch.equal(tv.to_v().view(torch.uint8), v8.view(torch.uint8))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_forward_given_a_transposed_v_equals_the_call_that_copies_it(causal):
+    """The same outputs, NaN for NaN, with V^T made once: the seed's q and k at k x5000
+    under the unfixed rule (NaN rows), a random V (a key in the wrong place would show),
+    GQA, a length that is not a multiple of 16."""
+    (q8, k8, _), (qd, kd, _) = ex.fp8_inputs(1, 200, 2, 5000, seed=4)
+    k8 = k8[:, :, :1].contiguous()  # two query heads on one kv head
+    v8, vd = ex.quantize_e4m3(torch.randn(1, 200, 1, 128, generator=torch.Generator().manual_seed(4)))
+    common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+                  policy=fp8_policy("lazy_unfixed"), interpret=True)
+    tv = fast_fp8.TransposedV.from_v(v8, interpret=True)
+    out, lse = fast_fp8.forward(q8, k8, v8, **common)
+    out_t, lse_t = fast_fp8.forward(q8, k8, tv, **common)
+    assert torch.isnan(out).any()
+    assert torch.equal(torch.isnan(out), torch.isnan(out_t))
+    assert torch.equal(out.nan_to_num(), out_t.nan_to_num())
+    assert torch.equal(lse.nan_to_num(), lse_t.nan_to_num())
+
+
+def test_fp8_transposed_v_refuses_bad_input_and_a_v_of_another_shape():
+    v8 = torch.zeros(1, 40, 1, 128, dtype=FP8)
+    for bad, exc, words in [
+        (v8.float(), TypeError, "v8 has dtype torch.float32"),
+        (v8.view(torch.uint8), TypeError, "v8 has dtype torch.uint8"),
+        ("v", TypeError, "v8 must be a torch.Tensor"),
+        (v8[..., :64], ValueError, r"v8 must be \[B, Skv, Hkv, 128\]"),
+        (v8[0], ValueError, r"v8 must be \[B, Skv, Hkv, 128\]"),
+        (v8[:, :0], ValueError, "no empty dimension"),
+    ]:
+        with pytest.raises(exc, match=words):
+            fast_fp8.TransposedV.from_v(bad, interpret=True)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        fast_fp8.TransposedV.from_v(v8)
+    with pytest.raises(TypeError, match=r"TransposedV.from_v\(v8\)"):
+        fast_fp8.TransposedV(v8, 40)
+    tv = fast_fp8.TransposedV.from_v(v8, interpret=True)
+    with pytest.raises(AttributeError):
+        tv.data = v8
+    common = dict(q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=False,
+                  policy=fp8_policy("lazy"), interpret=True)
+    q8 = torch.zeros(1, 40, 2, 128, dtype=FP8)
+    for k8 in (torch.zeros(1, 41, 1, 128, dtype=FP8), torch.zeros(1, 40, 2, 128, dtype=FP8)):
+        with pytest.raises(ValueError, match="v8 \\(a TransposedV of V \\(1, 40, 1, 128\\)"):
+            fast_fp8.forward(q8, k8, tv, **common)
+
+
 # ---- the fp8 P operand, compiled for sm_90 on the CPU ------------------------------------
 
 @triton.jit
@@ -421,6 +484,23 @@ def test_gpu_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv)
     v8 = raw.view(torch.float8_e4m3fn)
     vt = fast_fp8.transpose_v(v8)
     assert torch.equal(vt.view(torch.uint8), _v_transposed_as_stored(v8, skv + -skv % fast_fp8.V_PAD))
+    tv = fast_fp8.TransposedV.from_v(v8)
+    assert torch.equal(tv.data.view(torch.uint8), vt.view(torch.uint8))
+    assert torch.equal(tv.to_v().view(torch.uint8), raw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fp8_forward_given_a_transposed_v_equals_the_call_that_copies_it(causal):
+    (q8, k8, _), (qd, kd, _) = ex.fp8_inputs(2, 1500, 2, 5000, seed=5, device="cuda")
+    v8, vd = ex.quantize_e4m3(torch.randn(2, 1500, 2, 128, device="cuda"))
+    common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+                  policy=fp8_policy("lazy_unfixed"))
+    out, lse = fast_fp8.forward(q8, k8, v8, **common)
+    out_t, lse_t = fast_fp8.forward(q8, k8, fast_fp8.TransposedV.from_v(v8), **common)
+    assert torch.equal(torch.isnan(out), torch.isnan(out_t))
+    assert torch.equal(out.nan_to_num(), out_t.nan_to_num())
+    assert torch.equal(lse.nan_to_num(), lse_t.nan_to_num())
 
 
 # ---- backend="fast" through the public API ---------------------------------------------

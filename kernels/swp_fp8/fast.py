@@ -20,7 +20,8 @@ For throughput, not for reproducing the faithful model bit for bit. What it keep
 What is its own: the tile height (BLOCK_M rows, a multiple of the 32-row wave), the order
 of the tensor cores' fp32 sums, and V is first copied to a [B, Hkv, D, Skv] layout
 (Hopper's fp8 tensor-core instructions read both operands K-major; the copy is part of
-``forward`` and of its timing). The copy stores the keys of each 16 in the order of
+``forward`` and of its timing, unless V comes as a ``TransposedV``, made once and read by
+any number of calls). The copy stores the keys of each 16 in the order of
 ``_in_stored_order``, and P's columns are reordered the same way before the PV product:
 the same sum over the keys, in an order in which each thread of the scores' accumulator
 already holds the P elements the fp8 instruction takes from it (the change of layout
@@ -306,10 +307,83 @@ def transpose_v(v8: torch.Tensor, interpret: bool = False) -> torch.Tensor:
     return vt
 
 
+def stored_columns(seqlen: int, device=None) -> torch.Tensor:
+    """The column of the V^T copy that holds each key 0 .. seqlen-1 (int64): within each
+    aligned group of 16, key 8 g + 2 i + e sits at column 4 i + 2 g + e (the order of
+    ``_in_stored_order``)."""
+    key = torch.arange(seqlen, device=device)
+    group, r = key // 16 * 16, key % 16
+    g, i, e = r // 8, r % 8 // 2, r % 2
+    return group + 4 * i + 2 * g + e
+
+
+class TransposedV:
+    """V [B, Skv, Hkv, 128] float8_e4m3fn held as the fp8 kernel reads it: ``data``
+    [B, Hkv, 128, Skv_pad] contiguous (Skv padded to a multiple of ``V_PAD``, the padded
+    keys zero), the keys of each aligned 16 in ``_in_stored_order``'s order. ``forward``
+    given one in place of V skips its per-call copy: for a V that several forwards read
+    (a cache written once), the copy is paid once.
+
+    Built by ``from_v`` only: the key order is the kernel's own, and a tensor transposed
+    some other way would give wrong outputs rather than an error. ``to_v`` gives V back."""
+
+    __slots__ = ("_data", "_seqlen")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("build a TransposedV with TransposedV.from_v(v8): its key order is "
+                        "the fp8 kernel's own")
+
+    @classmethod
+    def from_v(cls, v8: torch.Tensor, interpret: bool = False) -> "TransposedV":
+        """V^T of ``v8`` [B, Skv, Hkv, 128] float8_e4m3fn, on the GPU (``interpret``: CPU
+        tensors, through Triton's interpreter)."""
+        if not isinstance(v8, torch.Tensor):
+            raise TypeError(f"v8 must be a torch.Tensor, got {type(v8).__name__}")
+        if v8.dtype != FP8:
+            raise TypeError(f"v8 has dtype {v8.dtype}; the fp8 kernel takes torch.float8_e4m3fn")
+        if v8.dim() != 4 or v8.shape[-1] != HEAD_DIM or min(v8.shape) < 1:
+            raise ValueError(f"v8 must be [B, Skv, Hkv, {HEAD_DIM}] with no empty dimension, "
+                             f"got shape {tuple(v8.shape)}")
+        common.check_device(v8, interpret)
+        self = object.__new__(cls)
+        self._data = transpose_v(v8, interpret)
+        self._seqlen = v8.shape[1]
+        return self
+
+    @property
+    def data(self) -> torch.Tensor:
+        """[B, Hkv, 128, Skv_pad] float8_e4m3fn, the keys in the kernel's order."""
+        return self._data
+
+    @property
+    def seqlen(self) -> int:
+        """Skv: the keys V holds (``data`` holds Skv_pad columns)."""
+        return self._seqlen
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the V it holds: [B, Skv, Hkv, D]."""
+        B, Hkv, D, _ = self.data.shape
+        return torch.Size([B, self.seqlen, Hkv, D])
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def to_v(self) -> torch.Tensor:
+        """The V it holds, [B, Skv, Hkv, D] contiguous, byte for byte."""
+        cols = stored_columns(self.seqlen, self.device)
+        return self.data.view(torch.uint8)[..., cols].permute(0, 3, 1, 2).contiguous().view(FP8)
+
+    def __repr__(self) -> str:
+        return f"TransposedV(shape={tuple(self.shape)}, device={self.device})"
+
+
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, interpret: bool = False, config: Config | None = None):
-    """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
+    """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn; v8 may be a
+    ``TransposedV`` of V instead (no V^T copy in the call).
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
     ``interpret=True`` runs CPU tensors through Triton's interpreter; ``config`` pins a
@@ -317,7 +391,11 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32: natural log of the scaled
     softmax denominator, as the model's read-out).
     """
-    common.check_qkv(q8, k8, v8, (FP8,), (HEAD_DIM,))
+    stored = isinstance(v8, TransposedV)
+    common.check_qkv(q8, k8, k8 if stored else v8, (FP8,), (HEAD_DIM,))
+    if stored and (v8.shape != k8.shape or v8.device != k8.device):
+        raise ValueError(f"v8 (a TransposedV of V {tuple(v8.shape)} on {v8.device}) must hold "
+                         f"a V of k8's shape {tuple(k8.shape)} on its device {k8.device}")
     qd, kd, vd = (check_descale(n, x) for n, x in
                   (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
     for name, x in (("causal", causal), ("saturate", saturate)):
@@ -332,7 +410,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     q8, k8 = q8.contiguous(), k8.contiguous()
     B, Sq, H, D = q8.shape
     Skv, Hkv = k8.shape[1], k8.shape[2]
-    vt = transpose_v(v8, interpret)
+    vt = v8.data if stored else transpose_v(v8, interpret)
     out = torch.empty(B, Sq, H, D, dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty(B, H, Sq, device=q8.device, dtype=torch.float32)
     block_n = 128
