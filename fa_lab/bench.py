@@ -30,12 +30,12 @@ call-alternated: A B A B ..., one call of each per cycle (B leading in rounds 2,
 call flushed and timed alone, so both see the same clocks; a round's ratio is B's median
 ms over A's (the JSON's ``paired_ratios``).
 
-**Timer** (``fa_lab.timing``). On a CUDA device (``CudaTimer``): CUDA events around each call, the L2 flushed
-before each call (a 256 MB memset, as ``triton.testing.do_bench``), and a spin kernel
-(``torch.cuda._sleep``) ahead of each chunk of calls, sized from the host's measured
-enqueue time, so that the host stays ahead of the GPU and launch overhead does not enter
-the timing. On the CPU (``CpuTimer``): ``time.perf_counter`` around each call, the same
-rounds, warm-up and statistics (what the CPU tests exercise).
+**Timer** (``fa_lab.timing``). On a CUDA device (``CudaTimer``): CUDA events around each
+call, the L2 flushed before each call (a 256 MB memset, as ``triton.testing.do_bench``),
+and a spin kernel (``torch.cuda._sleep``) ahead of each chunk of calls, sized from the
+host's measured enqueue time, so that the host stays ahead of the GPU and launch overhead
+does not enter the timing. On the CPU (``CpuTimer``): ``time.perf_counter`` around each
+call, the same rounds, warm-up and statistics (what the CPU tests exercise).
 
 **Clocks** (``gpu_clocks``). The GPU's SM clock, its maximum, the memory clock,
 temperature, power and active clock-event (throttle) reasons are read at the start and end

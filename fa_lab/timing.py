@@ -7,8 +7,8 @@ each per cycle: the ms of every call). ``CpuTimer`` reads a wall clock around ea
 ``CudaTimer`` records CUDA events around each call with the L2 flushed before it.
 
 ``measure`` times one callable; ``measure_cycle`` times several in alternation, so that
-neighbouring calls run under the same GPU clocks (a power cap moves the SM clock by more
-than 10 % within a fraction of a second); ``time_alternated`` repeats that in rounds, the
+neighbouring calls run under the same GPU clocks (under a power cap the SM clock moves
+within a fraction of a second); ``time_alternated`` repeats that in rounds, the
 leading callable moving from round to round. The benchmark (``fa_lab.bench``) and the
 kernels' own tuners (``fa_lab.kernels``) both time with these.
 """
