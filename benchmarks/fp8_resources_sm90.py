@@ -19,6 +19,7 @@ the provenance); another version's ptxas may allocate differently.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from ptx_barriers import cubin_usage
@@ -50,15 +51,14 @@ def main():
     rows = []
     for base in fast_fp8.CANDIDATE_CONFIGS:
         for lazy, row_sum in ((False, False), (True, True), (True, False)):
-            config = Config(base.block_m, base.block_n, base.num_warps, base.num_stages,
-                            base.use_tma, row_sum)
             for cap in CAPS:
-                kernel = fast_fp8.compile_only(target, config, lazy=lazy, causal=True,
-                                               **({"maxnreg": cap} if cap else {}))
+                config = Config(base.block_m, base.block_n, base.num_warps, base.num_stages,
+                                base.use_tma, row_sum, cap)
+                kernel = fast_fp8.compile_only(target, config, lazy=lazy, causal=True)
                 if cap and f".maxnreg {cap}" not in kernel.asm["ptx"]:  # ptxas reads it there
                     raise RuntimeError(f"the PTX carries no .maxnreg {cap}")
                 usage = cubin_usage(kernel.asm["cubin"])
-                row = {"tiling": config.describe(lazy), "policy": "lazy" if lazy else "eager",
+                row = {"tiling": dataclasses.replace(config, maxnreg=None).describe(lazy), "policy": "lazy" if lazy else "eager",
                        "maxnreg": cap, "shared_bytes": kernel.metadata.shared, **usage}
                 row["programs_per_sm"] = programs_per_sm(usage["registers"], kernel.metadata.shared,
                                                          config.num_warps)

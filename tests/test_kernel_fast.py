@@ -7,6 +7,7 @@ the TMA and plain-load paths against each other, and argument checks. The compil
 kernels are checked the same way on a GPU (marked ``gpu``).
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -18,6 +19,7 @@ import fa_lab
 from _shared import BF16_TOL, check_against_reference, sm90_target
 from fa_lab import experiments as ex
 from fa_lab import policies, reference
+from fa_lab.kernels._triton import fast as common_fast
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
@@ -342,6 +344,30 @@ def test_fp8_compile_only_refuses_bad_arguments():
         fast_fp8.compile_only(None, (64, 128, 4, 3, True), lazy=True, causal=False)
     with pytest.raises(TypeError, match="causal"):
         fast_fp8.compile_only(None, fast_fp8.CONFIGS[0], lazy=True, causal=1)
+    with pytest.raises(ValueError, match=r"options \['maxnreg'\] come from the config"):
+        fast_fp8.compile_only(None, fast_fp8.CONFIGS[0], lazy=True, causal=False, maxnreg=168)
+
+
+def test_a_register_cap_reaches_ptxas_and_the_tuner_and_leaves_the_output_alone():
+    """``Config.maxnreg``: the sm_90 PTX carries it (ptxas reads it there), the autotuner's
+    configs carry it as a compiler option (not a kernel argument), its text names it, and
+    the interpreter (which has no registers) gives the uncapped output."""
+    capped = Config(64, 128, 4, 2, True, True, 168)
+    assert capped.describe(True) == "BM64 BN128 w4 s2 tma rowsum r168"
+    assert capped.meta(True)["maxnreg"] == 168 and "maxnreg" not in Config(64, 128, 4, 2, True).meta(True)
+    tuned = common_fast.autotuners(fast_fp8._attn_fwd_fp8, (capped,), ["seqlen_q"], None)
+    assert {(c.maxnreg, "maxnreg" in c.kwargs) for c in tuned[True].configs} == {(168, False)}
+    assert {common_fast._config_of(c) for c in tuned[True].configs} == {
+        capped, dataclasses.replace(capped, row_sum_filter=False)}
+    ptx = fast_fp8.compile_only(sm90_target(), capped, lazy=True, causal=True).asm["ptx"]
+    assert ".maxnreg 168" in ptx
+    (q8, k8, v8), (qd, kd, vd) = ex.fp8_inputs(1, 130, 1, 5000, seed=6)
+    common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                  policy=fp8_policy("lazy_unfixed"), interpret=True)
+    plain, _ = fast_fp8.forward(q8, k8, v8, config=dataclasses.replace(capped, maxnreg=None), **common)
+    out, _ = fast_fp8.forward(q8, k8, v8, config=capped, **common)
+    assert torch.equal(plain.nan_to_num(), out.nan_to_num())
+    assert torch.equal(torch.isnan(plain), torch.isnan(out))
 
 
 def test_compile_only_wants_each_argument_typed_or_given_once():
@@ -374,6 +400,10 @@ Q = torch.zeros(1, 64, 2, 64, dtype=BF16)
     ((Q, Q, Q), {"policy": bf16_policy("lazy_capped")}, ValueError, "rebase='capped'"),
     ((Q, Q, Q), {"interpret": False}, ValueError, "needs CUDA tensors"),
     ((Q, Q, Q), {"config": Config(48, 64, 4, 1, False)}, ValueError, "multiple of 32"),
+    ((Q, Q, Q), {"config": Config(64, 64, 4, 1, False, maxnreg=16)}, ValueError, r"maxnreg .* 24\.\.255"),
+    ((Q, Q, Q), {"config": Config(64, 64, 4, 1, False, maxnreg=256)}, ValueError, "got 256"),
+    ((Q, Q, Q), {"config": Config(64, 64, 4, 1, False, maxnreg=168.0)}, ValueError, "got 168.0"),
+    ((Q, Q, Q), {"config": Config(64, 64, 4, 1, False, maxnreg=True)}, ValueError, "got True"),
 ])
 def test_bf16_bad_input(args, kw, exc, words):
     kwargs = {"causal": False, "policy": bf16_policy("lazy"), "interpret": True, **kw}

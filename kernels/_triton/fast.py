@@ -15,6 +15,7 @@ and in what they store.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -36,13 +37,20 @@ except ImportError:  # pragma: no cover - the project needs triton >= 3.4
 
 #: Rows that vote together, as one gfx950 wave does (fa_lab.models.geometry.WAVE_ROWS).
 WAVE_ROWS = 32
+#: The range of ``Config.maxnreg``, registers per thread: 255 is an NVIDIA thread's most,
+#: and 24 the least that ``setmaxnreg`` leaves a warp on sm_90.
+MIN_REGISTERS, MAX_REGISTERS = 24, 255
+#: ``Config.meta``'s keys that are compiler options, not the kernel's arguments.
+COMPILER_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: tile sizes, warps, pipeline depth, TMA or plain loads,
-    and, for lazy policies, whether the fast path tests row sums instead of row maxes
-    (``row_sum_filter``; same decisions either way, a different amount of work)."""
+    for lazy policies whether the fast path tests row sums instead of row maxes
+    (``row_sum_filter``; same decisions either way, a different amount of work), and a
+    cap on registers per thread (``maxnreg``, ptxas's; None: ptxas chooses), which can let
+    more programs share a multiprocessor's register file."""
 
     block_m: int
     block_n: int
@@ -50,16 +58,20 @@ class Config:
     num_stages: int
     use_tma: bool
     row_sum_filter: bool = True
+    maxnreg: int | None = None
 
     def describe(self, lazy: bool = True) -> str:
         return (f"BM{self.block_m} BN{self.block_n} w{self.num_warps} s{self.num_stages}"
-                f"{' tma' if self.use_tma else ''}{' rowsum' if lazy and self.row_sum_filter else ''}")
+                f"{' tma' if self.use_tma else ''}{' rowsum' if lazy and self.row_sum_filter else ''}"
+                f"{f' r{self.maxnreg}' if self.maxnreg is not None else ''}")
 
     def meta(self, lazy: bool) -> dict:
-        """The kernel's launch keywords for this configuration."""
+        """The kernel's launch keywords for this configuration (compiler options included:
+        ``num_warps``, ``num_stages`` and, when set, ``maxnreg``)."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, USE_TMA=self.use_tma,
                     ROW_SUM_FILTER=bool(lazy and self.row_sum_filter),
-                    num_warps=self.num_warps, num_stages=self.num_stages)
+                    num_warps=self.num_warps, num_stages=self.num_stages,
+                    **({} if self.maxnreg is None else {"maxnreg": self.maxnreg}))
 
 
 def autotuners(kernel, configs, key, pre_hook, row_sum_filters=(True, False)):
@@ -69,9 +81,10 @@ def autotuners(kernel, configs, key, pre_hook, row_sum_filters=(True, False)):
         out = []
         for c in configs:
             for flt in (row_sum_filters if lazy else (False,)):
-                meta = Config(c.block_m, c.block_n, c.num_warps, c.num_stages, c.use_tma, flt).meta(lazy)
-                nw, ns = meta.pop("num_warps"), meta.pop("num_stages")
-                out.append(triton.Config(meta, num_warps=nw, num_stages=ns, pre_hook=pre_hook))
+                meta = dataclasses.replace(c, row_sum_filter=flt).meta(lazy)
+                nw, ns, nreg = meta.pop("num_warps"), meta.pop("num_stages"), meta.pop("maxnreg", None)
+                out.append(triton.Config(meta, num_warps=nw, num_stages=ns, maxnreg=nreg,
+                                         pre_hook=pre_hook))
         return out
     return {lazy: triton.autotune(configs=triton_configs(lazy), key=key)(kernel) for lazy in (False, True)}
 
@@ -79,7 +92,7 @@ def autotuners(kernel, configs, key, pre_hook, row_sum_filters=(True, False)):
 def _config_of(cfg) -> Config:
     kw = cfg.kwargs
     return Config(kw["BLOCK_M"], kw["BLOCK_N"], cfg.num_warps, cfg.num_stages, kw["USE_TMA"],
-                  kw["ROW_SUM_FILTER"])
+                  kw["ROW_SUM_FILTER"], cfg.maxnreg)
 
 
 def tuned_config(tuner, key_prefix: tuple):
@@ -288,6 +301,10 @@ def check_config(config, fp8: bool):
         raise ValueError(f"config.block_m must be a multiple of {WAVE_ROWS} (whole waves), got {config.block_m}")
     if config.block_n not in (16, 32, 64, 128, 256):
         raise ValueError(f"config.block_n must be a power of two in 16..256, got {config.block_n}")
+    if config.maxnreg is not None and (isinstance(config.maxnreg, bool) or not isinstance(config.maxnreg, int)
+                                       or not MIN_REGISTERS <= config.maxnreg <= MAX_REGISTERS):
+        raise ValueError(f"config.maxnreg must be None or an int in {MIN_REGISTERS}..{MAX_REGISTERS} "
+                         f"(registers per thread), got {config.maxnreg!r}")
     if fp8 and config.block_n != 128:
         raise ValueError("the fp8 kernel decides its rescale per 128 columns (a pair of 64-column "
                          f"tiles, as the model); config.block_n must be 128, got {config.block_n}")

@@ -433,8 +433,9 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options):
     """The kernel built for ``target`` with ``config`` as a launch on contiguous tensors
     builds it (16-byte aligned pointers, strides and the padded V^T length multiples of
-    16), without launching it: see ``_triton.fast.compile_only``. ``options`` go to
-    ``triton.compile`` (``maxnreg``, say)."""
+    16), without launching it: see ``_triton.fast.compile_only``. The config's compiler
+    options (warps, stages, a register cap) go to ``triton.compile``, and so do
+    ``options`` (others than those)."""
     if not isinstance(config, Config):
         raise TypeError(f"config must be a Config, got {type(config).__name__}")
     for name, x in (("lazy", lazy), ("causal", causal)):
@@ -448,11 +449,16 @@ def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options)
              "desc_vt": f"tensordesc<fp8e4nv[{HEAD_DIM}, {config.block_n}]>",
              **{n: "i32" for n in ("H", "GROUP", "HKV", "seqlen_q", "seqlen_kv", "seqlen_vpad", "rebase")},
              **{n: "fp32" for n in ("ls", "v_descale", "threshold", "vote_limit", "bound", "headroom")}}
+    meta = config.meta(lazy)
     constexprs = dict(D=HEAD_DIM, CAUSAL=causal, LAZY=lazy, SATURATE=True, INTERPRET=False,
-                      **{k: v for k, v in config.meta(lazy).items() if not k.startswith("num_")})
+                      **{k: v for k, v in meta.items() if k not in common.COMPILER_OPTIONS})
+    given = sorted(set(options) & set(common.COMPILER_OPTIONS))
+    if given:
+        raise ValueError(f"options {given} come from the config; pass them there")
     return common.compile_only(fn, target, types=types, constexprs=constexprs,
                                aligned=[*pointers, *strides, "seqlen_vpad"],
-                               num_warps=config.num_warps, num_stages=config.num_stages, **options)
+                               **{k: v for k, v in meta.items() if k in common.COMPILER_OPTIONS},
+                               **options)
 
 
 def best_config(q8, k8, causal: bool, lazy: bool):
