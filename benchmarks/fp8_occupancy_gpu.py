@@ -17,6 +17,7 @@ each round, and whether its output is bit-equal to the tuned tiling's (NaN for N
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -48,8 +49,7 @@ def measure(shape, device, interpret: bool, timer, rounds: int, min_ms: float) -
     rows = []
     for rescale, row_sum in CASES:
         pol = policies.resolve(fp8=True, seqlen_kv=shape.seqlen_kv, rescale=rescale)
-        configs = {n: Config(c.block_m, c.block_n, c.num_warps, c.num_stages, c.use_tma, row_sum,
-                             c.maxnreg) for n, c in LAUNCHES.items()}
+        configs = {n: dataclasses.replace(c, row_sum_filter=row_sum) for n, c in LAUNCHES.items()}
         fns = {n: (lambda c=c: fast_fp8.forward(q8, k8, vt, q_descale=qd, k_descale=kd,
                                                  v_descale=vd, causal=shape.causal, policy=pol,
                                                  config=c, interpret=interpret)[0])

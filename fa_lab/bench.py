@@ -201,9 +201,8 @@ EXTRA_RATIO_PAIRS = (
 )
 
 #: Pairs also timed call-alternated (``time_paired``): the same kernel under two policies,
-#: or with and without its V^T copy, whose difference is a few per cent at most at long
-#: sequences, less than the clock's swing under a power cap between two implementations'
-#: turns in a round.
+#: or with and without its V^T copy, whose difference can be smaller than the clock's swing
+#: under a power cap between two implementations' turns in a round.
 PAIRED_RATIOS = (
     ("fast_lazy", "fast_lazy_unfixed"),
     ("fast_lazy", "fast_eager"),

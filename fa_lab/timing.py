@@ -136,11 +136,33 @@ def _calls(probe_ms: float, min_calls: int, min_ms: float, max_calls: int) -> in
     return max(1, min(n, max(max_calls, min_calls)))
 
 
+def _check_sizes(min_calls, min_ms, max_calls) -> None:
+    """``min_calls`` and ``max_calls`` ints >= 1, ``min_ms`` a finite number >= 0."""
+    for name, x in (("min_calls", min_calls), ("max_calls", max_calls)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {x!r}")
+    if isinstance(min_ms, bool) or not isinstance(min_ms, (int, float)) or not 0 <= min_ms < math.inf:
+        raise ValueError(f"min_ms must be a finite number >= 0, got {min_ms!r}")
+
+
+def _check_callables(fns) -> list:
+    fns = list(fns)
+    if not fns:
+        raise ValueError("fns must name at least one callable")
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(f"fns[{i}] must be callable, got {type(fn).__name__}")
+    return fns
+
+
 def measure(fn, timer, *, min_calls: int = 10, min_ms: float = 100.0,
             max_calls: int = 10_000) -> tuple[float, int]:
     """(median ms per call, calls) of ``fn`` over at least ``min_calls`` calls and about
     ``min_ms`` ms of them (at most ``max_calls``): one probe call, which sizes the rest and
     counts among them."""
+    _check_sizes(min_calls, min_ms, max_calls)
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     first = timer.probe(fn)
     n = _calls(first, min_calls, min_ms, max_calls)
     times = [first, *timer.times(fn, n - 1)] if n > 1 else [first]
@@ -155,9 +177,8 @@ def measure_cycle(fns, timer, *, min_calls: int = 10, min_ms: float = 100.0,
     The first cycle is a probe of each, which sizes the rest and counts among them.
     Neighbouring calls run under the same clocks, so a drift of the GPU's clock moves
     every median alike."""
-    fns = list(fns)
-    if not fns:
-        raise ValueError("fns must name at least one callable")
+    fns = _check_callables(fns)
+    _check_sizes(min_calls, min_ms, max_calls)
     if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead < len(fns):
         raise ValueError(f"lead must be an index into fns (0..{len(fns) - 1}), got {lead!r}")
     order = list(range(lead, len(fns))) + list(range(lead))
@@ -179,15 +200,10 @@ def time_alternated(fns, timer, *, rounds: int = 3, min_calls: int = 3, min_ms: 
     ``measure_cycle``; the lead moves one place each round (round r starts with
     ``fns[r % len(fns)]``), so no callable always runs first after the previous round's
     last. What a tuner ranks candidates by: every candidate meets the same clocks."""
-    fns = list(fns)
+    fns = _check_callables(fns)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
-    if isinstance(min_calls, bool) or not isinstance(min_calls, int) or min_calls < 1:
-        raise ValueError(f"min_calls must be an int >= 1, got {min_calls!r}")
-    if not min_ms >= 0:
-        raise ValueError(f"min_ms must be >= 0, got {min_ms!r}")
-    if not fns:
-        raise ValueError("fns must name at least one callable")
+    _check_sizes(min_calls, min_ms, max_calls)
     out = [[] for _ in fns]
     for r in range(rounds):
         medians, _ = measure_cycle(fns, timer, min_calls=min_calls, min_ms=min_ms,

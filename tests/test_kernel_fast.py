@@ -348,10 +348,10 @@ def test_fp8_compile_only_refuses_bad_arguments():
         fast_fp8.compile_only(None, fast_fp8.CONFIGS[0], lazy=True, causal=False, maxnreg=168)
 
 
-def test_a_register_cap_reaches_ptxas_and_the_tuner_and_leaves_the_output_alone():
+def test_a_register_cap_reaches_ptxas_and_the_tuner():
     """``Config.maxnreg``: the sm_90 PTX carries it (ptxas reads it there), the autotuner's
-    configs carry it as a compiler option (not a kernel argument), its text names it, and
-    the interpreter (which has no registers) gives the uncapped output."""
+    configs carry it as a compiler option (not a kernel argument), its text names it; a
+    cap out of range is refused before any compile."""
     capped = Config(64, 128, 4, 2, True, True, 168)
     assert capped.describe(True) == "BM64 BN128 w4 s2 tma rowsum r168"
     assert capped.meta(True)["maxnreg"] == 168 and "maxnreg" not in Config(64, 128, 4, 2, True).meta(True)
@@ -361,13 +361,9 @@ def test_a_register_cap_reaches_ptxas_and_the_tuner_and_leaves_the_output_alone(
         capped, dataclasses.replace(capped, row_sum_filter=False)}
     ptx = fast_fp8.compile_only(sm90_target(), capped, lazy=True, causal=True).asm["ptx"]
     assert ".maxnreg 168" in ptx
-    (q8, k8, v8), (qd, kd, vd) = ex.fp8_inputs(1, 130, 1, 5000, seed=6)
-    common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
-                  policy=fp8_policy("lazy_unfixed"), interpret=True)
-    plain, _ = fast_fp8.forward(q8, k8, v8, config=dataclasses.replace(capped, maxnreg=None), **common)
-    out, _ = fast_fp8.forward(q8, k8, v8, config=capped, **common)
-    assert torch.equal(plain.nan_to_num(), out.nan_to_num())
-    assert torch.equal(torch.isnan(plain), torch.isnan(out))
+    for bad in (16, 300, True):
+        with pytest.raises(ValueError, match="config.maxnreg must be None or an int in 24..255"):
+            fast_fp8.compile_only(None, dataclasses.replace(capped, maxnreg=bad), lazy=True, causal=True)
 
 
 def test_compile_only_wants_each_argument_typed_or_given_once():
@@ -517,6 +513,22 @@ def test_gpu_fp8_v_transpose_stores_keys_in_operand_order_with_zero_padding(skv)
     tv = fast_fp8.TransposedV.from_v(v8)
     assert torch.equal(tv.data.view(torch.uint8), vt.view(torch.uint8))
     assert torch.equal(tv.to_v().view(torch.uint8), raw)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_register_cap_launches_and_leaves_the_output_alone():
+    """A launch with ``maxnreg`` 168 (2 stages) gives the uncapped launch's output, NaN for
+    NaN: the cap changes where values live, not the arithmetic."""
+    (q8, k8, v8), (qd, kd, vd) = ex.fp8_inputs(1, 2000, 2, 5000, seed=0, device="cuda")
+    common = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                  policy=fp8_policy("lazy_unfixed"))
+    capped = Config(64, 128, 4, 2, True, True, 168)
+    plain, plain_lse = fast_fp8.forward(q8, k8, v8, config=dataclasses.replace(capped, maxnreg=None), **common)
+    out, lse = fast_fp8.forward(q8, k8, v8, config=capped, **common)
+    assert not torch.isfinite(plain.float()).all()  # the unfixed rule's overflow, in both
+    assert torch.equal(torch.isnan(plain), torch.isnan(out))
+    assert torch.equal(plain.nan_to_num(), out.nan_to_num())
+    assert torch.equal(plain_lse.nan_to_num(), lse.nan_to_num())
 
 
 @pytest.mark.gpu

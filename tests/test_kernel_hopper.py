@@ -136,34 +136,46 @@ def test_the_tuner_picks_the_lowest_median_over_rounds_and_records_every_round()
 
 def test_the_tuner_warms_every_candidate_then_times_them_in_alternation(monkeypatch):
     """``_tune`` on the CPU, with the launch and the CUDA timer replaced by stand-ins on a
-    clock that drops by 20 % part way (``CappedClock``): each candidate is called once
-    (its compile), then the candidates alternate, one call of each per cycle; the one with
-    the least work wins although the drop comes after its first calls."""
-    clock = CappedClock(t_drop=0.040)
-    work = {c: 1.0 for c in hopper.CONFIGS}
-    work[hopper.CONFIGS[0]] = 0.97
-    log = []
+    clock that drops by 20 % part way (``CappedClock``). The candidate with the least work
+    is listed last: timed one after another it meets the dropped clock alone and loses;
+    the tuner calls each candidate once (its compile), then all of them in alternation,
+    one call of each per cycle, and picks it."""
+    last = hopper.CONFIGS[-1]
+    work = {c: 0.97 if c == last else 1.0 for c in hopper.CONFIGS}
 
-    def run(device, grid, args, meta):
-        c, = [c for c in hopper.CONFIGS
-              if (c.pingpong, c.persistent, c.block_n) == (meta["PINGPONG"], meta["PERSISTENT"], meta["BLOCK_N"])]
-        log.append(c)
-        clock.kernel(work[c])()
+    def stand_in(clock, log):
+        def run(device, grid, args, meta):
+            c, = [c for c in hopper.CONFIGS if (c.pingpong, c.persistent, c.block_n)
+                  == (meta["PINGPONG"], meta["PERSISTENT"], meta["BLOCK_N"])]
+            log.append(c)
+            clock.kernel(work[c])()
+        return run
 
-    monkeypatch.setattr(hopper, "_run", run)
+    t_drop = 0.120
+    clock, log = CappedClock(t_drop), []
+    run = stand_in(clock, log)
+    in_turn = {c: timing.measure(lambda c=c: run(None, None, None, dict(
+        PINGPONG=c.pingpong, PERSISTENT=c.persistent, BLOCK_N=c.block_n)),
+        timing.CpuTimer(now=clock.now), min_calls=hopper.TUNE_CALLS, min_ms=hopper.TUNE_MS)[0]
+        for c in hopper.CONFIGS}
+    assert min(in_turn, key=in_turn.get) != last  # the wrong pick
+
+    clock, log = CappedClock(t_drop), []
+    monkeypatch.setattr(hopper, "_run", stand_in(clock, log))
     monkeypatch.setattr(hopper.timing, "CudaTimer", lambda device: timing.CpuTimer(now=clock.now))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: types.SimpleNamespace(multi_processor_count=132))
     q = torch.zeros(1, 256, 2, 128, dtype=BF16)
     best, records = hopper._tune(q, q, q, True, pol("lazy"))
+    assert clock.t > t_drop  # the drop came during the tuning
     n = len(hopper.CONFIGS)
     assert log[:n] == list(hopper.CONFIGS)  # compiled first
     cycles = [log[i:i + n] for i in range(n, len(log), n)]
     assert all(sorted(map(hopper.CONFIGS.index, c)) == list(range(n)) for c in cycles)
-    assert best == hopper.CONFIGS[0]
+    assert best == last
     assert [r["config"] for r in records] == [c.describe() for c in hopper.CONFIGS]
     assert all(len(r["ms_rounds"]) == hopper.TUNE_ROUNDS for r in records)
-    assert records[0]["ms"] / records[1]["ms"] == pytest.approx(0.97)
+    assert records[-1]["ms"] / records[0]["ms"] == pytest.approx(0.97)
 
 
 def test_entry_points_refuse_what_they_cannot_run():

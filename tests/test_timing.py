@@ -72,18 +72,38 @@ def test_time_alternated_moves_the_lead_each_round_and_ranks_under_a_clock_drop(
     assert leads == ["a", "b", "c", "a"]
 
 
+SIZES = [
+    (dict(min_calls=0), "min_calls must be an int >= 1"),
+    (dict(min_calls=2.0), "min_calls must be an int >= 1"),
+    (dict(max_calls=0), "max_calls must be an int >= 1"),
+    (dict(min_ms=-1.0), "min_ms must be a finite number >= 0"),
+    (dict(min_ms=float("nan")), "min_ms must be a finite number >= 0"),
+    (dict(min_ms=float("inf")), "min_ms must be a finite number >= 0"),
+    (dict(min_ms="5"), "min_ms must be a finite number >= 0"),
+    (dict(min_ms=True), "min_ms must be a finite number >= 0"),
+]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(rounds=0), "rounds must be an int >= 1"),
     (dict(rounds=True), "rounds must be an int >= 1"),
     (dict(rounds=2.0), "rounds must be an int >= 1"),
-    (dict(min_calls=0), "min_calls must be an int >= 1"),
-    (dict(min_ms=-1.0), "min_ms must be >= 0"),
-    (dict(min_ms=float("nan")), "min_ms must be >= 0"),
+    *SIZES,
 ])
 def test_time_alternated_refuses_bad_arguments_before_any_call(kwargs, match):
     calls = []
     with pytest.raises(ValueError, match=match):
         timing.time_alternated([lambda: calls.append(1)], timing.CpuTimer(), **kwargs)
+    assert calls == []
+
+
+@pytest.mark.parametrize("kwargs, match", SIZES)
+def test_measure_and_measure_cycle_refuse_bad_sizes_before_any_call(kwargs, match):
+    calls = []
+    with pytest.raises(ValueError, match=match):
+        timing.measure(lambda: calls.append(1), timing.CpuTimer(), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        timing.measure_cycle([lambda: calls.append(1)], timing.CpuTimer(), **kwargs)
     assert calls == []
 
 
@@ -93,10 +113,13 @@ def test_measure_cycle_and_time_alternated_refuse_no_callables_and_a_bad_lead():
     for bad in (2, -1, True, 1.0):
         with pytest.raises(ValueError, match="lead must be an index into fns"):
             timing.measure_cycle(fns, timing.CpuTimer(), lead=bad)
-    with pytest.raises(ValueError, match="at least one callable"):
-        timing.measure_cycle([], timing.CpuTimer())
-    with pytest.raises(ValueError, match="at least one callable"):
-        timing.time_alternated([], timing.CpuTimer())
+    for f in (timing.measure_cycle, timing.time_alternated):
+        with pytest.raises(ValueError, match="at least one callable"):
+            f([], timing.CpuTimer())
+        with pytest.raises(TypeError, match=r"fns\[1\] must be callable, got int"):
+            f([fns[0], 3], timing.CpuTimer())
+    with pytest.raises(TypeError, match="fn must be callable, got NoneType"):
+        timing.measure(None, timing.CpuTimer())
     assert calls == []
 
 

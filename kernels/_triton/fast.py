@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover - the project needs triton >= 3.4
 
 #: Rows that vote together, as one gfx950 wave does (fa_lab.models.geometry.WAVE_ROWS).
 WAVE_ROWS = 32
-#: The range of ``Config.maxnreg``, registers per thread: 255 is an NVIDIA thread's most,
-#: and 24 the least that ``setmaxnreg`` leaves a warp on sm_90.
+#: The range of ``Config.maxnreg`` (ptxas's ``.maxnreg``, registers per thread): 255 is an
+#: NVIDIA thread's most, and ptxas raises a cap below 24 to 24.
 MIN_REGISTERS, MAX_REGISTERS = 24, 255
 #: ``Config.meta``'s keys that are compiler options, not the kernel's arguments.
 COMPILER_OPTIONS = ("num_warps", "num_stages", "maxnreg")

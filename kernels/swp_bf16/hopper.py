@@ -563,7 +563,7 @@ def _tune(q, k, v, causal, policy) -> tuple[HopperConfig, list[dict]]:
     call's host work takes longer than its kernel, and timing whole calls would rank the
     host's time, not the GPU's."""
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    fns = []
+    fns = []  # (each candidate's outputs stay allocated until the pick is made)
     for c in CONFIGS:
         grid, args, meta, _, _ = launch_args(q, k, v, causal, policy, c, num_sms)
         fns.append(functools.partial(_run, q.device, grid, args, meta))

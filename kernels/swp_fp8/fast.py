@@ -325,7 +325,9 @@ class TransposedV:
     (a cache written once), the copy is paid once.
 
     Built by ``from_v`` only: the key order is the kernel's own, and a tensor transposed
-    some other way would give wrong outputs rather than an error. ``to_v`` gives V back."""
+    some other way would give wrong outputs rather than an error. Its fields cannot be
+    rebound; ``data`` is the tensor itself, not a copy, so writing into it changes the V
+    that every later call reads. ``to_v`` gives V back."""
 
     __slots__ = ("_data", "_seqlen")
 
@@ -438,6 +440,7 @@ def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options)
     ``options`` (others than those)."""
     if not isinstance(config, Config):
         raise TypeError(f"config must be a Config, got {type(config).__name__}")
+    common.check_config(config, fp8=True)
     for name, x in (("lazy", lazy), ("causal", causal)):
         if not isinstance(x, bool):
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
