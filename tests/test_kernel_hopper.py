@@ -18,6 +18,7 @@ import triton
 from _shared import CappedClock, check_against_reference
 from fa_lab import policies, timing
 from fa_lab.kernels._triton.fast import Config
+from fa_lab.kernels._triton import tuner
 from fa_lab.kernels.swp_bf16 import fast, hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 
@@ -120,20 +121,6 @@ def test_only_a_persistent_grid_asks_a_counter_for_work_and_it_leaves_it_at_zero
     assert "atom." not in compile_sm90(True, True, 128, HopperConfig(128, 2, True, False))
 
 
-def test_the_tuner_picks_the_lowest_median_over_rounds_and_records_every_round():
-    """A config that wins one round by a clock's luck and loses the others is not the
-    pick: the median over rounds ranks. A tie goes to the first listed."""
-    a, b, c = hopper.CONFIGS[:3]
-    rounds = [[1.0, 1.2, 1.2], [1.1, 1.1, 1.1], [1.3, 1.0, 1.3]]
-    best, records = hopper.pick_fastest([a, b, c], rounds)
-    assert best == b
-    assert records == [{"config": x.describe(), "ms": m, "ms_rounds": r}
-                       for x, m, r in zip((a, b, c), (1.2, 1.1, 1.3), rounds)]
-    assert hopper.pick_fastest([a, b], [[2.0, 1.0, 3.0], [1.0, 2.0, 3.0]])[0] == a
-    with pytest.raises(ValueError):  # a config without its rounds
-        hopper.pick_fastest([a, b], [[1.0]])
-
-
 def test_the_tuner_warms_every_candidate_then_times_them_in_alternation(monkeypatch):
     """``_tune`` on the CPU, with the launch and the CUDA timer replaced by stand-ins on a
     clock that drops by 20 % part way (``CappedClock``). The candidate with the least work
@@ -156,7 +143,7 @@ def test_the_tuner_warms_every_candidate_then_times_them_in_alternation(monkeypa
     run = stand_in(clock, log)
     in_turn = {c: timing.measure(lambda c=c: run(None, None, None, dict(
         PINGPONG=c.pingpong, PERSISTENT=c.persistent, BLOCK_N=c.block_n)),
-        timing.CpuTimer(now=clock.now), min_calls=hopper.TUNE_CALLS, min_ms=hopper.TUNE_MS)[0]
+        timing.CpuTimer(now=clock.now), min_calls=tuner.CALLS, min_ms=tuner.MS)[0]
         for c in hopper.CONFIGS}
     assert min(in_turn, key=in_turn.get) != last  # the wrong pick
 
@@ -174,7 +161,7 @@ def test_the_tuner_warms_every_candidate_then_times_them_in_alternation(monkeypa
     assert all(sorted(map(hopper.CONFIGS.index, c)) == list(range(n)) for c in cycles)
     assert best == last
     assert [r["config"] for r in records] == [c.describe() for c in hopper.CONFIGS]
-    assert all(len(r["ms_rounds"]) == hopper.TUNE_ROUNDS for r in records)
+    assert all(len(r["ms_rounds"]) == tuner.ROUNDS for r in records)
     assert records[-1]["ms"] / records[0]["ms"] == pytest.approx(0.97)
 
 
@@ -286,10 +273,12 @@ def test_gpu_fast_forward_picks_gluon_at_d128_and_triton_at_d64(gen):
         out, lse = fast.forward(q, q, q, causal=True, policy=pol("lazy"))
         assert isinstance(fast.best_config(q, q, True, True), kind)
         timings = fast.tuning_timings(True)  # the pick's measurements are on record
-        assert timings and all(t["ms"] > 0 for t in timings)
-        if kind is HopperConfig:  # every candidate, timed in the tuner's rounds
+        assert timings and all(t["ms"] > 0 for t in timings)  # every candidate ran ...
+        assert all(len(t["ms_rounds"]) == tuner.ROUNDS for t in timings)  # ... in the rounds
+        assert fast.best_config(q, q, True, True).describe() == min(
+            timings, key=lambda t: t["ms"])["config"]
+        if kind is HopperConfig:
             assert [t["config"] for t in timings] == [c.describe() for c in hopper.CONFIGS]
-            assert all(len(t["ms_rounds"]) == hopper.TUNE_ROUNDS for t in timings)
-            assert fast.best_config(q, q, True, True).describe() == min(
-                timings, key=lambda t: t["ms"])["config"]
+        else:
+            assert [t["config"] for t in timings] == [c.describe() for c in fast.CONFIGS]
         check_against_reference(out, lse, q, q, q, True)

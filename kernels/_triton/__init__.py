@@ -9,4 +9,6 @@
   product, the per-step trace record).
 - ``fast``: what the fast kernels share: launch configurations and autotuning, the tile
   loaders and votes, the bf16/f16 KV walk and its host-side arguments.
+- ``tuner``: the pick of a launch per shape, candidates ranked in alternated rounds (the
+  fast Triton kernels' and the Gluon kernel's).
 """

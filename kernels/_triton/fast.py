@@ -28,6 +28,7 @@ from fa_lab.models import geometry
 from fa_lab.models.swp_bf16 import softmax_scale_log2  # c, exactly as the model
 from fa_lab.policies import Policy
 
+from .tuner import Tuner
 from .util import launch
 
 try:  # host-side TMA descriptors: Triton >= 3.4 on Hopper and newer
@@ -75,41 +76,29 @@ class Config:
 
 
 def autotuners(kernel, configs, key, pre_hook, row_sum_filters=(True, False)):
-    """{lazy: autotuned kernel}: eager tries each config once; lazy tries each with every
-    setting in ``row_sum_filters``. Both wrap the same JIT function (one compile cache)."""
-    def triton_configs(lazy):
-        out = []
-        for c in configs:
-            for flt in (row_sum_filters if lazy else (False,)):
-                meta = dataclasses.replace(c, row_sum_filter=flt).meta(lazy)
-                nw, ns, nreg = meta.pop("num_warps"), meta.pop("num_stages"), meta.pop("maxnreg", None)
-                out.append(triton.Config(meta, num_warps=nw, num_stages=ns, maxnreg=nreg,
-                                         pre_hook=pre_hook))
-        return out
-    return {lazy: triton.autotune(configs=triton_configs(lazy), key=key)(kernel) for lazy in (False, True)}
+    """{lazy: ``tuner.Tuner``} for ``kernel``: eager ranks each config once; lazy ranks
+    each with every setting in ``row_sum_filters``. Both launch the same JIT function (one
+    compile cache)."""
+    def candidates(lazy):
+        return tuple(dataclasses.replace(c, row_sum_filter=flt) for c in configs
+                     for flt in (row_sum_filters if lazy else (False,)))
+    return {lazy: Tuner(kernel, candidates(lazy), key, pre_hook, lazy) for lazy in (False, True)}
 
 
-def _config_of(cfg) -> Config:
-    kw = cfg.kwargs
-    return Config(kw["BLOCK_M"], kw["BLOCK_N"], cfg.num_warps, cfg.num_stages, kw["USE_TMA"],
-                  kw["ROW_SUM_FILTER"], cfg.maxnreg)
-
-
-def tuned_config(tuner, key_prefix: tuple):
-    """The autotuner's pick for a key that starts with ``key_prefix``, or None."""
+def tuned_config(tuner: Tuner, key_prefix: tuple):
+    """The tuner's pick for a key that starts with ``key_prefix``, or None."""
     for key, cfg in tuner.cache.items():
         if tuple(key[:len(key_prefix)]) == key_prefix:
-            return _config_of(cfg)
+            return cfg
     return None
 
 
-def tuning_timings(tuner, lazy: bool) -> list[dict]:
-    """The autotuner's last measurements: one row per config (ms, median of its bench)."""
-    rows = []
-    for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
-        ms = t[0] if isinstance(t, (list, tuple)) else t
-        rows.append({"config": _config_of(cfg).describe(lazy), "ms": float(ms)})
-    return rows
+def tuning_timings(tuner: Tuner, lazy: bool) -> list[dict]:
+    """The measurements behind the tuner's last pick: one record per config (``describe``,
+    median ms over the rounds, the ms of each round; ``error`` for a config that did not
+    run); [] before any tuning. (``lazy`` is the tuner's own flag, kept for the callers'
+    signature.)"""
+    return list(tuner.timings[tuner.last_key]) if tuner.last_key is not None else []
 
 
 # ---- device helpers -----------------------------------------------------------------
@@ -258,11 +247,11 @@ def check_qkv(q, k, v, dtypes, head_dims) -> None:
 
 
 def launch_fast(kernel, tuned: dict, grid, args, meta: dict, config, interpret: bool) -> None:
-    """Launch a fast kernel: autotuned (``config`` None; ``tuned`` from ``autotuners``),
+    """Launch a fast kernel: tuned (``config`` None; ``tuned`` from ``autotuners``),
     pinned, or through the interpreter. ``grid(block_m)`` gives the launch grid."""
     lazy = meta["LAZY"]
     if config is None:
-        tuned[lazy][lambda nargs: grid(nargs["BLOCK_M"])](*args, **meta)
+        tuned[lazy].run(grid, args, meta)
     elif interpret:
         run_interpreted(kernel, grid(config.block_m), *args, **meta, **config.meta(lazy))
     else:

@@ -182,7 +182,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
 
 def best_config(q, k, causal: bool, lazy: bool):
     """The tuned pick for these shapes (after a forward ran): the Gluon kernel's where it
-    served them, else the Triton autotuner's, or None."""
+    served them, else the Triton kernel's tuner's, or None."""
     B, Sq, H, D = q.shape
     return (hopper.best_config(q, k, causal, lazy)
             or common.tuned_config(_TUNED[lazy], (Sq, k.shape[1], H, H // k.shape[2], D, causal)))
@@ -190,7 +190,7 @@ def best_config(q, k, causal: bool, lazy: bool):
 
 def tuning_timings(lazy: bool) -> list[dict]:
     """The measurements behind the last untuned call's pick (for the benchmark's record):
-    the Gluon kernel's configs where it served that call, else the Triton autotuner's."""
+    the Gluon kernel's configs where it served that call, else the Triton kernel's tuner's."""
     if _LAST_ENGINE[lazy] == "gluon":
         return hopper.last_timings(lazy)
     return common.tuning_timings(_TUNED[lazy], lazy)

@@ -48,7 +48,6 @@ zeros, never the next batch's rows.
 from __future__ import annotations
 
 import functools
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +72,7 @@ except ImportError:  # pragma: no cover - the project pins a triton with Gluon
     gluon = None
 
 from .._triton import fast as common
+from .._triton import tuner
 
 KERNEL = "hopper_bf16"
 HEAD_DIMS = common.BF16_HEAD_DIMS
@@ -502,9 +502,6 @@ class HopperConfig:
 #: a fixed share per persistent program would spread them unevenly, but they are handed
 #: out on demand.)
 CONFIGS = tuple(HopperConfig(128, 2, pp, pers) for pers in (False, True) for pp in (True, False))
-#: The tuner's rounds, and per round at least this many cycles through ``CONFIGS`` and
-#: about this many ms of them.
-TUNE_ROUNDS, TUNE_CALLS, TUNE_MS = 3, 3, 50.0
 
 _TUNED: dict[tuple, HopperConfig] = {}
 _TIMINGS: dict[tuple, list[dict]] = {}
@@ -553,34 +550,18 @@ def _launch(q, k, v, causal, policy, config):
 
 
 def _tune(q, k, v, causal, policy) -> tuple[HopperConfig, list[dict]]:
-    """The fastest of ``CONFIGS`` here, and each one's times. The candidates are called in
-    alternation, one call of each per cycle, in ``TUNE_ROUNDS`` rounds whose lead moves
-    (``fa_lab.timing.time_alternated``), and ranked by their median over the rounds: under
-    a power cap the SM clock swings within a fraction of a second, and candidates timed one
-    after the other would be ranked partly by the clock each of them met. Each kernel is
-    timed alone (CUDA events, L2 flushed), its arguments built once (a persistent launch
-    leaves its counters at zero, so they can be launched again): at short sequences one
-    call's host work takes longer than its kernel, and timing whole calls would rank the
-    host's time, not the GPU's."""
+    """The fastest of ``CONFIGS`` here, and each one's times, ranked as the Triton
+    kernels' launches are (``_triton.tuner.rank``: alternated rounds). Each kernel is timed
+    alone (CUDA events, L2 flushed), its arguments built once (a persistent launch leaves
+    its counters at zero, so they can be launched again): at short sequences one call's
+    host work takes longer than its kernel, and timing whole calls would rank the host's
+    time, not the GPU's."""
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     fns = []  # (each candidate's outputs stay allocated until the pick is made)
     for c in CONFIGS:
         grid, args, meta, _, _ = launch_args(q, k, v, causal, policy, c, num_sms)
         fns.append(functools.partial(_run, q.device, grid, args, meta))
-    for fn in fns:  # compiled before any timing
-        fn()
-    rounds = timing.time_alternated(fns, timing.CudaTimer(q.device), rounds=TUNE_ROUNDS,
-                                    min_calls=TUNE_CALLS, min_ms=TUNE_MS)
-    return pick_fastest(CONFIGS, rounds)
-
-
-def pick_fastest(configs, ms_rounds) -> tuple[HopperConfig, list[dict]]:
-    """(the config with the lowest median over its rounds, one record per config: its
-    ``describe()``, that median ms and the ms of each round); the first listed wins a tie."""
-    records = [{"config": c.describe(), "ms": float(statistics.median(r)),
-                "ms_rounds": [float(x) for x in r]} for c, r in zip(configs, ms_rounds, strict=True)]
-    best = min(range(len(records)), key=lambda i: records[i]["ms"])
-    return configs[best], records
+    return tuner.rank(CONFIGS, fns, timing.CudaTimer(q.device))
 
 
 def _tma_ready(x: torch.Tensor) -> torch.Tensor:
