@@ -5,6 +5,7 @@ fast kernels' GPU tests, which tune."""
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 from _shared import CappedClock
 from fa_lab import policies, timing
@@ -30,9 +31,10 @@ def test_the_pick_is_the_lowest_median_over_rounds_and_every_round_is_recorded()
         tuner.pick_fastest([A, B], [[1.0]])
 
 
-def test_rank_calls_each_candidate_once_then_alternates_and_keeps_failures_on_record():
-    """Each candidate's first call comes before any timing; one that raises there is not
-    timed and its record holds the error; the others are ranked under a clock drop."""
+def test_rank_calls_each_candidate_once_then_alternates_and_keeps_the_unrunnable_on_record():
+    """Each candidate's first call comes before any timing; one that cannot run here
+    (``OutOfResources``) is not timed, a warning names it and its record (in its place)
+    holds the error; the others alternate, one call of each per cycle, and are ranked."""
     clock = CappedClock(t_drop=0.050)
     log = []
 
@@ -43,29 +45,47 @@ def test_rank_calls_each_candidate_once_then_alternates_and_keeps_failures_on_re
         return fn
 
     def too_big():
-        log.append("C")
-        raise RuntimeError("out of resource: shared memory, Required: 300000\nmore text")
+        log.append("B")
+        raise OutOfResources(300000, 232448, "shared memory")
 
-    best, records = tuner.rank([A, B, C], [launch("A", 1.0), launch("B", 0.9), too_big],
-                               timing.CpuTimer(now=clock.now))
-    assert log[:3] == ["A", "B", "C"] and "C" not in log[3:]
-    assert best == B
+    with pytest.warns(RuntimeWarning, match=r"BM32 BN32 w4 s1 tma rowsum cannot run here"):
+        best, records = tuner.rank([A, B, C], [launch("A", 1.0), too_big, launch("C", 0.9)],
+                                   timing.CpuTimer(now=clock.now))
+    assert log[:3] == ["A", "B", "C"] and "B" not in log[3:]
+    timed = log[3:]
+    assert len(timed) % 2 == 0 and all({timed[i], timed[i + 1]} == {"A", "C"}
+                                       for i in range(0, len(timed), 2))
+    assert best == C
     assert [r["config"] for r in records] == [A.describe(), B.describe(), C.describe()]
-    assert records[1]["ms"] / records[0]["ms"] == pytest.approx(0.9)
-    assert all(len(r["ms_rounds"]) == tuner.ROUNDS for r in records[:2])
-    assert records[2] == {"config": C.describe(), "ms": None, "ms_rounds": [],
-                          "error": "RuntimeError: out of resource: shared memory, Required: 300000"}
+    assert records[2]["ms"] / records[0]["ms"] == pytest.approx(0.9)
+    assert all(len(records[i]["ms_rounds"]) == tuner.ROUNDS for i in (0, 2))
+    assert records[1]["ms"] is None and records[1]["ms_rounds"] == []
+    assert records[1]["error"].startswith("OutOfResources: out of resource: shared memory")
 
 
-def test_rank_refuses_when_no_candidate_runs_and_when_launches_do_not_match_configs():
-    def fails(msg):
-        def fn():
-            raise ValueError(msg)
-        return fn
-    with pytest.raises(RuntimeError, match=r"no candidate launch ran: BM64 BN64 w4 s1 rowsum: "
-                                           r"ValueError: a; BM32 BN32 w4 s1 tma rowsum: ValueError: b"):
-        tuner.rank([A, B], [fails("a"), fails("b")], timing.CpuTimer())
+def test_rank_lets_a_bug_through_and_refuses_when_no_candidate_runs():
+    """An error that is not "this GPU cannot run the tiling" propagates from the first
+    calls; when every candidate cannot run, a RuntimeError names each, chained to the
+    last one's error; launches that do not match the configs are refused before any."""
     calls = []
+
+    def bug():
+        calls.append("bug")
+        raise NameError("name 'acc2' is not defined")
+    with pytest.raises(NameError, match="acc2"):
+        tuner.rank([A, B], [lambda: calls.append("A"), bug], timing.CpuTimer())
+    assert calls == ["A", "bug"]
+
+    def too_big(n):
+        def fn():
+            raise OutOfResources(n, 232448, "shared memory")
+        return fn
+    with pytest.warns(RuntimeWarning), pytest.raises(
+            RuntimeError, match=r"no candidate launch ran: BM64 BN64 w4 s1 rowsum: OutOfResources: .*"
+                                r"; BM32 BN32 w4 s1 tma rowsum: OutOfResources: ") as info:
+        tuner.rank([A, B], [too_big(300000), too_big(400000)], timing.CpuTimer())
+    assert isinstance(info.value.__cause__, OutOfResources)
+    calls.clear()
     for configs, fns in (([A, B], [lambda: calls.append(1)]), ([], [])):
         with pytest.raises(ValueError, match="one launch per config and at least one"):
             tuner.rank(configs, fns, timing.CpuTimer())
@@ -102,13 +122,20 @@ def test_a_tuner_ranks_real_launches_and_launches_its_pick_with_its_tile_shape(m
     tuned = common_fast.autotuners(seen["kernel"], (A, B), ["seqlen_q", "seqlen_kv", "H", "GROUP", "D", "CAUSAL"],
                                    common_fast.set_block_shapes, row_sum_filters=(True,))[True]
     out = seen["args"][3]
-    out.zero_()
+    real_rank = tuner.rank
+
+    def rank_then_clear(*a, **kw):  # the ranking's own launches wrote into out too
+        picked = real_rank(*a, **kw)
+        out.zero_()
+        return picked
+    monkeypatch.setattr(tuner, "rank", rank_then_clear)
     tuned.run(seen["grid"], seen["args"], seen["meta"], timer=timing.CpuTimer(), interpret=True)
     pick = common_fast.tuned_config(tuned, (96, 96, 2, 1, 64, True))
-    assert pick in (A, B) and common_fast.tuned_config(tuned, (97,)) is None
-    records = common_fast.tuning_timings(tuned, True)
+    assert common_fast.tuned_config(tuned, (97,)) is None
+    records = common_fast.tuning_timings(tuned)
     assert [r["config"] for r in records] == [A.describe(), B.describe()]
     assert all(r["ms"] > 0 and len(r["ms_rounds"]) == 2 for r in records)
+    assert pick.describe() == min(records, key=lambda r: r["ms"])["config"]
     pinned, _ = fast_bf16.forward(q, k, v, causal=True, policy=pol, interpret=True, config=pick)
     assert torch.equal(out, pinned)
 

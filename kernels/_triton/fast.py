@@ -93,11 +93,10 @@ def tuned_config(tuner: Tuner, key_prefix: tuple):
     return None
 
 
-def tuning_timings(tuner: Tuner, lazy: bool) -> list[dict]:
+def tuning_timings(tuner: Tuner) -> list[dict]:
     """The measurements behind the tuner's last pick: one record per config (``describe``,
-    median ms over the rounds, the ms of each round; ``error`` for a config that did not
-    run); [] before any tuning. (``lazy`` is the tuner's own flag, kept for the callers'
-    signature.)"""
+    median ms over the rounds, the ms of each round; ``error`` for a config that could not
+    run); [] before any tuning."""
     return list(tuner.timings[tuner.last_key]) if tuner.last_key is not None else []
 
 
@@ -306,7 +305,7 @@ def check_config(config, fp8: bool):
 BF16_HEAD_DIMS = (64, 128)
 BF16_DTYPES = (torch.bfloat16, torch.float16)
 FP32_MAX = 3.4028234663852886e38
-#: The autotuner's list (Hopper) for the fast bf16/f16 Triton kernels; its picks are
+#: The tuner's list (Hopper) for the fast bf16/f16 Triton kernels; its picks are
 #: recorded in data/results/bench_h200_triton.json (autotune_timings; D64 also in
 #: bench_h200.json), the pinned timings behind the list in bench_configs_h200.json. A deeper pipeline (4 stages) suits long D128
 #: walks; 4 warps over 128 rows suits D64, where the accumulator is half as large (at
@@ -516,7 +515,7 @@ def lse(l, m):
 
 
 def set_block_shapes(nargs):
-    """Autotune pre-hook: TMA descriptors take the config's tile shape."""
+    """The tuner's pre-hook: TMA descriptors take the config's tile shape."""
     if TensorDescriptor is not None and isinstance(nargs["desc_k"], TensorDescriptor):
         shape = [nargs["BLOCK_N"], nargs["D"]]
         nargs["desc_k"].block_shape = shape
@@ -532,8 +531,8 @@ def policy_args(policy: Policy, head_dim: int) -> tuple:
 
 
 def descriptors(k2d: torch.Tensor, v2d: torch.Tensor, head_dim: int, config: Config | None):
-    """TMA descriptors over 2-D [rows, Hkv * D] views of K and V (the autotuner's pre-hook
-    re-sets their tile shape per config)."""
+    """TMA descriptors over 2-D [rows, Hkv * D] views of K and V (the tuner's pre-hook re-sets
+    their tile shape per config)."""
     block_n = config.block_n if config is not None else 64
     return (make_descriptor(k2d, [block_n, head_dim]),
             make_descriptor(v2d, [block_n, head_dim]))

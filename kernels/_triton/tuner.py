@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import functools
 import statistics
+import warnings
 
 import torch
+import triton.compiler.errors
+import triton.runtime.errors
 
 from fa_lab import timing
 
@@ -27,6 +30,12 @@ from .util import launch
 #: Rounds, and per round at least this many cycles through the candidates and about this
 #: many ms of them.
 ROUNDS, CALLS, MS = 3, 3, 50.0
+#: What a candidate's first call may raise to say that this GPU cannot run its tiling
+#: (shared memory, registers, a compile-time check): the errors ``triton.autotune`` also
+#: takes as "not this one". Any other error is a bug and propagates.
+CANNOT_RUN = tuple(getattr(mod, name) for mod, name in (
+    (triton.runtime.errors, "OutOfResources"), (triton.runtime.errors, "PTXASError"),
+    (triton.compiler.errors, "CompileTimeAssertionFailure")) if hasattr(mod, name))
 
 
 def pick_fastest(configs, ms_rounds, lazy: bool = True):
@@ -42,22 +51,26 @@ def pick_fastest(configs, ms_rounds, lazy: bool = True):
 def rank(configs, fns, timer, lazy: bool = True):
     """(the pick, one record per config in ``configs`` order) for candidates whose launch
     is ``fns[i]`` (no arguments): each called once, then the ones that ran timed with
-    ``timer`` in alternated rounds. A candidate whose first call raised is not timed; its
-    record holds ``ms`` None and the ``error``. RuntimeError if none ran."""
+    ``timer`` in alternated rounds. A candidate whose first call raises one of
+    ``CANNOT_RUN`` is not timed (a warning names it; its record holds ``ms`` None and the
+    ``error``); RuntimeError if none ran. Any other exception, in the first calls or the
+    rounds, propagates: nothing is picked, and the next call ranks again."""
     configs, fns = list(configs), list(fns)
     if len(configs) != len(fns) or not configs:
         raise ValueError(f"rank needs one launch per config and at least one, got "
                          f"{len(configs)} configs and {len(fns)} launches")
-    errors = {}
+    errors, last = {}, None
     for i, fn in enumerate(fns):  # compiled before any timing
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - a tiling the GPU cannot run (shared memory, registers)
-            errors[i] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        except CANNOT_RUN as e:
+            errors[i], last = f"{type(e).__name__}: {e}", e
+            warnings.warn(f"{configs[i].describe(lazy)} cannot run here and is not ranked: "
+                          f"{errors[i]}", RuntimeWarning, stacklevel=2)
     ran = [i for i in range(len(fns)) if i not in errors]
     if not ran:
         raise RuntimeError("no candidate launch ran: " + "; ".join(
-            f"{configs[i].describe(lazy)}: {errors[i]}" for i in sorted(errors)))
+            f"{configs[i].describe(lazy)}: {errors[i]}" for i in sorted(errors))) from last
     ms_rounds = timing.time_alternated([fns[i] for i in ran], timer, rounds=ROUNDS,
                                        min_calls=CALLS, min_ms=MS)
     best, timed = pick_fastest([configs[i] for i in ran], ms_rounds, lazy)

@@ -77,7 +77,7 @@ CANDIDATE_CONFIGS = (
     Config(64, 64, 4, 3, True),
     Config(64, 64, 4, 2, False),
 )
-#: The autotuner's list (Hopper), shared with split-K and varlen (``_triton.fast``).
+#: The tuner's list (Hopper), shared with split-K and varlen (``_triton.fast``).
 CONFIGS = common.BF16_CONFIGS
 #: Small tiles for the CPU interpreter (whole waves, cheap numpy work per program).
 INTERPRET_CONFIG = common.BF16_INTERPRET_CONFIG
@@ -193,4 +193,4 @@ def tuning_timings(lazy: bool) -> list[dict]:
     the Gluon kernel's configs where it served that call, else the Triton kernel's tuner's."""
     if _LAST_ENGINE[lazy] == "gluon":
         return hopper.last_timings(lazy)
-    return common.tuning_timings(_TUNED[lazy], lazy)
+    return common.tuning_timings(_TUNED[lazy])

@@ -165,12 +165,12 @@ def run(q, k, v, *, causal: bool, policy, interpret: bool, config, num_splits: i
 
 
 def best_config(q, k, causal: bool, lazy: bool, num_splits: int):
-    """The autotuner's pick for these shapes (after a forward ran), or None."""
+    """The tuner's pick for these shapes (after a forward ran), or None."""
     B, Sq, H, D = q.shape
     return common.tuned_config(_TUNED[lazy], (Sq, k.shape[1], H, H // k.shape[2], num_splits, D,
                                               causal))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
-    """The autotuner's measurements at its last new key (for the benchmark's record)."""
-    return common.tuning_timings(_TUNED[lazy], lazy)
+    """The tuner's measurements at its last new key (for the benchmark's record)."""
+    return common.tuning_timings(_TUNED[lazy])

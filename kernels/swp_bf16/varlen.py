@@ -39,7 +39,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuQ, CuKV, desc_k, desc_v,
                      D: tl.constexpr, CAUSAL: tl.constexpr, LAZY: tl.constexpr,
                      INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      USE_TMA: tl.constexpr, ROW_SUM_FILTER: tl.constexpr):
-    # max_seqlen_kv is only the autotuner's key
+    # max_seqlen_kv is only the tuner's key
     DTYPE: tl.constexpr = Q.dtype.element_ty
     b, h, hk, m0, rows = common.program_rows(H, GROUP, BLOCK_M, CAUSAL)  # b: the sequence
     q_start = tl.load(CuQ + b)
@@ -127,12 +127,12 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def best_config(q, k, max_seqlen_q: int, max_seqlen_kv: int, causal: bool, lazy: bool):
-    """The autotuner's pick for these packed shapes (after a forward ran), or None."""
+    """The tuner's pick for these packed shapes (after a forward ran), or None."""
     H, D = q.shape[1], q.shape[2]
     return common.tuned_config(_TUNED[lazy], (max_seqlen_q, max_seqlen_kv, H, H // k.shape[1], D,
                                               causal))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
-    """The autotuner's measurements at its last new key (for the benchmark's record)."""
-    return common.tuning_timings(_TUNED[lazy], lazy)
+    """The tuner's measurements at its last new key (for the benchmark's record)."""
+    return common.tuning_timings(_TUNED[lazy])

@@ -63,7 +63,7 @@ CANDIDATE_CONFIGS = (
     Config(64, 128, 4, 2, True),
     Config(128, 128, 8, 3, False),
 )
-#: The autotuner's list (Hopper; pinned timings of the candidates in
+#: The tuner's list (Hopper; pinned timings of the candidates in
 #: data/results/bench_configs_h200.json, and of the tilings around the first one in
 #: data/results/fp8_configs_h200.json). Lazy autotunes with and without the row-sum
 #: filter.
@@ -465,10 +465,11 @@ def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options)
 
 
 def best_config(q8, k8, causal: bool, lazy: bool):
-    """The autotuner's pick for these shapes (after a forward ran), or None."""
+    """The tuner's pick for these shapes (after a forward ran), or None."""
     B, Sq, H, D = q8.shape
     return common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
-    return common.tuning_timings(_TUNED[lazy], lazy)
+    """The tuner's measurements at its last new key (for the benchmark's record)."""
+    return common.tuning_timings(_TUNED[lazy])
