@@ -196,6 +196,7 @@ EXTRA_RATIO_PAIRS = (
     ("fast_fp8_lazy", "sdpa_cudnn"),
     ("fast_fp8_lazy", "fast_fp8_eager"),
     ("fast_fp8_lazy_vt", "fast_lazy"),
+    ("fast_fp8_lazy_vt", "fast_fp8_lazy"),
     ("fast_eager", "sdpa_cudnn"),
     ("fast_lazy_varlen", "sdpa_cudnn"),
 )

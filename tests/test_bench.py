@@ -291,6 +291,9 @@ def test_spread_and_per_round_ratios_match_hand_computed_values():
     assert ("fast_fp8_lazy", "sdpa_cudnn") in pairs and ("fast_fp8_lazy", "fast_lazy") in pairs
     assert ("fast_fp8_lazy", "fast_fp8_eager") not in pairs  # fp8 eager absent
     assert bench.ratio_pairs(["sdpa_flash", "flex"]) == []
+    # every pair timed call-alternated also has its ratio over turns (notebook 04 sets the
+    # two side by side)
+    assert set(bench.PAIRED_RATIOS) <= set(bench.ratio_pairs(bench.ALL_IMPLS))
 
 
 def test_time_rounds_on_the_real_clock_with_sleeping_callables():
