@@ -13,6 +13,7 @@ from fa_lab.kernels._triton import fast as common_fast
 from fa_lab.kernels._triton import tuner
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
+from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 
 A, B, C = Config(64, 64, 4, 1, False), Config(32, 32, 4, 1, True), Config(64, 128, 8, 2, True)
 
@@ -145,3 +146,18 @@ def test_a_tuner_ranks_real_launches_and_launches_its_pick_with_its_tile_shape(m
     out.zero_()
     tuned.run(seen["grid"], seen["args"], seen["meta"], timer=timing.CpuTimer(), interpret=True)
     assert torch.equal(out, pinned)
+
+
+def test_the_fp8_tuner_keys_on_the_shapes_and_the_p_cast(monkeypatch):
+    """The fp8 kernel's two P casts (saturate, or NaN past 448) are different kernels: a
+    pick each. The key holds the named shapes and flags, the dtypes and the device."""
+    q8 = torch.zeros(1, 40, 2, 128).to(torch.float8_e4m3fn)
+    pol = policies.resolve(fp8=True, seqlen_kv=40, rescale="lazy")
+    seen, _ = _captured_launch(monkeypatch, lambda: fast_fp8.forward(
+        q8, q8[:, :, :1], q8[:, :, :1], q_descale=1.0, k_descale=1.0, v_descale=1.0,
+        causal=True, policy=pol, interpret=True))
+    tuned = fast_fp8._TUNED[True]
+    key = tuned.key(seen["args"], seen["meta"])
+    assert key[:6] == (40, 40, 2, 2, True, True)
+    assert key[6:] == ("torch.float8_e4m3fn",) * 3 + ("torch.bfloat16", "torch.float32", "cpu")
+    assert tuned.key(seen["args"], {**seen["meta"], "SATURATE": False}) != key

@@ -246,7 +246,9 @@ def _set_block_shapes(nargs):
         nargs["desc_vt"].block_shape = [nargs["D"], nargs["BLOCK_N"]]
 
 
-_TUNED = common.autotuners(_attn_fwd_fp8, CONFIGS, ["seqlen_q", "seqlen_kv", "H", "GROUP", "CAUSAL"],
+# (the P cast, SATURATE, is a different kernel: a pick of its own)
+_TUNED = common.autotuners(_attn_fwd_fp8, CONFIGS,
+                           ["seqlen_q", "seqlen_kv", "H", "GROUP", "CAUSAL", "SATURATE"],
                            _set_block_shapes)
 
 
@@ -464,10 +466,10 @@ def compile_only(target, config: Config, *, lazy: bool, causal: bool, **options)
                                **options)
 
 
-def best_config(q8, k8, causal: bool, lazy: bool):
-    """The tuner's pick for these shapes (after a forward ran), or None."""
+def best_config(q8, k8, causal: bool, lazy: bool, saturate: bool = True):
+    """The tuner's pick for these shapes and P cast (after a forward ran), or None."""
     B, Sq, H, D = q8.shape
-    return common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal))
+    return common.tuned_config(_TUNED[lazy], (Sq, k8.shape[1], H, H // k8.shape[2], causal, saturate))
 
 
 def tuning_timings(lazy: bool) -> list[dict]:
