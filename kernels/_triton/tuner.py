@@ -1,8 +1,8 @@
 """Picking a kernel's launch configuration per shape by timing the candidates in alternation.
 
 The first call at a new key (the shapes and flags a pick depends on) calls every candidate
-once (its compile; a candidate that fails to compile or to launch is left out, its error
-on record), then times the rest in ``ROUNDS`` rounds of alternated calls
+once (its compile; a candidate this GPU cannot run, ``CANNOT_RUN``, is left out with its
+error on record, and any other error propagates), then times the rest in ``ROUNDS`` rounds of alternated calls
 (``fa_lab.timing.time_alternated``: one call of each per cycle, at least ``CALLS`` cycles
 and about ``MS`` ms a round, the lead moving from round to round), and keeps the one with
 the lowest median over the rounds. Why alternated: under a power cap the SM clock moves
