@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
-from ptx_barriers import cubin_usage
+from ptx_barriers import cubin_usage, write_sm90_result
 from triton.backends.compiler import GPUTarget
 
-from fa_lab.experiments import atomic_write_json, provenance
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 
@@ -65,14 +63,8 @@ def main():
                 print(row, flush=True)
                 rows.append(row)
     if args.out:
-        atomic_write_json(Path(args.out), {
-            "name": Path(args.out).stem,
-            "what": __doc__.split("\n\n")[1].replace("\n", " "),
-            "sm90_limits": SM90,
-            "provenance": provenance("cpu", triton_compiled_for="sm_90 (CPU compile, no GPU)",
-                                     command="python benchmarks/fp8_resources_sm90.py --out "
-                                             + Path(args.out).name),
-            "rows": rows})
+        write_sm90_result(args.out, "fp8_resources_sm90.py", rows,
+                          what=__doc__.split("\n\n")[1].replace("\n", " "), sm90_limits=SM90)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,16 @@ def cubin_usage(cubin: bytes) -> dict:
             "local_loads": len(re.findall(r"\bLDL(?:\.\w+)*\s", sass))}
 
 
+def write_sm90_result(out, script: str, rows: list, **fields) -> None:
+    """``out`` (JSON, written atomically): its name, ``fields``, the provenance of a CPU
+    compile for sm_90 by ``script`` and the rows."""
+    atomic_write_json(Path(out), {
+        "name": Path(out).stem, **fields,
+        "provenance": provenance("cpu", triton_compiled_for="sm_90 (CPU compile, no GPU)",
+                                 command=f"python benchmarks/{script} --out {Path(out).name}"),
+        "rows": rows})
+
+
 def loops(ptx: str) -> list[dict]:
     """Every backward branch: its body's barriers, wgmma instructions and ex2 calls."""
     lines = ptx.splitlines()
@@ -99,12 +109,7 @@ def main():
             print(row, flush=True)
             rows.append(row)
     if args.out:
-        atomic_write_json(Path(args.out), {
-            "name": Path(args.out).stem,
-            "provenance": provenance("cpu", triton_compiled_for="sm_90 (CPU compile, no GPU)",
-                                     command="python benchmarks/ptx_barriers.py --out "
-                                             + Path(args.out).name),
-            "rows": rows})
+        write_sm90_result(args.out, "ptx_barriers.py", rows)
 
 
 if __name__ == "__main__":
