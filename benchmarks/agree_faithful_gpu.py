@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -61,7 +62,8 @@ def main():
         om, lm = model.forward(q, k, v, causal=causal, policy=pol)
         for mode, ctx in DOT_MODES.items():
             with ctx():
-                (ok, lk), ms = timed(lambda: swp_bf16.forward(q, k, v, causal=causal, policy=pol),
+                (ok, lk), ms = timed(functools.partial(swp_bf16.forward, q, k, v, causal=causal,
+                                                       policy=pol),
                                      warm_up=(mode, causal) not in compiled)
             compiled.add((mode, causal))
             d_out, d_lse = tensor_diff("out", ok, om), tensor_diff("lse", lk, lm)

@@ -2,18 +2,13 @@
 forward with its V^T copy): median ms per interleaved round (bench.time_rounds,
 CudaTimer) and each tiling's speed over the autotuner's first candidate. Writes
 $OUT/fp8_configs.json (data/results/fp8_configs_h200.json)."""
-import datetime
 import os
-import platform
 import time
-
-import torch
-import triton
 
 from fa_lab import bench, policies
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_fp8 import fast as f8
-from fa_lab.results import atomic_write_json
+from fa_lab.results import atomic_write_json, provenance
 
 ROUNDS = 5
 CONFIGS = (Config(64, 128, 4, 3, True), Config(64, 128, 4, 2, True), Config(64, 128, 4, 4, True),
@@ -40,9 +35,5 @@ for shp in (s for s in bench.SHAPES if s.D == 128):
                         "over_base": over, "over_base_median": med})
     print(shp.name, {n: round(m, 3) if m else None for n, m in med.items()}, res.errors,
           f"{time.time() - t0:.0f}s", flush=True)
-out["provenance"] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                     "triton": triton.__version__, "python": platform.python_version(),
-                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                         timespec="seconds"),
-                     "command": "python3 benchmarks/fp8_configs_gpu.py", "timer": timer.name}
+out["provenance"] = provenance("cuda", timer=timer.name)
 atomic_write_json(os.path.join(os.environ["OUT"], "fp8_configs.json"), out)

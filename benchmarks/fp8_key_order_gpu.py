@@ -6,24 +6,20 @@ includes its V^T copy; all pinned; beside bf16 fast lazy (autotuned) and the two
 copies alone. Interleaved rounds (bench.time_rounds, CudaTimer) and call-alternated pairs
 (bench.time_paired); also whether the variants' outputs are bit-equal. Writes
 $OUT/fp8_key_order.json (data/results/fp8_key_order_h200.json)."""
-import datetime
 import importlib.util
-import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 import torch
-import triton
 
 from fa_lab import bench, policies
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as bf16
 from fa_lab.kernels.swp_fp8 import fast as new
 from fa_lab.models.swp_fp8 import log2_scale
-from fa_lab.results import atomic_write_json
+from fa_lab.results import atomic_write_json, provenance
 
 #: The Gluon fp8 P operand, as 42dc92a had it and reordered like the Triton kernel's.
 PLAIN_P = "        return gl.convert_layout(p.to(dtype), p_layout)"
@@ -124,10 +120,5 @@ for shp in shapes:
     print(shp.name, {n: round(m, 4) if m else None for n, m in med.items()},
           {k: [round(x, 3) for x in v["rounds"] if x] for k, v in row["paired"].items()}, agree,
           f"{time.time() - t_start:.0f}s", flush=True)
-out["provenance"] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                     "triton": triton.__version__, "python": platform.python_version(),
-                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                         timespec="seconds"),
-                     "command": "python3 benchmarks/fp8_key_order_gpu.py",
-                     "timer": timer.name}
+out["provenance"] = provenance("cuda", timer=timer.name)
 atomic_write_json(os.path.join(os.environ["OUT"], "fp8_key_order.json"), out)
