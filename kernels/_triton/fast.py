@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor  # host-side TMA descriptors
 
 from fa_lab import checks
 from fa_lab.models import geometry
@@ -30,11 +31,6 @@ from fa_lab.policies import Policy
 
 from .tuner import Tuner
 from .util import launch
-
-try:  # host-side TMA descriptors: Triton >= 3.4 on Hopper and newer
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - the project needs triton >= 3.4
-    TensorDescriptor = None
 
 #: Rows that vote together, as one gfx950 wave does (fa_lab.models.geometry.WAVE_ROWS).
 WAVE_ROWS = 32
@@ -200,8 +196,6 @@ def run_interpreted(kernel, grid, *args, **kwargs):
 
 def make_descriptor(t2d: torch.Tensor, block_shape):
     """A TMA descriptor over a 2-D view (zero fill past its edges)."""
-    if TensorDescriptor is None:
-        raise RuntimeError("TMA descriptors need triton >= 3.4 (triton.tools.tensor_descriptor)")
     return TensorDescriptor.from_tensor(t2d, list(block_shape))
 
 

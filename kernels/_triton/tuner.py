@@ -33,9 +33,8 @@ ROUNDS, CALLS, MS = 3, 3, 50.0
 #: What a candidate's first call may raise to say that this GPU cannot run its tiling
 #: (shared memory, registers, a compile-time check): the errors ``triton.autotune`` also
 #: takes as "not this one". Any other error is a bug and propagates.
-CANNOT_RUN = tuple(getattr(mod, name) for mod, name in (
-    (triton.runtime.errors, "OutOfResources"), (triton.runtime.errors, "PTXASError"),
-    (triton.compiler.errors, "CompileTimeAssertionFailure")) if hasattr(mod, name))
+CANNOT_RUN = (triton.runtime.errors.OutOfResources, triton.runtime.errors.PTXASError,
+              triton.compiler.errors.CompileTimeAssertionFailure)
 
 
 def pick_fastest(configs, ms_rounds, lazy: bool = True):

@@ -52,27 +52,24 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 from fa_lab import timing
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 
-try:  # Gluon (triton.experimental.gluon): Triton >= 3.5
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-    # Gluon spells these two ways across the Triton versions the project meets: a
-    # barrier over the calling partition's warps, and the TMA load and store.
-    _sync_partition = getattr(gl, "thread_barrier", None) or gl.barrier
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except ImportError:  # pragma: no cover - the project pins a triton with Gluon
-    gluon = None
-
 from .._triton import fast as common
 from .._triton import tuner
+
+# Gluon spells these two ways across the Triton versions the project meets: a barrier over
+# the calling partition's warps, and the TMA load and store.
+_sync_partition = getattr(gl, "thread_barrier", None) or gl.barrier
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 KERNEL = "hopper_bf16"
 HEAD_DIMS = common.BF16_HEAD_DIMS
