@@ -13,7 +13,8 @@ allocated per warp in units of 256; 228 KiB of shared memory, 1 KiB of it reserv
 program; 64 warps). The counts are those of the Triton that compiled (its version is in
 the provenance); another version's ptxas may allocate differently.
 
-    python benchmarks/fp8_resources_sm90.py --out data/results/fp8_resources_sm90.json
+    make test-triton-floor   # once: .venv-triton3.6.0, Triton 3.6 as on the lent H200
+    .venv-triton3.6.0/bin/python benchmarks/fp8_resources_sm90.py --out data/results/fp8_resources_sm90.json
 """
 
 from __future__ import annotations
