@@ -315,10 +315,10 @@ def plan(call: Call) -> Plan:
     if refusal:
         raise ValueError(refusal)
     if e.triton:
-        from .kernels import available
-        if not available():
-            raise RuntimeError(f"backend={backend!r} needs Triton, which is not installed "
-                               "(pip install 'triton>=3.4')")
+        from .kernels import unavailable
+        why = unavailable()
+        if why:
+            raise RuntimeError(f"backend={backend!r} cannot run: {why}")
     return Plan(call, family, backend, e)
 
 

@@ -17,6 +17,7 @@ if __name__ != "fa_lab.kernels":
         "different thing")
 
 import importlib  # noqa: E402
+import re  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -25,13 +26,29 @@ FAITHFUL = {"swp_bf16": "swp_bf16.faithful", "swp_fp8": "swp_fp8.faithful",
             "generic": "generic", "swa": "swa"}
 
 
-def available() -> bool:
-    """True when Triton imports (the kernels themselves are imported lazily)."""
+#: The oldest Triton the kernels run on (pyproject.toml's floor, which ``make test`` tests
+#: with ``make test-triton-floor``): older ones lack Gluon and TMA APIs the kernels use.
+TRITON_FLOOR = (3, 6)
+INSTALL = "pip install 'triton>=3.6'"
+
+
+def unavailable() -> str | None:
+    """Why the Triton kernels cannot run here, or None: Triton does not import, or it is
+    older than ``TRITON_FLOOR`` (the kernels themselves are imported lazily)."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
-        return False
-    return True
+        return f"Triton is not installed ({INSTALL})"
+    version = getattr(triton, "__version__", "")
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None or tuple(int(x) for x in m.groups()) < TRITON_FLOOR:
+        return f"Triton {version or '(no version)'} is older than the kernels need ({INSTALL})"
+    return None
+
+
+def available() -> bool:
+    """True when the Triton kernels can run here (``unavailable()`` is None)."""
+    return unavailable() is None
 
 
 def attention_module(name: str, backend: str, device: torch.device):
@@ -43,8 +60,9 @@ def attention_module(name: str, backend: str, device: torch.device):
                          "use backend='interpret' (Triton's CPU interpreter) or 'emulator'")
     if backend == "interpret" and device.type != "cpu":
         raise ValueError(f"backend='interpret' runs on CPU tensors, got tensors on {device}")
-    if not available():
-        raise RuntimeError("backend needs Triton, which is not installed (pip install 'triton>=3.4')")
+    why = unavailable()
+    if why:
+        raise RuntimeError(f"backend={backend!r} cannot run: {why}")
     if name not in FAITHFUL:
         raise NotImplementedError(f"no Triton port of {name} yet; use backend='emulator'")
     return importlib.import_module(f"{__name__}.{FAITHFUL[name]}")
@@ -54,8 +72,9 @@ def exact_dots(enabled: bool = True):
     """Context manager: inside it, the compiled faithful ports (swp_bf16, generic, swa) sum
     every dot exactly, as the models do, instead of on the tensor cores; slow, for runs
     that must match the model bit for bit (see ``_triton/dots.py``)."""
-    if not available():
-        raise RuntimeError("exact_dots needs Triton, which is not installed (pip install 'triton>=3.4')")
+    why = unavailable()
+    if why:
+        raise RuntimeError(f"exact_dots cannot run: {why}")
     from ._triton.dots import exact_dots as context
 
     return context(enabled)

@@ -1,5 +1,7 @@
 """Every bad input raises a ValueError/TypeError naming the argument, before any work."""
 
+import re
+
 import pytest
 import torch
 
@@ -80,3 +82,39 @@ def test_bad_trace_rows(rows, words):
 def test_backend_errors_name_the_fix():
     with pytest.raises(ValueError, match="backend='triton' needs CUDA"):
         fa_lab.flash_attn_func(Q, KV, KV, backend="triton")
+
+
+@pytest.mark.parametrize("version, refused", [
+    ("3.5.1", True), ("3.4.0", True), ("2.9.9", True), ("", True), ("3.6.0", False),
+    ("3.10.0", False), ("4.0.0+git1a2b3c", False)])
+def test_a_triton_older_than_the_floor_is_refused_naming_its_version(monkeypatch, version, refused):
+    """Triton below the kernels' floor lacks APIs they use: every Triton backend refuses,
+    naming the version and the fix, before any work (3.10 is newer than 3.6, not older)."""
+    triton = pytest.importorskip("triton")
+    from fa_lab import kernels
+
+    monkeypatch.setattr(triton, "__version__", version)
+    assert kernels.available() is not refused
+    if not refused:
+        return
+    why = f"Triton {version or '(no version)'} is older than the kernels need (pip install 'triton>=3.6')"
+    for backend in ("interpret", "fast"):
+        with pytest.raises(RuntimeError, match=re.escape(f"backend='{backend}' cannot run: {why}")):
+            fa_lab.flash_attn_func(Q, KV, KV, backend=backend)
+    with pytest.raises(RuntimeError, match=re.escape(f"backend='interpret' cannot run: {why}")):
+        kernels.attention_module("swp_bf16", "interpret", torch.device("cpu"))
+    with pytest.raises(RuntimeError, match=re.escape(f"exact_dots cannot run: {why}")):
+        kernels.exact_dots()
+    # on CPU tensors 'auto' means the model, which needs no Triton
+    assert fa_lab.dispatch.plan(fa_lab.api.check_call(Q, KV, KV)).backend == "emulator"
+
+
+def test_a_missing_triton_is_refused_naming_the_install(monkeypatch):
+    import sys
+
+    from fa_lab import kernels
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    assert kernels.unavailable() == "Triton is not installed (pip install 'triton>=3.6')"
+    with pytest.raises(RuntimeError, match=r"backend='interpret' cannot run: Triton is not installed"):
+        fa_lab.flash_attn_func(Q, KV, KV, backend="interpret")

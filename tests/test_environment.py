@@ -37,13 +37,18 @@ def test_ci_runs_make_test():
 
 
 def test_the_triton_floor_is_the_one_make_test_runs_against():
-    """pyproject's lowest Triton is the version ``make test-triton-floor`` installs, and
-    ``make test`` runs that target: the floor is a tested claim, not a guess."""
+    """pyproject's lowest Triton is the version ``make test-triton-floor`` installs and the
+    one the kernels refuse to run below, and ``make test`` runs that target: the floor is a
+    tested claim, not a guess."""
+    from fa_lab import kernels
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     floor = next(re.fullmatch(r"triton>=([\d.]+)", norm(r)).group(1)
                  for r in project["dependencies"] if norm(r).startswith("triton"))
     makefile = (ROOT / "Makefile").read_text()
     pinned = re.search(r"^TRITON_FLOOR\s*:=\s*(\S+)$", makefile, re.M).group(1)
     assert pinned.split(".")[:2] == floor.split(".") and pinned.count(".") == 2
+    assert kernels.TRITON_FLOOR == tuple(int(x) for x in floor.split("."))
+    assert kernels.INSTALL == f"pip install 'triton>={floor}'"
     test_recipe = re.search(r"^test: setup\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "$(MAKE) test-triton-floor" in test_recipe
