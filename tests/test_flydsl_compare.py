@@ -81,7 +81,7 @@ def fake_upstream(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(flydsl.ENV, "fake_flydsl_iface:flydsl_flash_attn_func")
     monkeypatch.setattr(flydsl, "check_device", lambda device: None)
-    import fake_flydsl_iface
+    import fake_flydsl_iface  # made at run time (above)
     fake_flydsl_iface.CALLS.clear()
     yield fake_flydsl_iface
     sys.modules.pop("fake_flydsl_iface", None)
