@@ -33,11 +33,12 @@ test: setup
 TRITON_FLOOR := 3.6.0
 FLOOR_VENV   ?= .venv-triton$(TRITON_FLOOR)
 FLOOR_STAMP  := $(FLOOR_VENV)/.fa_lab-installed
-FLOOR_TESTS  := tests/test_kernel_*.py tests/test_split_k.py tests/test_varlen.py \
-	tests/test_timing.py tests/test_bench.py tests/test_api_routing.py tests/test_api_errors.py \
-	tests/test_policy_backends.py tests/test_edge_inputs.py tests/test_flydsl_compare.py
+FLOOR_TESTS  := tests/test_kernel_*.py tests/test_bench.py tests/test_api_routing.py \
+	tests/test_api_errors.py tests/test_policy_backends.py tests/test_edge_inputs.py \
+	tests/test_flydsl_compare.py tests/test_properties.py tests/test_policies.py \
+	tests/test_model_swp_features.py tests/test_sweep.py
 
-$(FLOOR_STAMP): pyproject.toml
+$(FLOOR_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" "triton==$(TRITON_FLOOR)"
 	$(FLOOR_VENV)/bin/python -m pip install -q -e . "triton==$(TRITON_FLOOR)" pytest hypothesis
@@ -77,4 +78,4 @@ screenshots: setup
 	FA_LAB_SCREENSHOT_DIR=docs/img OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests/test_browser.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache
+	rm -rf $(VENV) .venv-triton*/ .pytest_cache
