@@ -22,11 +22,11 @@ from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 def bound_module():
     """hopper.py with eager's O and l rescale removed (a timing bound only)."""
     src = open(hopper.__file__).read()
-    marker = ("        acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]\n"
-              "        l = l * corr + gl.sum(p, 1)\n")
+    marker = ("    acc = acc * gl.convert_layout(corr, gl.SliceLayout(1, o_layout))[:, None]\n"
+              "    l = l * corr + gl.sum(p, 1)\n")
     if src.count(marker) != 1:
         raise RuntimeError("hopper.py changed: the O and l rescale is not where expected")
-    return hopper_variants.load(src.replace(marker, "        l = l + gl.sum(p, 1)\n"), "hopper_bound")
+    return hopper_variants.load(src.replace(marker, "    l = l + gl.sum(p, 1)\n"), "hopper_bound")
 
 
 def run_module(mod, inp, shp, policy, cfg):

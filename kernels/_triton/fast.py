@@ -510,7 +510,7 @@ def lse(l, m):
 
 def set_block_shapes(nargs):
     """The tuner's pre-hook: TMA descriptors take the config's tile shape."""
-    if TensorDescriptor is not None and isinstance(nargs["desc_k"], TensorDescriptor):
+    if isinstance(nargs["desc_k"], TensorDescriptor):
         shape = [nargs["BLOCK_N"], nargs["D"]]
         nargs["desc_k"].block_shape = shape
         nargs["desc_v"].block_shape = shape

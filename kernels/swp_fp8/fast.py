@@ -241,7 +241,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
 
 
 def _set_block_shapes(nargs):
-    if common.TensorDescriptor is not None and isinstance(nargs["desc_k"], common.TensorDescriptor):
+    if isinstance(nargs["desc_k"], common.TensorDescriptor):
         nargs["desc_k"].block_shape = [nargs["BLOCK_N"], nargs["D"]]
         nargs["desc_vt"].block_shape = [nargs["D"], nargs["BLOCK_N"]]
 
