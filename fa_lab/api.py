@@ -268,12 +268,13 @@ def trace(q, k, v, *, rows, batch=0, head=0, **options) -> Trace:
 
 
 def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale="lazy",
-                  rescale_threshold=8.0, return_lse=False, backend="auto"):
+                  rescale_threshold=None, return_lse=False, backend="auto"):
     """The SWA GQA sliding-window kernel (``swa_gfx950.py``), which upstream's
     ``flydsl_flash_attn_func`` does not route to: row i sees keys i - window_left ...
     i + window_right. ``rescale``: a policy with a wave vote and rebase ``"max"`` (its own
     deferred rescale, ``"lazy"``, correct by construction) or ``"tile"`` (the
-    counterfactual ``"lazy_unfixed"``). See ``fa_lab.models.swa``.
+    counterfactual ``"lazy_unfixed"``). ``rescale_threshold`` (log2 units) replaces the
+    policy's threshold (8 for the built-ins); None keeps it. See ``fa_lab.models.swa``.
     ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful Triton
     port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
     from .models import swa
@@ -299,5 +300,5 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
         raise ValueError(f"backend={backend!r} needs {need} tensors, got tensors on {q.device}")
     kw = {"interpret": backend == "interpret"} if e.triton else {}
     out, lse = e.load().forward(q, k, v, window_left=window_left, window_right=window_right,
-                                causal=causal, threshold=rescale_threshold, rescale=policy, **kw)
+                                causal=causal, rescale=policy, **kw)
     return (out, lse) if return_lse else out

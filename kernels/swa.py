@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from fa_lab.models.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS
-from fa_lab.models.swa import (CTA_ROWS, DEFAULT_THRESHOLD, KERNEL, NEG_FLOOR, check_args,
+from fa_lab.models.swa import (CTA_ROWS, KERNEL, NEG_FLOOR, check_args,
                                cta_band, nt_band, temperature_scale)
 from fa_lab.numerics import LN2, f32
 from fa_lab.trace import TraceRecorder
@@ -218,7 +218,7 @@ def _swa_fwd(
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: int | None,
-            window_right: int = 0, causal: bool = True, threshold: float = DEFAULT_THRESHOLD,
+            window_right: int = 0, causal: bool = True, threshold: float | None = None,
             rescale="lazy", recorder: TraceRecorder | None = None,
             interpret: bool = False, rows_per_program: int | None = None):
     """q [B, S, H, 128], k and v [B, S, Hkv, 128], bf16, S a multiple of 256, any strides.
@@ -264,7 +264,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
             H, H // Hkv, S, window_left if windowed else 0, window_right,
             nt_band(window_left, window_right) if windowed else S // BLOCK_N,
             plan.n_steps if plan else 1,
-            temperature_scale(D), f32(threshold),
+            temperature_scale(D), f32(policy.threshold),
             HEAD_DIM=D, WINDOWED=windowed, REBASE=policy.codes.rebase, TRACE=plan is not None,
             ROWS=rows, WAVE=WAVE_ROWS, CTA=CTA_ROWS, TILE_N=BLOCK_N, PV_LO=PV_SPLIT,
             N_FIELDS=N_FIELDS, FLOOR=NEG_FLOOR, LN2_F32=f32(LN2),

@@ -2,17 +2,19 @@
 same band folded in, bit-for-bit agreement with the DUALWAVE_SWP model where the two
 kernels coincide, corrections <= 1 on wide scores, the -30 floor, and bad arguments."""
 
+import functools
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import fa_lab
 from fa_lab import reference
 from fa_lab.experiments import bf16_inputs
 from fa_lab.metrics import rel_l2
 from fa_lab.models import swa, swp_bf16
-from fa_lab.policies import get as get_policy
+from fa_lab.policies import Policy, get as get_policy
 from fa_lab.trace import TraceRecorder
 
 U = 2.0**-8  # bf16 unit roundoff
@@ -184,6 +186,35 @@ def test_threshold_changes_the_ballot():
     fires = {thr: trace(q, k, v, rows, window_left=None, causal=False, threshold=thr)[0].steps.fire.sum()
              for thr in (0.0, 8.0)}
     assert fires[0.0] > fires[8.0]
+
+
+def test_a_policys_threshold_reaches_the_ballot_unless_one_is_passed(monkeypatch):
+    """The SWA kernel runs the policy's threshold, as every other kernel does; a
+    ``threshold`` (``swa_attn_func``'s ``rescale_threshold``) replaces it. The model and
+    its Triton port (interpreted) fire alike."""
+    from fa_lab.kernels import swa as port
+
+    q, k, v = bf16_inputs(1, 512, 2, 128, 8.0, seed=2)
+    rows = [(0, 0, r) for r in range(512)]
+    kw = dict(window_left=None, causal=False)
+    at0 = Policy(vote="wave", rebase="max", threshold=0.0, name="lazy_thr0")
+    for forward in (swa.forward, functools.partial(port.forward, interpret=True)):
+        def fires(**more):
+            rec = TraceRecorder(rows, group_size=1)
+            forward(q, k, v, recorder=rec, **kw, **more)
+            return int(rec.build(kernel=swa.KERNEL, policy="x", log2_per_unit=1.0,
+                                 threshold_units=0.0).steps.fire.sum())
+        assert fires(rescale=at0) == fires(threshold=0.0) > fires() == fires(threshold=8.0)
+        assert fires(rescale=at0, threshold=8.0) == fires()
+    # the api hands the model the policy with its threshold, or rescale_threshold's
+    ran = []
+    monkeypatch.setattr(swa, "forward", lambda *a, rescale, **k: ran.append(rescale.threshold) or (q, None))
+    fa_lab.swa_attn_func(q, k, v, rescale=at0, backend="emulator", **kw)
+    fa_lab.swa_attn_func(q, k, v, rescale=at0, rescale_threshold=5.0, backend="emulator", **kw)
+    fa_lab.swa_attn_func(q, k, v, backend="emulator", **kw)
+    assert ran == [0.0, 5.0, 8.0]
+    with pytest.raises(ValueError, match="threshold 'by_kv_len', the fp8 kernel's rule"):
+        fa_lab.swa_attn_func(q, k, v, rescale=Policy(threshold="by_kv_len", name="x"), **kw)
 
 
 def test_floor_zeroes_rows_whose_scores_all_sit_far_below_it():

@@ -743,7 +743,7 @@ def invalid_swa_calls(draw):
         ("window_right", -1, ValueError), ("window_right", 2.0, TypeError), ("window_right", None, TypeError),
         ("rescale_threshold", -1.0, ValueError), ("rescale_threshold", NAN, ValueError),
         ("rescale_threshold", INF, ValueError), ("rescale_threshold", "8", TypeError),
-        ("rescale_threshold", True, TypeError), ("rescale_threshold", None, TypeError),
+        ("rescale_threshold", True, TypeError),
         ("rescale", "nope", ValueError), ("rescale", "eager", ValueError), ("rescale", 3, TypeError),
         ("causal", 1, TypeError), ("return_lse", "no", TypeError),
         ("backend", "fast", ValueError), ("backend", "flydsl", ValueError), ("backend", "x", ValueError),

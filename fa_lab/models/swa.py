@@ -58,13 +58,14 @@ first global column; ``mt`` is the kernel's m_cur (floored at -30 with a window)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from ..checks import check_int, check_qkv
 from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
-from ..policies import Policy, as_policy, check_number
+from ..policies import BY_KV_LEN, Policy, as_policy, check_number
 from ..trace import TraceRecorder
 from ._common import heads, run_groups
 from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
@@ -126,7 +127,9 @@ def _check_int(name, value, allow_none=False):
 
 
 def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
-    """Every argument against what the kernel supports; raises naming the argument."""
+    """Every argument against what the kernel supports; raises naming the argument. Returns
+    the policy the kernel runs: ``rescale``'s, with ``threshold`` in place of its own
+    unless that is None."""
     _, Sq, _, _, Skv, _ = check_qkv(q, k, v, dtypes=(torch.bfloat16,), head_dims=(HEAD_DIM,),
                                     kernel="the SWA kernel")
     if Skv != Sq:
@@ -147,18 +150,25 @@ def check_args(q, k, v, window_left, window_right, causal, threshold, rescale):
     elif causal and window_right:
         raise ValueError(f"causal=True means window_right=0 (keys up to the diagonal), got "
                          f"window_right={window_right}; pass causal=False for a two-sided window")
+    policy = swa_policy(rescale)
+    if threshold is None:  # the policy's own
+        if policy.threshold == BY_KV_LEN:
+            raise ValueError(f"rescale={policy.name!r} has threshold {BY_KV_LEN!r}, the fp8 "
+                             "kernel's rule; the SWA kernel takes a number (rescale_threshold=)")
+        threshold = policy.threshold
     check_number("rescale_threshold", threshold, allow_none=False)
-    return swa_policy(rescale)
+    return dataclasses.replace(policy, threshold=float(threshold))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: int | None,
-            window_right: int = 0, causal: bool = True, threshold: float = DEFAULT_THRESHOLD,
+            window_right: int = 0, causal: bool = True, threshold: float | None = None,
             rescale: str = "lazy", recorder: TraceRecorder | None = None):
     """q [B, S, H, 128], k and v [B, S, Hkv, 128], bf16; S a multiple of 256.
 
     Query row i attends keys i - window_left ... i + window_right (``window_left=None``:
-    every key, non-causal). Returns (out [B, S, H, 128] bf16, lse [B, H, S] fp32, the
-    model's natural-log read-out).
+    every key, non-causal). ``threshold`` (log2 units) replaces ``rescale``'s own; None
+    keeps it. Returns (out [B, S, H, 128] bf16, lse [B, H, S] fp32, the model's
+    natural-log read-out).
     """
     policy = check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
     S, D = q.shape[1], q.shape[3]
@@ -168,7 +178,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
         base, nt = band
         cols = slice(base, base + nt * BLOCK_N)
         return _run_group(q_rows, kf[..., cols, :], vf[..., cols, :], rows, base, nt,
-                          window_left, window_right, float(threshold), policy, recorder)
+                          window_left, window_right, policy.threshold, policy, recorder)
 
     groups = ((rows, band) for band, rows in _cta_groups(S, window_left, window_right, q.device).items())
     return run_groups(qs, groups, run, recorder, torch.bfloat16, S)
