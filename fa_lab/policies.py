@@ -143,8 +143,9 @@ class Policy:
                   description: str = "", color: str | None = None) -> "Policy":
         """A policy decided by ``rule(m, mt, threshold) -> m_new``: ``m`` and ``mt`` are one
         wave's running and tile maxima at one loop step (fp8: one tile pair), ``[..., 32]``
-        fp32 tensors in log2 units (fp8: the scores times ls, as the kernel compares
-        them), ``threshold`` in log2 units; rows where ``m_new != m`` rescale by
+        fp32 tensors in log2 units (fp8: ``m * ls`` and ``mt * ls``; the kernel scales the
+        difference instead, ``(mt - m) * ls``, which can round differently right at the
+        threshold), ``threshold`` in log2 units; rows where ``m_new != m`` rescale by
         ``exp2(m - m_new)``. The models run it; the Triton kernels refuse it."""
         return cls(vote=None, rebase=None, threshold=threshold, name=name,
                    description=description or f"Python rule {getattr(rule, '__name__', rule)!s}",

@@ -4,7 +4,7 @@ fa_lab's signature is upstream's, so a pasted call runs unchanged; which policy 
 depends on the FlyDSL it came from. A ``Version`` holds, per dtype, the policy that
 ``dualwave_swp_lazy_rescale=True`` (upstream's default) selects, whether the flag is read
 at all, the fp8 threshold rule and whether fp8 lifts P before its cast
-(``docs/semantics.md`` §3, §6).
+(``docs/semantics.md`` §3.5, §6).
 
 * ``"main-11c4174d"`` (the seed's base): bf16 lazy is the unfixed body (own tile max);
   the fp8 call sites call the lazy correction unconditionally (the flag is never read),

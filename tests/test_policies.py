@@ -3,6 +3,7 @@ written in Python (bit-identical to the built-ins they spell out), and upstream 
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch
 import fa_lab
 from fa_lab import Policy, policies as P, upstream
 from fa_lab.experiments import bf16_inputs, fp8_inputs
-from fa_lab.numerics import fmax
 
 
 def r(**kw):
@@ -120,19 +120,19 @@ def test_register_gives_a_colour_and_refuses_clashes():
     assert "test_lazy6" not in P.names()
 
 
-# The built-ins spelled out as Python rules over one wave's rows [..., 32].
-def _vote(m, mt, thr):
-    return ~((mt - m) <= thr)
+# The built-ins spelled out as Python rules over one wave's rows [..., 32]: docs/semantics.md
+# §9's own ``make_rule`` (this also holds the document's example to the models).
+def _doc_make_rule():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "semantics.md").read_text()
+    block = text.split("that reproduces the declarative fields:")[1].split("```python")[1].split("```")[0]
+    ns = {}
+    exec(compile(block, "docs/semantics.md §9", "exec"), ns)
+    return ns["make_rule"]
 
 
-RULES = {
-    "eager": lambda m, mt, thr: fmax(m, mt),
-    "lazy": lambda m, mt, thr: torch.where(_vote(m, mt, thr).any(-1, keepdim=True), fmax(m, mt), m),
-    "lazy_unfixed": lambda m, mt, thr: torch.where(_vote(m, mt, thr).any(-1, keepdim=True), mt, m),
-    "fa4_row": lambda m, mt, thr: torch.where(_vote(m, mt, thr), fmax(m, mt), m),
-    "lazy_capped": lambda m, mt, thr: torch.where(
-        _vote(m, mt, thr).any(-1, keepdim=True) & ((mt - m) >= -16.0), mt, m),
-}
+make_rule = _doc_make_rule()
+RULES = {name: make_rule(P.get(name).vote, P.get(name).rebase, P.get(name).rebase_bound)
+         for name in ("eager", "lazy", "lazy_unfixed", "fa4_row", "lazy_capped")}
 # A rule records the rows that moved as its vote; eager's built-in records no vote at all.
 NUMERIC = ["m", "mt", "corr", "l", "o_finite", "l_finite"]
 
