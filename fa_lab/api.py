@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import warnings
 
 import torch
@@ -25,6 +26,7 @@ from .checks import check_descale, check_int, check_mod, check_qkv
 from .dispatch import BACKENDS, Call
 from .models import swp_fp8
 from .models.geometry import BLOCK_N
+from .numerics import CAUSAL_FLOOR, f32
 from .trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
@@ -158,11 +160,15 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
 
 
 def warn_fp8_scale(call: Call) -> None:
-    """Warn when fp8 descales can put scores where the kernel's fp32 addend ``-ls * m``
-    loses the row max: its rounding error reaches tens of log2 units once |ls * m| passes
-    2**32, and the kernel then returns all-zero rows with an infinite LSE (NaN without
-    saturation), as on the GPU. The bound is |q| max x |k| max x D x ls (one pass over q
-    and k; the true scores are smaller, so this warns only where overflow is possible)."""
+    """Warn where fp8 descales make the kernel's fp32 addend ``-ls * m`` go wrong, as it
+    does on the GPU:
+
+    * it loses the row max: its rounding error reaches tens of log2 units once |ls * m|
+      passes 2**32, and the kernel returns all-zero rows with an infinite LSE (NaN
+      without saturation). The bound is |q| max x |k| max x D x ls (one pass over q and
+      k; the true scores are smaller, so this warns only where overflow is possible);
+    * it overflows at the causal floor (-3e38, ls > 1.13) of the rows that see no key
+      (causal, seq_len_q > seq_len_kv), which then come out NaN."""
     if not call.fp8:
         return
     qd, kd, _ = call.descales
@@ -173,6 +179,14 @@ def warn_fp8_scale(call: Call) -> None:
                       "units: the kernel's fp32 addend -ls*m then loses the row max, so rows may "
                       "come out all-zero with an infinite LSE (NaN with fp8_saturate=False), as on "
                       "the GPU; check k_descale", RuntimeWarning, stacklevel=3)
+    # causal rows above the bottom-right diagonal see no key and keep the floor as their
+    # base; past ls ~ 1.13 the addend -ls * floor overflows and exp2(fma(-inf, ls, inf)) is NaN
+    if call.causal and call.seqlen_q > call.k.shape[1] and math.isinf(f32(ls * CAUSAL_FLOOR)):
+        warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} (ls = {ls:.3g} > 1.13) with causal "
+                      f"seq_len_q {call.seqlen_q} > seq_len_kv {call.k.shape[1]}: the first "
+                      f"{call.seqlen_q - call.k.shape[1]} rows of each head see no key, and the "
+                      "kernel's -ls*m overflows at their floored max, so they come out NaN "
+                      "(docs/semantics.md §1.2)", RuntimeWarning, stacklevel=3)
 
 
 #: The keyword arguments every entry point passes on to ``check_call``.

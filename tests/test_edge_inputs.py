@@ -175,6 +175,33 @@ def test_huge_k_descale_warns(fp8_normal):
                                causal=False, backend="emulator")
 
 
+def test_causal_rows_without_a_key_turn_nan_past_ls_1_13_and_warn():
+    """Causal with Sq > Skv: the first Sq - Skv rows see no key and keep the floor (-3e38)
+    as their base. The addend -ls * m is finite up to ls ~ 1.13 (rows end 0, LSE -inf)
+    and +inf beyond, where fma(-inf, ls, +inf) makes those rows NaN, and only those; the
+    call warns exactly then, naming the rows."""
+    g = torch.Generator().manual_seed(3)
+    q8, k8, v8 = (torch.randn(1, n, 1, 128, generator=g).clamp(-4, 4).to(torch.float8_e4m3fn)
+                  for n in (512, 300, 300))
+    blind = 512 - 300
+    for descale, nan in ((2.9, False), (3.1, True)):
+        kw = dict(q_descale=descale, k_descale=descale, v_descale=1.0, causal=True,
+                  rescale="eager", backend="emulator", return_lse=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out, lse = fa_lab.flash_attn_func(q8, k8, v8, **kw)
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert said == ([f"q_descale * k_descale = {descale * descale:.3g} (ls = "
+                         f"{swp_fp8.log2_scale(descale, descale):.3g} > 1.13) with causal "
+                         f"seq_len_q 512 > seq_len_kv 300: the first {blind} rows of each head "
+                         "see no key, and the kernel's -ls*m overflows at their floored max, "
+                         "so they come out NaN (docs/semantics.md §1.2)"] if nan else [])
+        dead = out[0, :blind, 0].float()
+        assert (torch.isnan(dead).all() and torch.isnan(lse[0, 0, :blind]).all()) if nan else (
+            (dead == 0).all() and torch.isneginf(lse[0, 0, :blind]).all())
+        assert torch.isfinite(out[0, blind:].float()).all() and torch.isfinite(lse[0, 0, blind:]).all()
+
+
 # --- varlen 4-D v -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("v_shape", [(1, 128, 1, 64), (2, 64, 1, 64), (128, 1, 64, 1), (128, 64)])
