@@ -54,13 +54,14 @@ def e4m3(x: torch.Tensor, saturate: bool = True) -> torch.Tensor:
 
     ``saturate=True`` clamps out-of-range values (infinities included) to +-448, as a
     saturating conversion does; ``saturate=False`` turns every value that rounds past 448
-    (|x| >= 464, the midpoint to the next binade step) into NaN. NaN stays NaN either way.
+    into NaN: |x| > 464 (464 itself, the midpoint to the NaN code 480, ties to the even 448,
+    as a bit-level round to nearest even does). NaN stays NaN either way.
     """
     x = x.to(torch.float32)
     if saturate:
         y = x.clamp(-E4M3_MAX, E4M3_MAX)
     else:
-        y = torch.where(x.abs() >= 464.0, torch.full_like(x, float("nan")), x)
+        y = torch.where(x.abs() > 464.0, torch.full_like(x, float("nan")), x)
     # In range, torch's conversion is round-to-nearest-even with subnormals (checked in tests).
     return y.to(torch.float8_e4m3fn).to(torch.float32)
 

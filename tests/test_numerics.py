@@ -47,11 +47,13 @@ def test_e4m3_round_to_nearest_even(x, want):
 
 
 def test_e4m3_out_of_range_saturates_or_nans():
-    big = T(464.0, 1e6, math.inf, -math.inf, math.nan)
+    big = T(464.00003, 1e6, math.inf, -math.inf, math.nan)
     sat = nx.e4m3(big, saturate=True)
     assert sat[:3].tolist() == [448.0, 448.0, 448.0] and sat[3] == -448.0 and math.isnan(sat[4])
     assert torch.isnan(nx.e4m3(big, saturate=False)).all()
     assert nx.e4m3(T(463.9), saturate=False).item() == 448.0  # below the midpoint to 480
+    assert nx.e4m3(T(464.0), saturate=False).item() == 448.0  # the midpoint ties to even 448
+    assert nx.e4m3(T(-464.0), saturate=False).item() == -448.0
 
 
 def test_e4m3_values_are_representable_and_nearest():

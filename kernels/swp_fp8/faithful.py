@@ -65,14 +65,15 @@ _FP8 = torch.float8_e4m3fn
 def _round_e4m3(x, SATURATE: tl.constexpr):
     """fp32 -> the nearest-even float8_e4m3fn value, as fp32 (subnormals down to 2**-9).
 
-    SATURATE clamps to +-448 (infinities included); otherwise |x| >= 464 becomes NaN.
+    SATURATE clamps to +-448 (infinities included); otherwise |x| > 464 becomes NaN (464
+    ties to the even 448).
     NaN stays NaN.
     """
     a = tl.abs(x)
     if SATURATE:
         a = tl.where(a < 448.0, a, 448.0)  # inf and NaN -> 448 here; NaN is restored below
     else:
-        a = tl.where(a < 464.0, a, 0.0)  # the NaN results are put back below
+        a = tl.where(a <= 464.0, a, 0.0)  # the NaN results are put back below
     bits = a.to(tl.int32, bitcast=True)
     # Normal e4m3 (a >= 2**-6): keep 3 of fp32's 23 mantissa bits, ties to even; a carry
     # into the exponent is the right answer.
@@ -89,7 +90,7 @@ def _round_e4m3(x, SATURATE: tl.constexpr):
     sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
     r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     if not SATURATE:
-        r = tl.where(tl.abs(x) >= 464.0, float("nan"), r)
+        r = tl.where(tl.abs(x) > 464.0, float("nan"), r)
     return tl.where(x != x, x, r)
 
 

@@ -177,7 +177,7 @@ def _tile(acc, l, m, q, desc_k, desc_vt, k_base, vt_base, stride_ks, kv_row0, kv
         if INTERPRET:  # the GPU's cast saturates by itself (satfinite); NaN stays NaN
             p = tl.where(p > 448.0, 448.0, p)
     else:
-        p = tl.where(p >= 464.0, float("nan"), p)  # rounds past 448: NaN, as the model
+        p = tl.where(p > 464.0, float("nan"), p)  # rounds past 448: NaN, as the model
     vt = _load_vt(desc_vt, vt_base, vt_row0, n0, seqlen_vpad, BLOCK_N, D, USE_TMA, MASKED)
     p = _in_stored_order(p, BLOCK_M, BLOCK_N)
     if INTERPRET:  # the interpreter's fp8 cast is unusable: round by hand, multiply in fp32
