@@ -167,7 +167,7 @@ def warn_fp8_scale(call: Call) -> None:
       passes 2**32, and the kernel returns all-zero rows with an infinite LSE (NaN
       without saturation). The bound is |q| max x |k| max x D x ls (one pass over q and
       k; the true scores are smaller, so this warns only where overflow is possible);
-    * it overflows at the causal floor (-3e38, ls > 1.13) of the rows that see no key
+    * it overflows at the causal floor (-3e38; from ls = 1.1342746) of the rows that see no key
       (causal, seq_len_q > seq_len_kv), which then come out NaN."""
     if not call.fp8:
         return
@@ -180,10 +180,10 @@ def warn_fp8_scale(call: Call) -> None:
                       "come out all-zero with an infinite LSE (NaN with fp8_saturate=False), as on "
                       "the GPU; check k_descale", RuntimeWarning, stacklevel=3)
     # causal rows above the bottom-right diagonal see no key and keep the floor as their
-    # base; past ls ~ 1.13 the addend -ls * floor overflows and exp2(fma(-inf, ls, inf)) is NaN
+    # base; from ls = 1.1342746 the addend -ls * floor overflows and fma(-inf, ls, inf) is NaN
     if call.causal and call.seqlen_q > call.k.shape[1] and math.isinf(f32(ls * CAUSAL_FLOOR)):
-        warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} (ls = {ls:.3g} > 1.13) with causal "
-                      f"seq_len_q {call.seqlen_q} > seq_len_kv {call.k.shape[1]}: the first "
+        warnings.warn(f"q_descale * k_descale = {qd * kd:.4g} (ls = {ls:.8g}, at least 1.1342746) "
+                      f"with causal seq_len_q {call.seqlen_q} > seq_len_kv {call.k.shape[1]}: the first "
                       f"{call.seqlen_q - call.k.shape[1]} rows of each head see no key, and the "
                       "kernel's -ls*m overflows at their floored max, so they come out NaN "
                       "(docs/semantics.md §1.2)", RuntimeWarning, stacklevel=3)

@@ -41,8 +41,10 @@ judges overflow at two levels:
 
 Kernels: DUALWAVE_SWP bf16/f16 (§2: prologue, lazy main loop over tiles ``1 .. N-4`` with
 the 16/48 PV split, eager epilogue) and fp8 BN128 (§3: one decision per tile pair, P cast
-to e4m3 before PV, headroom H). Calls that upstream routes to the generic kernel are eager
-and never drag: every row is predicted finite.
+to e4m3 before PV, headroom H). An fp8 base so low that the addend ``0 - ls * m`` is +inf
+(a causal row with no visible key, floored at -3e38, once ls >= 1.1342746) kills the row
+at that pair (§1.2). Calls that upstream routes to the generic kernel are eager and never
+drag: every row is predicted finite.
 
 Score modifiers: ``bias`` and ``alibi_slopes`` (bf16/f16) enter the scores exactly as the
 model adds them (``models.swp_bf16.ScoreMods``, before masking), so they move the tile maxima,
@@ -658,7 +660,11 @@ class _Fp8(_Kernel):
         m_prev = _shift(m, -_INF)
         corr_log = _nan_to((m_prev - m) * ls, -_INF)
         corr_log[:, 0] = -_INF
-        forced = corr_log >= OVERFLOW_LOG2
+        # a base so low that the fp32 addend 0 - ls * m is +inf (the causal floor of a row
+        # with no key, from ls = 1.1342746): every P of the pair is exp2(fma(s, ls, inf)),
+        # inf or NaN (§1.2)
+        lift_overflows = torch.isposinf(0.0 - self.ls * walk["m"])
+        forced = (corr_log >= OVERFLOW_LOG2) | lift_overflows
         keys = torch.log2(torch.arange(1, n + 1, dtype=torch.float64, device=m.device) * 2 * BLOCK_N)
         low = torch.minimum(m, torch.where(torch.isinf(m_prev), m, m_prev))
         bound = _nan_to((M - low) * ls + H, -_INF) + keys + self.vlog_max[head][:, None].double()

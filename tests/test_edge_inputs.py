@@ -177,22 +177,23 @@ def test_huge_k_descale_warns(fp8_normal):
 
 def test_causal_rows_without_a_key_turn_nan_past_ls_1_13_and_warn():
     """Causal with Sq > Skv: the first Sq - Skv rows see no key and keep the floor (-3e38)
-    as their base. The addend -ls * m is finite up to ls ~ 1.13 (rows end 0, LSE -inf)
-    and +inf beyond, where fma(-inf, ls, +inf) makes those rows NaN, and only those; the
-    call warns exactly then, naming the rows."""
+    as their base. The addend -ls * m is finite below ls = 1.1342746 (rows end 0, LSE
+    -inf) and +inf from there, where fma(-inf, ls, +inf) makes those rows NaN, and only
+    those; the call warns exactly then, naming the rows. Descale products either side of
+    the boundary (8.895 at D 128) pin it."""
     g = torch.Generator().manual_seed(3)
     q8, k8, v8 = (torch.randn(1, n, 1, 128, generator=g).clamp(-4, 4).to(torch.float8_e4m3fn)
                   for n in (512, 300, 300))
     blind = 512 - 300
-    for descale, nan in ((2.9, False), (3.1, True)):
+    for descale, nan in ((2.9, False), (2.98245, False), (2.98246, True), (3.1, True)):
         kw = dict(q_descale=descale, k_descale=descale, v_descale=1.0, causal=True,
                   rescale="eager", backend="emulator", return_lse=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out, lse = fa_lab.flash_attn_func(q8, k8, v8, **kw)
         said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-        assert said == ([f"q_descale * k_descale = {descale * descale:.3g} (ls = "
-                         f"{swp_fp8.log2_scale(descale, descale):.3g} > 1.13) with causal "
+        assert said == ([f"q_descale * k_descale = {descale * descale:.4g} (ls = "
+                         f"{swp_fp8.log2_scale(descale, descale):.8g}, at least 1.1342746) with causal "
                          f"seq_len_q 512 > seq_len_kv 300: the first {blind} rows of each head "
                          "see no key, and the kernel's -ls*m overflows at their floored max, "
                          "so they come out NaN (docs/semantics.md §1.2)"] if nan else [])

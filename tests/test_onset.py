@@ -1,5 +1,6 @@
 """fa_lab.onset: the NaN-onset predictor against the model, row by row (CPU sizes)."""
 
+import contextlib
 import json
 import math
 
@@ -111,6 +112,23 @@ def test_fp8_pairs(policy, k_scale):
         assert 0.04 < e["model_bad_row_frac"] < 0.1  # 64 of 1024 rows at k x5000
     else:  # the seed's bound 16 holds on the seed's inputs
         assert e["model_bad_row_frac"] == 0
+
+
+@pytest.mark.parametrize("descale, dead", [(2.98245, 0), (2.98246, 212)])
+def test_fp8_rows_with_no_key_die_where_the_lift_overflows(descale, dead):
+    """Causal fp8, Sq 512 > Skv 300: the first 212 rows see no key and keep the causal
+    floor as their base; from ls = 1.1342746 the addend -ls * m is +inf and they come out
+    NaN. Both levels predict exactly those rows, and none below the boundary."""
+    g = torch.Generator().manual_seed(3)
+    q8, k8, v8 = (torch.randn(1, n, 1, 128, generator=g).clamp(-4, 4).to(torch.float8_e4m3fn)
+                  for n in (512, 300, 300))
+    kw = dict(q_descale=descale, k_descale=descale, v_descale=1.0, causal=True, rescale="eager")
+    with pytest.warns(RuntimeWarning) if dead else contextlib.nullcontext():
+        out = _model(q8, k8, v8, **kw)
+    assert int(onset.model_bad_rows(out).sum()) == dead
+    for level in onset.LEVELS:
+        r = onset.validate(onset.predict(q8, k8, v8, level=level, **kw), out)
+        assert (r["tp"], r["fp"], r["fn"]) == (dead, 0, 0), level
 
 
 def test_tiles_are_shared_and_refused_when_stale(k40):
