@@ -217,6 +217,20 @@ def test_a_policys_threshold_reaches_the_ballot_unless_one_is_passed(monkeypatch
         fa_lab.swa_attn_func(q, k, v, rescale=Policy(threshold="by_kv_len", name="x"), **kw)
 
 
+@pytest.mark.parametrize("headroom", [True, 3.0])
+def test_a_p_headroom_is_refused_not_ignored(headroom):
+    """The P headroom is the fp8 kernel's; the SWA model and its port refuse it alike
+    (before, the model ran True and both ignored a number)."""
+    from fa_lab.kernels import swa as port
+
+    q, k, v = bf16_inputs(1, 256, 2, 128, 8.0, seed=0)
+    pol = Policy(p_headroom=headroom, name="lifted")
+    for forward in (swa.forward, functools.partial(port.forward, interpret=True),
+                    functools.partial(fa_lab.swa_attn_func, backend="interpret")):
+        with pytest.raises(ValueError, match=r"p_headroom=.* applies to the fp8 kernel only"):
+            forward(q, k, v, window_left=64, rescale=pol)
+
+
 def test_floor_zeroes_rows_whose_scores_all_sit_far_below_it():
     # Window (0, 0): row i sees key i alone, softmax gives out = v_i. The kernel floors the
     # running max at -30 (log2 units): a score near -255 gives P = exp2(-225) = 0, l = 0,

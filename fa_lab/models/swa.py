@@ -48,9 +48,12 @@ upstream kernel: the same ballot decided on the row's own (floored) tile max,
 main's DUALWAVE_SWP did; it shows what the -30 floor does and does not prevent.
 
 Read-outs. The kernel writes no LSE; the model returns ``m * ln 2 + ln(l)`` (-inf when
-l == 0). Consequence of the -30 floor worth knowing: a row whose visible scores all sit
-below about -156 (log2 units) gets P = 0 everywhere, l = 0 and output 0, where softmax
-would give a convex combination of its V rows.
+l == 0). Consequences of the -30 floor worth knowing, where softmax would give a convex
+combination of the row's V rows: a row whose visible scores all sit between about -158
+and -179.5 (log2 units) ends with l an fp32 subnormal, whose reciprocal overflows, so its
+output is inf, or NaN where its bf16 P already rounded to 0 (below about -163); below
+about -179.5 every P is 0, l = 0 and the output is 0 (LSE -inf). fp32 subnormals are
+kept here, as everywhere in the models.
 
 The trace records one step per 64-column tile of the CTA's band; ``col0`` is the tile's
 first global column; ``mt`` is the kernel's m_cur (floored at -30 with a window).
@@ -93,6 +96,9 @@ def swa_policy(rescale) -> Policy:
         raise ValueError(f"rescale={policy.name!r}: the SWA kernel has vote {SWA_VOTES} and rebase "
                          f"{SWA_REBASES}; this policy's {field} is "
                          f"{getattr(policy, field)!r}")
+    if policy.p_headroom:  # True or a number: the fp8 kernel's P lift, absent here
+        raise ValueError(f"rescale={policy.name!r}: p_headroom={policy.p_headroom!r} applies to "
+                         "the fp8 kernel only; the SWA kernel has no P headroom")
     return policy
 
 
