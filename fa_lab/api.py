@@ -167,8 +167,8 @@ def warn_fp8_scale(call: Call) -> None:
       passes 2**32, and the kernel returns all-zero rows with an infinite LSE (NaN
       without saturation). The bound is |q| max x |k| max x D x ls (one pass over q and
       k; the true scores are smaller, so this warns only where overflow is possible);
-    * it overflows at the causal floor (-3e38; from ls = 1.1342746) of the rows that see no key
-      (causal, seq_len_q > seq_len_kv), which then come out NaN."""
+    * it overflows at the causal floor (-3e38; from ls = 1.1342746) of the rows that see
+      no key (causal, seq_len_q > seq_len_kv), which then come out NaN."""
     if not call.fp8:
         return
     qd, kd, _ = call.descales

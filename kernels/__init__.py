@@ -29,7 +29,7 @@ FAITHFUL = {"swp_bf16": "swp_bf16.faithful", "swp_fp8": "swp_fp8.faithful",
 #: The oldest Triton the kernels run on (pyproject.toml's floor, which ``make test`` tests
 #: with ``make test-triton-floor``): older ones lack Gluon and TMA APIs the kernels use.
 TRITON_FLOOR = (3, 6)
-INSTALL = "pip install 'triton>=3.6'"
+INSTALL = f"pip install 'triton>={TRITON_FLOOR[0]}.{TRITON_FLOOR[1]}'"
 
 
 def unavailable() -> str | None:
