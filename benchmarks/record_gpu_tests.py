@@ -2,10 +2,13 @@
 
 The record keeps each GPU-marked test's latest outcome under ``results`` (an earlier
 outcome of a test that ran again moves to ``superseded``), every run's commit, command
-and purpose under ``provenance.runs``, and a ``summary`` counted from ``results``.
+and purpose under ``provenance.runs``, and a ``summary`` counted from ``results``. With
+``--collected`` (the ids that ``pytest --collect-only -q -m gpu tests`` prints), rows of
+tests that no longer exist move to ``retired``, so the summary counts today's tests only.
 
     python3 benchmarks/record_gpu_tests.py --junit gpu.xml --commit 8b75863+wt:1af04dc842 \
-        --what "fast kernels after block_any" --command "python3 -m pytest -q -m gpu ..."
+        --what "fast kernels after block_any" --command "python3 -m pytest -q -m gpu ..." \
+        --date 2026-12-05 --collected gpu_ids.txt
 """
 
 from __future__ import annotations
@@ -37,6 +40,32 @@ def junit_results(path: Path, run: str) -> list[dict]:
     return rows
 
 
+def collected_ids(path: Path) -> set[str]:
+    """The test ids (``module::name``, as ``results`` spells them) in pytest's
+    ``--collect-only -q`` output: lines ``tests/test_x.py::name``."""
+    ids = {line.strip() for line in path.read_text().splitlines() if "::" in line}
+    if not ids:
+        raise ValueError(f"--collected {path} lists no test ids")
+    return {f"{mod.removesuffix('.py').replace('/', '.')}::{name}"
+            for mod, name in (i.split("::", 1) for i in ids)}
+
+
+def retire(record: dict, ids: set[str]) -> list[dict]:
+    """Move the rows of ``results`` whose test is not in ``ids`` to ``retired``; return them."""
+    gone = [r for r in record["results"] if r["test"] not in ids]
+    record["results"] = [r for r in record["results"] if r["test"] in ids]
+    record["retired"] = record.get("retired", []) + gone
+    return gone
+
+
+def count(record: dict) -> dict:
+    counts = collections.Counter(r["outcome"] for r in record["results"])
+    for r in record["results"]:  # a row standing for several tests ("... (3 tests)")
+        if "(" in r["test"] and r["test"].endswith(" tests)"):
+            counts[r["outcome"]] += int(r["test"].rsplit("(", 1)[1].split()[0]) - 1
+    return dict(sorted(counts.items()))
+
+
 def merge(record: dict, rows: list[dict], run: str, meta: dict) -> dict:
     """``record`` with ``rows`` as run ``run``: their tests' earlier rows move to superseded."""
     runs = record["provenance"]["runs"]
@@ -47,11 +76,7 @@ def merge(record: dict, rows: list[dict], run: str, meta: dict) -> dict:
     kept = [r for r in record["results"] if r["test"] not in new]
     record["superseded"] = record.get("superseded", []) + [r for r in record["results"] if r["test"] in new]
     record["results"] = sorted(kept + rows, key=lambda r: r["test"])
-    counts = collections.Counter(r["outcome"] for r in record["results"])
-    for r in record["results"]:  # a row standing for several tests ("... (3 tests)")
-        if "(" in r["test"] and r["test"].endswith(" tests)"):
-            counts[r["outcome"]] += int(r["test"].rsplit("(", 1)[1].split()[0]) - 1
-    record["summary"] = dict(sorted(counts.items()))
+    record["summary"] = count(record)
     record["provenance"]["date"] = meta["date"]
     return record
 
@@ -64,12 +89,22 @@ def main(argv=None):
     ap.add_argument("--command", required=True)
     ap.add_argument("--date", required=True, help="the run's date, YYYY-MM-DD")
     ap.add_argument("--record", type=Path, default=RECORD)
+    ap.add_argument("--collected", type=Path,
+                    help="pytest --collect-only -q -m gpu output: retire rows of tests not in it")
     args = ap.parse_args(argv)
+    ids = collected_ids(args.collected) if args.collected is not None else None
     record = json.loads(args.record.read_text())
     run = str(max(int(k) for k in record["provenance"]["runs"]) + 1)
     rows = junit_results(args.junit, int(run))
     meta = {"commit": args.commit, "what": args.what, "command": args.command, "date": args.date}
     merge(record, rows, run, meta)
+    if ids is not None:
+        unknown = sorted({r["test"] for r in rows} - ids)
+        if unknown:
+            raise ValueError(f"--junit {args.junit} holds tests that --collected lacks: {unknown[:3]}")
+        gone = retire(record, ids)
+        record["summary"] = count(record)
+        print(f"retired {len(gone)} row(s) of tests no longer collected")
     atomic_write_json(args.record, record)
     print(f"run {run}: {collections.Counter(r['outcome'] for r in rows)}; summary {record['summary']}")
 
