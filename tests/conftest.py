@@ -1,8 +1,13 @@
 """Shared test fixtures and markers.
 
 GPU tests are marked ``gpu`` and skipped, with that reason, where no CUDA/ROCm device is
-present; everything else runs on the CPU in CI.
+present; everything else runs on the CPU in CI. GPU tests that assert a ratio of measured
+GPU times are also marked ``gpu_alone``: under pytest-xdist the other workers' kernels
+share the GPU and stretch a timed kernel by whatever runs beside it, so there they are
+skipped with that reason (run them without ``-n``).
 """
+
+import os
 
 import pytest
 import torch
@@ -11,11 +16,17 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
+    if not HAS_GPU:
+        skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU (torch.cuda.is_available() is False)")
+        marker = "gpu"
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        skip = pytest.mark.skip(reason="times the GPU: needs it alone, not shared with other "
+                                       "xdist workers (run without -n)")
+        marker = "gpu_alone"
+    else:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU (torch.cuda.is_available() is False)")
     for item in items:
-        if "gpu" in item.keywords:
+        if marker in item.keywords:
             item.add_marker(skip)
 
 

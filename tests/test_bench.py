@@ -593,6 +593,7 @@ def test_cli_bench_runs_rounds_on_the_cpu_and_saves_them(monkeypatch, tmp_path, 
 # ---- on a GPU ------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_cuda_timer_measures_gpu_time_in_proportion():
     """Spin kernels of 1e6 and 4e6 cycles: the CUDA timer's medians stand at 1 : 4 (within
     10 %), however slow the host; the clocks have a source."""

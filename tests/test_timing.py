@@ -123,9 +123,40 @@ def test_measure_cycle_and_time_alternated_refuse_no_callables_and_a_bad_lead():
     assert calls == []
 
 
+def test_gpu_timing_tests_skip_where_xdist_workers_share_the_gpu(monkeypatch):
+    """conftest's hook: on a GPU, ``gpu_alone`` tests skip under an xdist worker and run
+    otherwise; without a GPU every ``gpu`` test skips."""
+    import conftest
+
+    class Item:
+        def __init__(self, *marks):
+            self.keywords, self.added = set(marks), []
+
+        def add_marker(self, mark):
+            self.added.append(mark.kwargs["reason"])
+
+    def reasons(has_gpu, worker):
+        monkeypatch.setattr(conftest, "HAS_GPU", has_gpu)
+        if worker:
+            monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        else:
+            monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        items = [Item("gpu", "gpu_alone"), Item("gpu"), Item()]
+        conftest.pytest_collection_modifyitems(None, items)
+        return [i.added for i in items]
+
+    alone, plain, cpu = reasons(True, True)
+    assert "needs it alone" in alone[0] and plain == cpu == []
+    assert reasons(True, False) == [[], [], []]
+    for worker in (False, True):
+        gpu_alone, gpu, cpu = reasons(False, worker)
+        assert "needs a CUDA/ROCm GPU" in gpu_alone[0] and "needs a CUDA/ROCm GPU" in gpu[0] and cpu == []
+
+
 # ---- on a GPU ------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_cuda_timer_times_alternated_calls_each_alone():
     """Spin kernels of 1e6 and 4e6 cycles called in alternation: each call's events hold
     its own kernel only (medians 1 : 4 within 10 %), whichever leads the cycle; in rounds
