@@ -1,10 +1,12 @@
 """Add a GPU pytest run (its junit XML) to data/results/gpu_tests_h200.json.
 
 The record keeps each GPU-marked test's latest outcome under ``results`` (an earlier
-outcome of a test that ran again moves to ``superseded``), every run's commit, command
-and purpose under ``provenance.runs``, and a ``summary`` counted from ``results``. With
-``--collected`` (the ids that ``pytest --collect-only -q -m gpu tests`` prints), rows of
-tests that no longer exist move to ``retired``, so the summary counts today's tests only.
+outcome of a test that ran again moves to ``superseded``; a skip does not replace a pass
+or a failure, since a skipped test says nothing about the code), every run's commit,
+command and purpose under ``provenance.runs``, and a ``summary`` counted from ``results``.
+With ``--collected`` (the ids that ``pytest --collect-only -q -m gpu tests`` prints), rows
+of tests that no longer exist move to ``retired``, and collected tests with no row are
+listed under ``unrecorded``, so the summary speaks for today's tests.
 
     python3 benchmarks/record_gpu_tests.py --junit gpu.xml --commit 8b75863+wt:1af04dc842 \
         --what "fast kernels after block_any" --command "python3 -m pytest -q -m gpu ..." \
@@ -25,7 +27,7 @@ from fa_lab.experiments import RESULTS_DIR, atomic_write_json
 RECORD = RESULTS_DIR / "gpu_tests_h200.json"
 
 
-def junit_results(path: Path, run: str) -> list[dict]:
+def junit_results(path: Path, run: int) -> list[dict]:
     """One row per test case: test (module::name), run, outcome, seconds."""
     rows = []
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -46,8 +48,9 @@ def collected_ids(path: Path) -> set[str]:
     ids = {line.strip() for line in path.read_text().splitlines() if "::" in line}
     if not ids:
         raise ValueError(f"--collected {path} lists no test ids")
-    return {f"{mod.removesuffix('.py').replace('/', '.')}::{name}"
-            for mod, name in (i.split("::", 1) for i in ids)}
+    # junit's classname is the module's dotted path, then any test classes
+    return {".".join([parts[0].removesuffix(".py").replace("/", "."), *parts[1:-1]]) + "::" + parts[-1]
+            for parts in (i.split("::") for i in ids)}
 
 
 def retire(record: dict, ids: set[str]) -> list[dict]:
@@ -67,11 +70,15 @@ def count(record: dict) -> dict:
 
 
 def merge(record: dict, rows: list[dict], run: str, meta: dict) -> dict:
-    """``record`` with ``rows`` as run ``run``: their tests' earlier rows move to superseded."""
+    """``record`` with ``rows`` as run ``run``: their tests' earlier rows move to superseded,
+    except that a skip leaves an earlier pass or failure in place (and is not recorded)."""
     runs = record["provenance"]["runs"]
     if run in runs:
         raise ValueError(f"run {run!r} is already recorded")
     runs[run] = meta
+    earlier = {r["test"]: r for r in record["results"]}
+    rows = [r for r in rows if not (r["outcome"] == "skipped" and r["test"] in earlier
+                                    and earlier[r["test"]]["outcome"] != "skipped")]
     new = {r["test"] for r in rows}
     kept = [r for r in record["results"] if r["test"] not in new]
     record["superseded"] = record.get("superseded", []) + [r for r in record["results"] if r["test"] in new]
@@ -104,7 +111,9 @@ def main(argv=None):
             raise ValueError(f"--junit {args.junit} holds tests that --collected lacks: {unknown[:3]}")
         gone = retire(record, ids)
         record["summary"] = count(record)
-        print(f"retired {len(gone)} row(s) of tests no longer collected")
+        record["unrecorded"] = sorted(ids - {r["test"] for r in record["results"]})
+        print(f"retired {len(gone)} row(s) of tests no longer collected; "
+              f"{len(record['unrecorded'])} collected test(s) have no row")
     atomic_write_json(args.record, record)
     print(f"run {run}: {collections.Counter(r['outcome'] for r in rows)}; summary {record['summary']}")
 

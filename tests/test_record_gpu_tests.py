@@ -19,6 +19,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.test_a" name="test_ok[1]" time="1.234"/>
 <testcase classname="tests.test_a" name="test_bad" time="2"><failure message="x"/></testcase>
 <testcase classname="tests.test_b" name="test_skip" time="0"><skipped message="y"/></testcase>
+<testcase classname="tests.test_b" name="test_was_run" time="0"><skipped message="y"/></testcase>
+<testcase classname="tests.test_c.TestK" name="test_m" time="0.5"/>
 </testsuite></testsuites>"""
 
 
@@ -26,6 +28,7 @@ def _record():
     return {"provenance": {"runs": {"1": {"commit": "c1"}}, "date": "2026-01-01"},
             "summary": {"passed": 2},
             "results": [{"test": "tests.test_a::test_bad", "run": 1, "outcome": "passed", "seconds": 1.0},
+                        {"test": "tests.test_b::test_was_run", "run": 1, "outcome": "failed", "seconds": 1.0},
                         {"test": "tests.test_old::test_gone", "run": 1, "outcome": "passed", "seconds": 1.0}]}
 
 
@@ -46,17 +49,22 @@ def test_a_run_supersedes_earlier_outcomes_and_counts_them(tmp_path):
     assert by_test["tests.test_a::test_bad"]["outcome"] == "failed"
     assert by_test["tests.test_b::test_skip"]["outcome"] == "skipped"
     assert [r["outcome"] for r in rec["superseded"]] == ["passed"]  # test_bad's run 1
-    assert rec["summary"] == {"failed": 1, "passed": 2, "skipped": 1}  # test_gone still counts
+    # a skip says nothing about the code: test_was_run keeps its failure of run 1
+    assert by_test["tests.test_b::test_was_run"] == _record()["results"][1]
+    assert rec["summary"] == {"failed": 2, "passed": 3, "skipped": 1}  # test_gone still counts
     assert rec["provenance"]["runs"]["2"]["commit"] == "c2" and rec["provenance"]["date"] == "2026-02-02"
 
 
 def test_collected_ids_retire_the_tests_that_are_gone(tmp_path):
-    ids = "tests/test_a.py::test_ok[1]\ntests/test_a.py::test_bad\ntests/test_b.py::test_skip\n\n3 tests collected\n"
+    ids = ("tests/test_a.py::test_ok[1]\ntests/test_a.py::test_bad\ntests/test_b.py::test_skip\n"
+           "tests/test_b.py::test_was_run\ntests/test_c.py::TestK::test_m\ntests/test_d.py::test_never_ran\n"
+           "\n6 tests collected\n")
     (tmp_path / "ids.txt").write_text(ids)
     rec = _run(tmp_path, "--collected", str(tmp_path / "ids.txt"))
     assert [r["test"] for r in rec["retired"]] == ["tests.test_old::test_gone"]
     assert "tests.test_old::test_gone" not in {r["test"] for r in rec["results"]}
-    assert rec["summary"] == {"failed": 1, "passed": 1, "skipped": 1}
+    assert rec["summary"] == {"failed": 2, "passed": 2, "skipped": 1}
+    assert rec["unrecorded"] == ["tests.test_d::test_never_ran"]
 
 
 def test_bad_inputs_are_refused_before_the_record_changes(tmp_path):
