@@ -12,8 +12,7 @@ B2 S8192 H32 D128, with the fp8 kernel at its tuned tiling (BM64 BN128, 4 warps,
 TMA, row-sum filter) and the Gluon bf16 kernel under lazy at a pinned launch (BN128,
 2 stages, persistent: the tuner's pick there in bench_h200.json at 1a2da9a).
 
-``--shape "B16 S1024 H16 D128 causal" --occupancy`` (``ncu_fp8_short_h200.json``): the
-fp8 kernel alone at that tiling and at the register-capped 2-stage launch that fits three
+``--shape "B16 S1024 H16 D128 causal" --occupancy``: the fp8 kernel alone at that tiling and at the register-capped 2-stage launch that fits three
 programs per multiprocessor (``maxnreg`` 168), without the row-sum filter (the tuner's
 pick at that shape).
 """

@@ -67,8 +67,9 @@ CANDIDATE_CONFIGS = (
 #: data/results/bench_configs_h200.json, of the tilings around the first one in
 #: data/results/fp8_configs_h200.json, and of the register-capped two-stage launch, which
 #: fits three programs per multiprocessor instead of two, in
-#: data/results/fp8_occupancy_h200.json: it pays where there are too few programs to
-#: fill the GPU). Lazy autotunes with and without the row-sum filter.
+#: data/results/fp8_occupancy_h200.json: it pays where each program walks few KV tiles, at
+#: short causal shapes, and costs where the walks are long). Lazy autotunes with and
+#: without the row-sum filter.
 CONFIGS = (
     Config(64, 128, 4, 3, True),
     Config(64, 128, 4, 2, True, maxnreg=168),
