@@ -93,14 +93,31 @@ def guarded_rcp(l: torch.Tensor) -> torch.Tensor:
 
 
 def fma_f32(a: torch.Tensor, b: float | torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """fp32 fused multiply-add a*b + c with one rounding.
+    """fp32 fused multiply-add a*b + c with one rounding to nearest even (IEEE fma).
 
-    The product of two fp32 values is exact in fp64 (48 significant bits); the sum is then
-    rounded twice (fp64, then fp32), which differs from a true fma only when the fp64 sum
-    lands exactly on an fp32 halfway point.
+    The product of two fp32 values is exact in fp64 (48 significant bits). Rounding their
+    fp64 sum to fp32 rounds twice, and that goes the wrong way only where the fp64 sum
+    lands exactly on an fp32 halfway point (its low 29 stored bits ``1 << 28``) that the
+    exact value is not on. There the sum is rounded to odd instead: its rounding error
+    (TwoSum, exact) says which side the exact value lies, and the sum moves one fp64 ulp
+    towards it, so the fp32 rounding that follows is the one rounding of the exact value
+    (53 >= 24 + 2 bits). Sums in fp32's subnormal range cannot land on such a point (the
+    exact value would need more than the product's 48 bits). ``b`` is an fp32 value (a
+    tensor, or a float that fp32 holds exactly).
     """
     b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else b
-    return (a.to(torch.float64) * b64 + c.to(torch.float64)).to(torch.float32)
+    p = a.to(torch.float64) * b64
+    c64 = c.to(torch.float64)
+    s = p + c64
+    tie = (s.view(torch.int64) & 0x1FFFFFFF) == 0x10000000
+    if bool(tie.any()):  # the ties alone: most exact values are the tie itself
+        at = tie.nonzero(as_tuple=True)
+        p, c64, st = p.expand_as(s)[at], c64.expand_as(s)[at], s[at]
+        z = st - p
+        err = (p - (st - z)) + (c64 - z)  # exact: st + err == p + c64
+        step = torch.where(err == 0, 0, torch.where((err > 0) == (st > 0), 1, -1))
+        s[at] = (st.view(torch.int64) + step).view(torch.float64)  # s is this call's own
+    return s.to(torch.float32)
 
 
 def exact_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -198,17 +198,41 @@ def test_interpreter_fma_is_one_rounding():
     a = torch.tensor([1.0 + 2.0**-12])
     out = torch.empty(1)
     via = _triton_util.fma_via_fp64(generic._generic_fwd, True)
-    _triton_util.launch(_fma_kernel, (1,), True, a, -(a * a), out, VIA_FP64=via)
+    _triton_util.launch(_fma_kernel, (1,), True, a, a, -(a * a), out, 1, VIA_FP64=via)
     assert float(out) == 2.0**-24
     if not _triton_util.runs_interpreted(generic._generic_fwd, False):
         assert _triton_util.fma_via_fp64(generic._generic_fwd, False) is False  # compiled: tl.fma
 
 
+@pytest.mark.parametrize("via_fp64", [True, False])
+def test_interpreted_fma_rounds_the_exact_value_where_fp64_would_round_twice(via_fp64):
+    """The kernels' fma through fp64 is the model's, bit for bit, on the sums that a plain
+    fp64 sum rounds the wrong way, and on random operands; so is tl.fma where this
+    interpreter rounds it once, and where it rounds twice it is not (why the kernels take
+    the fp64 path there)."""
+    from test_numerics import FMA_DOUBLE_ROUNDING
+
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.cat([torch.tensor(col, dtype=torch.float32), torch.randn(60, generator=g) * 2.0**k])
+               for col, k in zip(zip(*FMA_DOUBLE_ROUNDING), (10, -12, 0)))
+    out = torch.empty_like(a)
+    assert len(a) <= 64
+    _triton_util.launch(_fma_kernel, (1,), True, a, b, c, out, len(a), VIA_FP64=via_fp64)
+    if not via_fp64 and _triton_util.interpreter_fma_rounds_twice():
+        assert not torch.equal(out, fa_lab.numerics.fma_f32(a, b, c))
+        return
+    assert torch.equal(out, fa_lab.numerics.fma_f32(a, b, c))
+    assert not torch.equal(out[:3], (a.double() * b.double() + c.double()).float()[:3])
+
+
 @triton.jit
-def _fma_kernel(A, C, Out, VIA_FP64: tl.constexpr):
-    a = tl.load(A + tl.arange(0, 1))
-    tl.store(Out + tl.arange(0, 1),
-             _triton_util.fma_f32(a, a, tl.load(C + tl.arange(0, 1)), VIA_FP64))
+def _fma_kernel(A, B, C, Out, N, VIA_FP64: tl.constexpr):
+    i = tl.arange(0, 64)
+    ok = i < N
+    a = tl.load(A + i, mask=ok, other=0.0)
+    b = tl.load(B + i, mask=ok, other=0.0)
+    c = tl.load(C + i, mask=ok, other=0.0)
+    tl.store(Out + i, _triton_util.fma_f32(a, b, c, VIA_FP64), mask=ok)
 
 
 # ----------------------------------------------------------------------------------

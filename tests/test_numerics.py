@@ -1,7 +1,9 @@
 """The primitives against hand-computed values."""
 
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +82,60 @@ def test_fma_rounds_once():
     c = T(-(1.0 + 2.0**-11))
     assert (a * a + c).item() == 0.0  # a*a rounded first loses the 2**-24 term
     assert nx.fma_f32(a, a, c).item() == 2.0**-24
+
+
+def round_to_f32(x: Fraction) -> float:
+    """The fp32 nearest to the exact x, ties to even (a reference independent of fp64
+    sums: candidates around float(x), compared as fractions)."""
+    near = np.float32(float(x))
+    cands = {near, np.nextafter(near, np.float32(-np.inf)), np.nextafter(near, np.float32(np.inf))}
+    best = min(abs(Fraction(float(c)) - x) for c in cands)
+    ties = [c for c in cands if abs(Fraction(float(c)) - x) == best]
+    return float(min(ties, key=lambda c: int(np.array(c).view(np.int32)) & 1))
+
+
+#: (a, b, c) where the fp64 sum of the exact product and c lands on an fp32 halfway point
+#: that the exact value is not on: rounding the fp64 sum to fp32 goes the wrong way.
+FMA_DOUBLE_ROUNDING = [
+    (1 + 2.0**-23, 2.0**-24 * (1 - 2.0**-23), 1 + 2.0**-23),  # just below a tie, odd below
+    (1 + 2.0**-12, 1 + 2.0**-12, 2.0**-70),                     # just above a tie, even below
+    (-(1 + 2.0**-12), 1 + 2.0**-12, -(2.0**-70)),
+]
+
+
+def test_fma_is_the_exact_value_rounded_once_where_fp64_would_round_twice():
+    a, b, c = (T(*col) for col in zip(*FMA_DOUBLE_ROUNDING))
+    exact = [round_to_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+             for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())]
+    twice = (a.double() * b.double() + c.double()).float().tolist()
+    assert nx.fma_f32(a, b, c).tolist() == exact
+    assert all(t != e for t, e in zip(twice, exact))  # each case defeats the plain fp64 sum
+
+
+def test_fma_matches_the_exact_reference_on_random_and_special_inputs():
+    g = torch.Generator().manual_seed(7)
+    n = 3000
+    a = torch.randn(n, generator=g) * torch.exp2(torch.randint(-60, 60, (n,), generator=g).float())
+    b = torch.randn(n, generator=g) * torch.exp2(torch.randint(-60, 60, (n,), generator=g).float())
+    # c near -a*b (cancellation) for a third, near a*b's last bits for a third, free otherwise
+    p = (a * b)
+    c = torch.cat([-p[:1000] * (1 + torch.randn(1000, generator=g) * 2.0**-20),
+                   p[1000:2000] * 2.0**-25 * torch.randn(1000, generator=g),
+                   torch.randn(1000, generator=g) * 1e3])
+    got = nx.fma_f32(a, b, c)
+    exact = [round_to_f32(Fraction(x) * Fraction(y) + Fraction(z))
+             for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())]
+    assert got.tolist() == exact
+    b_scalar = nx.fma_f32(a, 0.5, c)   # a Python float b (exact in fp32)
+    assert torch.equal(b_scalar, nx.fma_f32(a, torch.full_like(a, 0.5), c))
+    inf, nan = math.inf, math.nan
+    sp = nx.fma_f32(T(inf, -inf, nan, 1.0, 3e38, 0.0), T(1.0, 0.0, 1.0, 1.0, 10.0, 5.0),
+                    T(-inf, 1.0, 0.0, nan, 0.0, -0.0))
+    assert sp[:4].isnan().all() and sp[4].item() == inf and sp[5].item() == 0.0
+    tiny = nx.fma_f32(T(2.0**-75, 2.0**-70), T(2.0**-75, 2.0**-79), T(2.0**-149, -(2.0**-149)))
+    assert tiny.tolist() == [2.0**-148, 0.0]   # 1.5 subnormal ulps: a tie, to the even 2**-148
+    ties = nx.fma_f32(T(1.0, 1.0), T(2.0**-24, 2.0**-24), T(1 + 2.0**-23, 1.0))  # exact ties
+    assert ties.tolist() == [1 + 2.0**-22, 1.0]   # to even, up and down
 
 
 def test_f32_constant():

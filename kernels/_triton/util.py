@@ -202,11 +202,20 @@ def rows_per_program(interpret: bool, rows: int | None) -> int:
 @triton.jit
 def fma_f32(a, b, c, VIA_FP64: tl.constexpr):
     """a * b + c rounded once to fp32 (``v_fma_f32``); a, b, c of one shape. VIA_FP64: for
-    interpreters whose tl.fma rounds twice (``interpreter_fma_rounds_twice``): the product
-    of two fp32 values is exact in fp64, then the sum is rounded (the models' emulation,
-    ``fa_lab.numerics.fma_f32``). Compiled, pass False: tl.fma is one IEEE fma."""
+    interpreters whose tl.fma rounds twice (``interpreter_fma_rounds_twice``): the models'
+    emulation (``fa_lab.numerics.fma_f32``: the exact fp64 product, the sum rounded to odd
+    from its TwoSum error, then one rounding to fp32). Compiled, pass False: tl.fma is one
+    IEEE fma."""
     if VIA_FP64:
-        r = (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+        p = a.to(tl.float64) * b.to(tl.float64)
+        c64 = c.to(tl.float64)
+        s = p + c64
+        z = s - p
+        err = (p - (s - z)) + (c64 - z)
+        bits = s.to(tl.int64, bitcast=True)
+        to_odd = (err != 0) & ((bits & 1) == 0) & ((s - s) == 0)
+        step = tl.where((err > 0) == (s > 0), 1, -1).to(tl.int64)
+        r = tl.where(to_odd, bits + step, bits).to(tl.float64, bitcast=True).to(tl.float32)
     else:
         r = tl.fma(a, b, c)
     return r

@@ -16,9 +16,8 @@ Exactness, and where the GPU and the interpreter would otherwise part ways:
 - fp8 loads set NaN from the bits (the interpreter decodes 0x7F/0xFF as +-480);
 - dots widen fp8 to fp32 with ``input_precision="ieee"``: fp8 x fp8 products are exact
   in fp32, so only the fp32 summation order differs from the model;
-- P's fma is ``fma_f32``: ``tl.fma`` (one rounding; the model emulates it in fp64,
-  which can differ only on exact fp32 ties); an interpreter whose tl.fma rounds twice
-  (Triton 3.6) gets the model's fp64 emulation instead;
+- P's fma is ``fma_f32``: ``tl.fma`` (one rounding, as the model's fp64 emulation); an
+  interpreter whose tl.fma rounds twice (Triton 3.6) gets the model's emulation instead;
 - exp2 keeps subnormal results (the GPU's ex2.approx.ftz flushes them), the epilogue
   divides with IEEE ``div_rn``, fp32 mul+add contraction is off, and tile maxima
   propagate NaN as torch.amax does.
