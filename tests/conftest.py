@@ -2,9 +2,9 @@
 
 GPU tests are marked ``gpu`` and skipped, with that reason, where no CUDA/ROCm device is
 present; everything else runs on the CPU in CI. GPU tests that assert a ratio of measured
-GPU times are also marked ``gpu_alone``: under pytest-xdist the other workers' kernels
-share the GPU and stretch a timed kernel by whatever runs beside it, so there they are
-skipped with that reason (run them without ``-n``).
+GPU times are also marked ``gpu_alone``: with more than one pytest-xdist worker the other
+workers' kernels share the GPU and stretch a timed kernel by whatever runs beside it, so
+there they are skipped with that reason (run them without ``-n``, or with ``-n 1``).
 """
 
 import os
@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
     if not HAS_GPU:
         skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU (torch.cuda.is_available() is False)")
         marker = "gpu"
-    elif os.environ.get("PYTEST_XDIST_WORKER"):
+    elif int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # absent: no xdist
         skip = pytest.mark.skip(reason="times the GPU: needs it alone, not shared with other "
                                        "xdist workers (run without -n)")
         marker = "gpu_alone"

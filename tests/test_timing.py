@@ -124,8 +124,8 @@ def test_measure_cycle_and_time_alternated_refuse_no_callables_and_a_bad_lead():
 
 
 def test_gpu_timing_tests_skip_where_xdist_workers_share_the_gpu(monkeypatch):
-    """conftest's hook: on a GPU, ``gpu_alone`` tests skip under an xdist worker and run
-    otherwise; without a GPU every ``gpu`` test skips."""
+    """conftest's hook: on a GPU, ``gpu_alone`` tests skip where several xdist workers
+    run and run otherwise (one worker, or none); without a GPU every ``gpu`` test skips."""
     import conftest
 
     class Item:
@@ -135,21 +135,21 @@ def test_gpu_timing_tests_skip_where_xdist_workers_share_the_gpu(monkeypatch):
         def add_marker(self, mark):
             self.added.append(mark.kwargs["reason"])
 
-    def reasons(has_gpu, worker):
+    def reasons(has_gpu, workers):
         monkeypatch.setattr(conftest, "HAS_GPU", has_gpu)
-        if worker:
-            monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        if workers:
+            monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
         else:
-            monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+            monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
         items = [Item("gpu", "gpu_alone"), Item("gpu"), Item()]
         conftest.pytest_collection_modifyitems(None, items)
         return [i.added for i in items]
 
-    alone, plain, cpu = reasons(True, True)
+    alone, plain, cpu = reasons(True, 8)
     assert "needs it alone" in alone[0] and plain == cpu == []
-    assert reasons(True, False) == [[], [], []]
-    for worker in (False, True):
-        gpu_alone, gpu, cpu = reasons(False, worker)
+    assert reasons(True, 1) == reasons(True, 0) == [[], [], []]
+    for workers in (0, 1, 8):
+        gpu_alone, gpu, cpu = reasons(False, workers)
         assert "needs a CUDA/ROCm GPU" in gpu_alone[0] and "needs a CUDA/ROCm GPU" in gpu[0] and cpu == []
 
 
