@@ -17,6 +17,8 @@ LN2 = math.log(2.0)
 E4M3_MAX = 448.0
 # Causal rows floor their running max here so that a fully masked row keeps a finite base.
 CAUSAL_FLOOR = -3e38
+# The smallest normal fp32 value; below it fp32 values are multiples of 2**-149.
+FP32_TINY = 2.0 ** -126
 
 
 def f32(x: float) -> float:
@@ -97,27 +99,34 @@ def fma_f32(a: torch.Tensor, b: float | torch.Tensor, c: torch.Tensor) -> torch.
 
     The product of two fp32 values is exact in fp64 (48 significant bits). Rounding their
     fp64 sum to fp32 rounds twice, and that goes the wrong way only where the fp64 sum
-    lands exactly on an fp32 halfway point (its low 29 stored bits ``1 << 28``) that the
-    exact value is not on. There the sum is rounded to odd instead: its rounding error
-    (TwoSum, exact) says which side the exact value lies, and the sum moves one fp64 ulp
-    towards it, so the fp32 rounding that follows is the one rounding of the exact value
-    (53 >= 24 + 2 bits). Sums in fp32's subnormal range cannot land on such a point (the
-    exact value would need more than the product's 48 bits). ``b`` is an fp32 value (a
-    tensor, or a float that fp32 holds exactly).
+    lands exactly on an fp32 halfway point that the exact value is not on: an fp64 value
+    whose low 29 stored bits are ``1 << 28`` in fp32's normal range, an odd multiple of
+    2**-150 below it. There the sum is rounded to odd instead: its rounding error (TwoSum,
+    exact) says on which side the exact value lies, and the sum moves one fp64 ulp towards
+    it, so the fp32 rounding that follows is the one rounding of the exact value
+    (53 >= 24 + 2 bits). ``b`` is an fp32 value (a tensor, or a float that fp32 holds
+    exactly).
     """
-    b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else b
-    p = a.to(torch.float64) * b64
-    c64 = c.to(torch.float64)
-    s = p + c64
-    tie = (s.view(torch.int64) & 0x1FFFFFFF) == 0x10000000
-    if bool(tie.any()):  # the ties alone: most exact values are the tie itself
-        at = tie.nonzero(as_tuple=True)
-        p, c64, st = p.expand_as(s)[at], c64.expand_as(s)[at], s[at]
-        z = st - p
-        err = (p - (st - z)) + (c64 - z)  # exact: st + err == p + c64
-        step = torch.where(err == 0, 0, torch.where((err > 0) == (st > 0), 1, -1))
-        s[at] = (st.view(torch.int64) + step).view(torch.float64)  # s is this call's own
-    return s.to(torch.float32)
+    a64, c64 = a.to(torch.float64), c.to(torch.float64)
+    b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=torch.float64)
+    s = torch.atleast_1d(torch.addcmul(c64, a64, b64))  # the product is exact: one rounding
+    out = s.to(torch.float32)
+    mag = out.abs()  # fp32's halfway points: bit 28 alone below it, or below FP32_TINY
+    maybe = ((s.view(torch.int64) & 0x1FFFFFFF) == 0x10000000) | ((mag <= FP32_TINY) & (mag > 0))
+    flat = maybe.view(-1).nonzero().squeeze(1)
+    if flat.numel():
+        at = torch.unravel_index(flat, s.shape)
+        st = s[at]
+        u = st * 2.0 ** 150
+        tie = torch.where(st.abs() < FP32_TINY, (u == u.trunc()) & (u.remainder(2) == 1),
+                          (st.view(torch.int64) & 0x1FFFFFFF) == 0x10000000)
+        pt, ct = (torch.atleast_1d(x).expand_as(s)[at] for x in (a64, c64))
+        pt = pt * torch.atleast_1d(b64).expand_as(s)[at]
+        z = st - pt
+        err = (pt - (st - z)) + (ct - z)  # exact: st + err == pt + ct
+        step = torch.where(tie & (err != 0), torch.where((err > 0) == (st > 0), 1, -1), 0)
+        out[at] = (st.view(torch.int64) + step).view(torch.float64).to(torch.float32)
+    return out.reshape(torch.broadcast_shapes(a.shape, b64.shape, c.shape))
 
 
 def exact_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

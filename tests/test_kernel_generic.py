@@ -210,19 +210,20 @@ def test_interpreted_fma_rounds_the_exact_value_where_fp64_would_round_twice(via
     fp64 sum rounds the wrong way, and on random operands; so is tl.fma where this
     interpreter rounds it once, and where it rounds twice it is not (why the kernels take
     the fp64 path there)."""
-    from test_numerics import FMA_DOUBLE_ROUNDING
+    from test_numerics import FMA_DOUBLE_ROUNDING, tie_hitting_triples
 
     g = torch.Generator().manual_seed(3)
-    a, b, c = (torch.cat([torch.tensor(col, dtype=torch.float32), torch.randn(60, generator=g) * 2.0**k])
-               for col, k in zip(zip(*FMA_DOUBLE_ROUNDING), (10, -12, 0)))
+    triples = FMA_DOUBLE_ROUNDING + tie_hitting_triples(30, seed=2)
+    a, b, c = (torch.cat([torch.tensor(col, dtype=torch.float32), torch.randn(64 - len(triples), generator=g) * 2.0**k])
+               for col, k in zip(zip(*triples), (10, -12, 0)))
     out = torch.empty_like(a)
-    assert len(a) <= 64
     _triton_util.launch(_fma_kernel, (1,), True, a, b, c, out, len(a), VIA_FP64=via_fp64)
     if not via_fp64 and _triton_util.interpreter_fma_rounds_twice():
         assert not torch.equal(out, fa_lab.numerics.fma_f32(a, b, c))
         return
     assert torch.equal(out, fa_lab.numerics.fma_f32(a, b, c))
-    assert not torch.equal(out[:3], (a.double() * b.double() + c.double()).float()[:3])
+    k = len(FMA_DOUBLE_ROUNDING)
+    assert (out[:k] != (a.double() * b.double() + c.double()).float()[:k]).all()
 
 
 @triton.jit

@@ -1,9 +1,9 @@
 """The primitives against hand-computed values."""
 
 import math
+import random
 from fractions import Fraction
 
-import numpy as np
 import pytest
 import torch
 
@@ -85,14 +85,32 @@ def test_fma_rounds_once():
 
 
 def round_to_f32(x: Fraction) -> float:
-    """The fp32 nearest to the exact x, ties to even (a reference independent of fp64
-    sums: candidates around float(x), compared as fractions)."""
-    near = np.float32(float(x))
-    cands = {near, np.nextafter(near, np.float32(-np.inf)), np.nextafter(near, np.float32(np.inf))}
-    best = min(abs(Fraction(float(c)) - x) for c in cands)
-    ties = [c for c in cands if abs(Fraction(float(c)) - x) == best]
-    return float(min(ties, key=lambda c: int(np.array(c).view(np.int32)) & 1))
+    """The fp32 nearest to the exact x, ties to even, subnormals included, inf from
+    FLT_MAX + half an ulp on (a reference in integers, independent of fp64 sums)."""
+    if x == 0:
+        return 0.0
+    ax = abs(x)
+    e = ax.numerator.bit_length() - ax.denominator.bit_length()  # 2**e <= ax < 2**(e + 2)
+    e += ax >= Fraction(2) ** (e + 1)
+    ulp = Fraction(2) ** (max(e, -126) - 23)
+    n, rem = divmod(ax, ulp)
+    n += rem > ulp / 2 or (rem == ulp / 2 and n % 2 == 1)
+    r = math.inf if n * ulp >= Fraction(2) ** 128 else float(n * ulp)
+    return math.copysign(r, x)
 
+
+def exact_fma(x: float, y: float, z: float) -> float:
+    """fma of finite fp32 values from exact fractions (an exact zero takes IEEE's sign:
+    negative only when the product and the addend are both negative or zero of that sign)."""
+    r = round_to_f32(Fraction(x) * Fraction(y) + Fraction(z))
+    if r == 0:
+        neg = math.copysign(1, x) * math.copysign(1, y) < 0 and math.copysign(1, z) < 0
+        exact_zero = Fraction(x) * Fraction(y) + Fraction(z) == 0
+        return (-0.0 if neg else 0.0) if exact_zero else r
+    return r
+
+
+FLT_MAX = float.fromhex("0x1.fffffep127")
 
 #: (a, b, c) where the fp64 sum of the exact product and c lands on an fp32 halfway point
 #: that the exact value is not on: rounding the fp64 sum to fp32 goes the wrong way.
@@ -100,16 +118,38 @@ FMA_DOUBLE_ROUNDING = [
     (1 + 2.0**-23, 2.0**-24 * (1 - 2.0**-23), 1 + 2.0**-23),  # just below a tie, odd below
     (1 + 2.0**-12, 1 + 2.0**-12, 2.0**-70),                     # just above a tie, even below
     (-(1 + 2.0**-12), 1 + 2.0**-12, -(2.0**-70)),
+    (float.fromhex("0x1.0002p-75"), float.fromhex("0x1.fffcp-76"),  # fp32 subnormal results
+     float.fromhex("0x1.000004p-127")),
+    (float.fromhex("0x1.4a4p-80"), float.fromhex("0x1.8ce32p-71"), float.fromhex("0x1.000008p-127")),
+    (18631.0, 1801 * 2.0**103, -(2.0**-149)),                   # FLT_MAX, not inf
 ]
+
+
+def tie_hitting_triples(n: int, seed: int) -> list[tuple[float, float, float]]:
+    """a * b an fp32 halfway point (25 significant bits, the last one set) at a random
+    scale, c far below it: the fp64 sum is the halfway point, the exact value is not."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        a, b = rng.getrandbits(12) | 1 << 11 | 1, rng.getrandbits(14) | 1 << 13 | 1
+        if (a * b).bit_length() != 25:
+            continue
+        ea, eb = rng.randint(-70, 40), rng.randint(-70, 40)
+        c = math.ldexp(rng.choice((1, -1)) * rng.choice((1, 3, 5)), ea + eb - rng.randint(31, 40))
+        out.append((math.ldexp(a, ea) * rng.choice((1, -1)), math.ldexp(b, eb), c))
+    return out
 
 
 def test_fma_is_the_exact_value_rounded_once_where_fp64_would_round_twice():
     a, b, c = (T(*col) for col in zip(*FMA_DOUBLE_ROUNDING))
-    exact = [round_to_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
-             for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())]
+    assert all(float(t) == v for t, col in zip((a, b, c), zip(*FMA_DOUBLE_ROUNDING))
+               for t, v in zip(t, col))  # the operands are fp32 values
+    exact = [exact_fma(*t) for t in FMA_DOUBLE_ROUNDING]
     twice = (a.double() * b.double() + c.double()).float().tolist()
     assert nx.fma_f32(a, b, c).tolist() == exact
     assert all(t != e for t, e in zip(twice, exact))  # each case defeats the plain fp64 sum
+    assert exact[-1] == FLT_MAX and twice[-1] == math.inf
+    assert nx.fma_f32(a[0], float(b[0]), c[0]).item() == exact[0]  # 0-d operands
 
 
 def test_fma_matches_the_exact_reference_on_random_and_special_inputs():
@@ -122,16 +162,26 @@ def test_fma_matches_the_exact_reference_on_random_and_special_inputs():
     c = torch.cat([-p[:1000] * (1 + torch.randn(1000, generator=g) * 2.0**-20),
                    p[1000:2000] * 2.0**-25 * torch.randn(1000, generator=g),
                    torch.randn(1000, generator=g) * 1e3])
-    got = nx.fma_f32(a, b, c)
-    exact = [round_to_f32(Fraction(x) * Fraction(y) + Fraction(z))
-             for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())]
-    assert got.tolist() == exact
-    b_scalar = nx.fma_f32(a, 0.5, c)   # a Python float b (exact in fp32)
-    assert torch.equal(b_scalar, nx.fma_f32(a, torch.full_like(a, 0.5), c))
+    ties = tie_hitting_triples(2000, seed=1)
+    a, b, c = (torch.cat([x, torch.tensor(col, dtype=torch.float32)]) for x, col in zip((a, b, c), zip(*ties)))
+    triples = list(zip(a.tolist(), b.tolist(), c.tolist()))
+    exact = [exact_fma(*t) for t in triples]
+    assert nx.fma_f32(a, b, c).tolist() == exact
+    twice = (a.double() * b.double() + c.double()).float().tolist()
+    assert sum(t != e for t, e in zip(twice, exact)) > 100  # the tie-hitting triples bite
+    assert torch.equal(nx.fma_f32(a, 0.5, c), nx.fma_f32(a, torch.full_like(a, 0.5), c))  # float b
+    # broadcasting: a row of b against a column of a, c full
+    col, row = a[:6, None], b[None, :5]
+    assert torch.equal(nx.fma_f32(col, row, c[:30].reshape(6, 5)),
+                       nx.fma_f32(col.expand(6, 5).reshape(-1), row.expand(6, 5).reshape(-1), c[:30]).reshape(6, 5))
     inf, nan = math.inf, math.nan
-    sp = nx.fma_f32(T(inf, -inf, nan, 1.0, 3e38, 0.0), T(1.0, 0.0, 1.0, 1.0, 10.0, 5.0),
-                    T(-inf, 1.0, 0.0, nan, 0.0, -0.0))
-    assert sp[:4].isnan().all() and sp[4].item() == inf and sp[5].item() == 0.0
+    sp = nx.fma_f32(T(inf, -inf, nan, 1.0, 3e38), T(1.0, 0.0, 1.0, 1.0, 10.0), T(-inf, 1.0, 0.0, nan, 0.0))
+    assert sp[:4].isnan().all() and sp[4].item() == inf
+    zeros = [(-0.0, 1.0, -0.0), (1.0, -1.0, 1.0), (0.0, -5.0, -0.0), (2.0**-100, -(2.0**-100), -0.0),
+             (2.0**-100, -(2.0**-100), 0.0)]
+    got = nx.fma_f32(*(T(*col) for col in zip(*zeros))).tolist()
+    assert [math.copysign(1, r) for r in got] == [math.copysign(1, exact_fma(*t)) for t in zeros] \
+        == [-1, 1, -1, -1, -1]   # the last one: a negative result below half the smallest subnormal
     tiny = nx.fma_f32(T(2.0**-75, 2.0**-70), T(2.0**-75, 2.0**-79), T(2.0**-149, -(2.0**-149)))
     assert tiny.tolist() == [2.0**-148, 0.0]   # 1.5 subnormal ulps: a tie, to the even 2**-148
     ties = nx.fma_f32(T(1.0, 1.0), T(2.0**-24, 2.0**-24), T(1 + 2.0**-23, 1.0))  # exact ties
