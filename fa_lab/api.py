@@ -26,7 +26,7 @@ from .checks import check_descale, check_int, check_mod, check_qkv
 from .dispatch import BACKENDS, Call
 from .models import swp_fp8
 from .models.geometry import BLOCK_N
-from .numerics import CAUSAL_FLOOR, f32
+from .numerics import CAUSAL_FLOOR, E4M3_MAX, f32
 from .trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
@@ -160,25 +160,28 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
 
 
 def warn_fp8_scale(call: Call) -> None:
-    """Warn where fp8 descales make the kernel's fp32 addend ``-ls * m`` go wrong, as it
-    does on the GPU:
+    """Warn where fp8 descales can make the kernel's fp32 addend ``-ls * m`` go wrong, as it
+    does on the GPU. Both checks read the descales and the shapes only (no pass over the
+    inputs and no sync with the GPU):
 
     * it loses the row max: its rounding error reaches tens of log2 units once |ls * m|
       passes 2**32, and the kernel returns all-zero rows with an infinite LSE (NaN
-      without saturation). The bound is |q| max x |k| max x D x ls (one pass over q and
-      k; the true scores are smaller, so this warns only where overflow is possible);
+      without saturation). A raw fp8 score is at most 448 x 448 x D (e4m3's largest
+      value), so this warns where descales put that bound past 2**32 log2 units: where
+      overflow is possible for some input, not only where it happens;
     * it overflows at the causal floor (-3e38; from ls = 1.1342746) of the rows that see
       no key (causal, seq_len_q > seq_len_kv), which then come out NaN."""
     if not call.fp8:
         return
     qd, kd, _ = call.descales
     ls = swp_fp8.log2_scale(qd, kd, call.head_dim)
-    bound = ls * float(call.q.float().abs().amax()) * float(call.k.float().abs().amax()) * call.head_dim
+    bound = ls * E4M3_MAX * E4M3_MAX * call.head_dim
     if bound >= 2.0 ** 32:
-        warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} puts fp8 scores up to {bound:.3g} log2 "
-                      "units: the kernel's fp32 addend -ls*m then loses the row max, so rows may "
-                      "come out all-zero with an infinite LSE (NaN with fp8_saturate=False), as on "
-                      "the GPU; check k_descale", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} lets fp8 scores reach {bound:.3g} log2 "
+                      "units (e4m3's largest values): past 2**32 the kernel's fp32 addend -ls*m "
+                      "loses the row max, so rows may come out all-zero with an infinite LSE (NaN "
+                      "with fp8_saturate=False), as on the GPU; check the descales",
+                      RuntimeWarning, stacklevel=3)
     # causal rows above the bottom-right diagonal see no key and keep the floor as their
     # base; from ls = 1.1342746 the addend -ls * floor overflows and fma(-inf, ls, inf) is NaN
     if call.causal and call.seqlen_q > call.k.shape[1] and math.isinf(f32(ls * CAUSAL_FLOOR)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import struct
 
 import torch
 
@@ -22,8 +23,12 @@ FP32_TINY = 2.0 ** -126
 
 
 def f32(x: float) -> float:
-    """Round a Python float to the nearest fp32 value (what a kernel constant holds)."""
-    return float(torch.tensor(x, dtype=torch.float32))
+    """Round a Python float to the nearest fp32 value, ties to even, past fp32's range to
+    +-inf (what a kernel constant holds). Host arithmetic only: it runs on every call."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # |x| rounds past FLT_MAX
+        return math.copysign(math.inf, x)
 
 
 def bf16(x: torch.Tensor) -> torch.Tensor:
@@ -107,8 +112,13 @@ def fma_f32(a: torch.Tensor, b: float | torch.Tensor, c: torch.Tensor) -> torch.
     (53 >= 24 + 2 bits). ``b`` is an fp32 value (a tensor, or a float that fp32 holds
     exactly).
     """
-    a64, c64 = a.to(torch.float64), c.to(torch.float64)
-    b64 = b.to(torch.float64) if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=torch.float64)
+    # One device for all three: a float b, or a 0-d CPU tensor beside CUDA ones (which
+    # addcmul would accept), is indexed below with indices on the others' device.
+    dev = next((t.device for t in (a, b, c) if isinstance(t, torch.Tensor) and t.device.type != "cpu"),
+               torch.device("cpu"))
+    a64, c64 = a.to(dev, torch.float64), c.to(dev, torch.float64)
+    b64 = (b.to(dev, torch.float64) if isinstance(b, torch.Tensor)
+           else torch.tensor(b, dtype=torch.float64, device=dev))
     s = torch.atleast_1d(torch.addcmul(c64, a64, b64))  # the product is exact: one rounding
     out = s.to(torch.float32)
     mag = out.abs()  # fp32's halfway points: bit 28 alone below it, or below FP32_TINY

@@ -1,10 +1,11 @@
 """Shared test fixtures and markers.
 
 GPU tests are marked ``gpu`` and skipped, with that reason, where no CUDA/ROCm device is
-present; everything else runs on the CPU in CI. GPU tests that assert a ratio of measured
-GPU times are also marked ``gpu_alone``: with more than one pytest-xdist worker the other
-workers' kernels share the GPU and stretch a timed kernel by whatever runs beside it, so
-there they are skipped with that reason (run them without ``-n``, or with ``-n 1``).
+present; everything else runs on the CPU in CI. GPU tests that need the GPU to themselves
+are also marked ``gpu_alone``: those that assert a ratio of measured GPU times (other
+xdist workers' kernels would stretch a timed kernel by whatever runs beside it) and those
+whose tensors fill much of the GPU's memory. With more than one pytest-xdist worker they
+are skipped with that reason; ``make test-gpu`` runs them after the others, one at a time.
 """
 
 import os

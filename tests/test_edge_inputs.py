@@ -175,6 +175,39 @@ def test_huge_k_descale_warns(fp8_normal):
                                causal=False, backend="emulator")
 
 
+def test_fp8_scale_warning_reads_the_descales_not_the_data(fp8_normal):
+    """The warning's bound is e4m3's largest score (448 x 448 x D) under the descales: it
+    takes no pass over q or k (no tensor operation at all between the call and the kernel,
+    so no sync on a GPU), and it warns for zero inputs as for any."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fa_lab import api, dispatch
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ran = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ran.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    (q8, k8, v8), (qd, _, vd) = fp8_normal
+    for kd, warns in ((1.0, False), (1e10, True)):
+        with Ops() as ops, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call = api.check_call(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                  causal=False, backend="emulator")
+            dispatch.plan(call)
+            api.warn_fp8_scale(call)
+        assert ops.ran == []
+        assert any("2**32" in str(w.message) for w in caught) == warns, kd
+    zeros = torch.zeros_like(q8)
+    with pytest.warns(RuntimeWarning, match="largest values"):
+        api.warn_fp8_scale(api.check_call(zeros, zeros, zeros, q_descale=1e5, k_descale=1e5,
+                                          v_descale=1.0, causal=False, backend="emulator"))
+
+
 def test_causal_rows_without_a_key_turn_nan_past_ls_1_13_and_warn():
     """Causal with Sq > Skv: the first Sq - Skv rows see no key and keep the floor (-3e38)
     as their base. The addend -ls * m is finite below ls = 1.1342746 (rows end 0, LSE

@@ -1,0 +1,126 @@
+"""tests/gpu_record.py (``make test-gpu``): its tree hashes are git's, its junit reading and
+its check of a record against a checkout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_record", ROOT / "tests" / "gpu_record.py")
+gpu_record = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_record)
+
+
+def git(repo, *args):
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True, env=env).stdout.rstrip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository with the shapes a tree hash must get right: nested and sibling
+    directories whose names sort differently with a trailing slash (``a`` vs ``a.py`` vs
+    ``a-b``), an executable file, ignored build output, an empty directory."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / ".gitignore").write_text("__pycache__/\n*.pyc\n/build/\n*.egg-info/\n")
+    pkg = tmp_path / "pkg"
+    for rel, text in {"a/x.py": "x = 1\n", "a.py": "a = 2\n", "a-b.txt": "ab\n", "z/y/deep.py": "",
+                      "run.sh": "#!/bin/sh\necho\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    (pkg / "run.sh").chmod(0o755)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "init")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0junk")
+    (pkg / "empty").mkdir()
+    (pkg / "pkg.egg-info").mkdir()
+    (pkg / "pkg.egg-info" / "PKG-INFO").write_text("x")
+    return tmp_path
+
+
+def test_tree_hash_is_gits(repo):
+    patterns = gpu_record.ignore_patterns(repo)
+    assert gpu_record.tree_hash(repo / "pkg", patterns) == git(repo, "rev-parse", "HEAD:pkg")
+    assert gpu_record.tree_hash(repo / "pkg" / "z", patterns) == git(repo, "rev-parse", "HEAD:pkg/z")
+    (repo / "pkg" / "a.py").write_text("a = 3\n")  # an edit changes the hash
+    assert gpu_record.tree_hash(repo / "pkg", patterns) != git(repo, "rev-parse", "HEAD:pkg")
+
+
+def test_tree_hash_of_this_checkout_matches_head_where_clean():
+    state = gpu_record.git_state()
+    if state is None:
+        pytest.skip("not a git checkout")  # an sdist or a copy: nothing to compare with
+    dirty = git(ROOT, "status", "--porcelain", "--untracked-files=all", "--", *gpu_record.TREES)
+    for name in gpu_record.TREES:
+        changed = any(line[3:].startswith(name + "/") for line in dirty.splitlines())
+        assert (gpu_record.tree_hash(ROOT / name) == state["trees"][name]) != changed, name
+
+
+def test_tree_hash_refuses_a_directory_with_nothing_to_track(tmp_path):
+    (tmp_path / ".gitignore").write_text("*.pyc\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.pyc").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds no file"):
+        gpu_record.tree_hash(tmp_path / "d", gpu_record.ignore_patterns(tmp_path))
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_numerics" name="test_a[cuda]" time="0.25"/>
+<testcase classname="tests.test_gpu_record.TestX" name="test_b" time="1.5">
+  <failure message="AssertionError: 2 != 3&#10;more">trace</failure></testcase>
+<testcase classname="tests.test_numerics" name="test_c" time="0"><skipped message="no"/></testcase>
+<testcase classname="tests.test_numerics" name="test_d" time="0.1"><error message="boom"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_junit_rows_name_tests_as_pytest_does(tmp_path):
+    path = tmp_path / "j.xml"
+    path.write_text(JUNIT)
+    rows = gpu_record.junit_rows(path, phase=2)
+    assert [(r["test"], r["outcome"], r["seconds"]) for r in rows] == [
+        ("tests/test_numerics.py::test_a[cuda]", "passed", 0.25),
+        ("tests/test_gpu_record.py::TestX::test_b", "failed", 1.5),
+        ("tests/test_numerics.py::test_c", "skipped", 0.0),
+        ("tests/test_numerics.py::test_d", "error", 0.1)]
+    assert rows[1]["message"] == "AssertionError: 2 != 3" and all(r["phase"] == 2 for r in rows)
+    assert gpu_record.summarize(rows) == {"error": 1, "failed": 1, "passed": 1, "skipped": 1}
+
+
+def _record(trees, passed=True, unchanged=True):
+    return {"trees": trees, "passed": passed, "summary": {"passed": 3},
+            "trees_unchanged_during_run": unchanged}
+
+
+def test_check_vouches_only_for_matching_passing_records(tmp_path):
+    state = gpu_record.git_state()
+    if state is None:
+        pytest.skip("not a git checkout")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_record(state["trees"])))
+    assert gpu_record.check(path) == []
+    path.write_text(json.dumps(_record({**state["trees"], "kernels": "0" * 40})))
+    assert [p.split()[0] for p in gpu_record.check(path)] == ["kernels/"]
+    path.write_text(json.dumps(_record(state["trees"], passed=False)))
+    assert "did not pass" in gpu_record.check(path)[0]
+    path.write_text(json.dumps(_record(state["trees"], unchanged=False)))
+    assert "changed while" in gpu_record.check(path)[0]
+
+
+def test_record_is_written_atomically_with_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        gpu_record.atomic_write_json(tmp_path / "sub" / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    out = tmp_path / "sub" / "r.json"
+    assert json.loads(out.read_text()) == {"a": 1}
+    assert out.stat().st_mode & 0o777 == 0o644 and list(out.parent.iterdir()) == [out]
