@@ -1,10 +1,10 @@
-# make setup | make test | make test-triton-floor | make lab | make table | make strip | make screenshots
+# make setup | make test | make test-triton-floor | make test-gpu | make lab | make table | make strip | make screenshots
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test test-triton-floor lab table strip screenshots clean
+.PHONY: setup test test-triton-floor test-gpu check-gpu-record lab table strip screenshots clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,23 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
 		-p no:cacheprovider $(FLOOR_TESTS)
+
+# make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
+# (tests/gpu_record.py): the shared tests with GPU_WORKERS xdist workers, the gpu_alone ones
+# alone after them. It runs the machine's own python3 (GPU_PYTHON), whose torch has CUDA:
+# make setup's venv pins the CPU build. RECORD chooses where the record goes (default
+# fa_lab_results/gpu_record.json); the lab's committed record is GPU_RECORD, and
+# make check-gpu-record says whether it vouches for HEAD's fa_lab/, kernels/ and tests/.
+GPU_PYTHON  ?= python3
+GPU_WORKERS ?= 8
+GPU_RECORD  ?= data/results/gpu_record.json
+
+test-gpu:
+	OMP_WAIT_POLICY=PASSIVE $(GPU_PYTHON) tests/gpu_record.py --workers $(GPU_WORKERS) \
+		$(if $(RECORD),--record $(RECORD))
+
+check-gpu-record:
+	$(PYTHON) tests/gpu_record.py --check $(GPU_RECORD)
 
 # make lab: JupyterLab on notebooks/.
 # * --allow-root is added when running as root (containers, CI machines); LAB_FLAGS adds to

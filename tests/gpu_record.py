@@ -184,7 +184,7 @@ def run_phase(marker: str, workers: int, phase: int, python: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-               f"--junitxml={junit}", "-o", "junit_family=xunit2", "tests"]
+               "--durations=15", f"--junitxml={junit}", "-o", "junit_family=xunit2", "tests"]
         if workers > 1:
             cmd[3:3] = ["-n", str(workers)]
         print("$", " ".join(cmd), flush=True)
