@@ -1,13 +1,21 @@
 """Forward throughput of the fast Triton kernels beside their peers, in one run on one GPU,
 timed in interleaved rounds.
 
-Every implementation runs on the same inputs in the same process: the fast kernels with
-each rescale policy (``fast_lazy``, ``fast_lazy_unfixed``, ``fast_eager``, and the fp8
-kernel's ``fast_fp8_lazy`` / ``fast_fp8_eager`` on the same data quantised per tensor, and
-``fast_fp8_lazy_vt`` given V already transposed, without the call's V^T copy),
-torch SDPA with its FlashAttention and cuDNN backends, compiled ``flex_attention``, and
-the faithful Triton port (``faithful_lazy``, first shape only) when it is importable.
-TFLOP/s counts ``4 B H Sq Skv D`` (halved when causal).
+Every implementation runs on the same inputs in the same process. The headline rows time
+what a user calls: ``fa_lab.flash_attn_func(..., backend="fast")`` with the lazy and eager
+policies (``api_lazy``, ``api_eager``) and on the same data quantised per tensor to fp8
+(``api_fp8_lazy``): argument checks, routing, policy resolution and the kernel's own launch
+work included. Beside them the kernels alone, their modules' ``forward`` called with a
+resolved policy (``fast_lazy``, ``fast_lazy_unfixed``, ``fast_eager``, ``fast_fp8_lazy``,
+``fast_fp8_eager``, and ``fast_fp8_lazy_vt`` given V already transposed, without the call's
+V^T copy), torch SDPA with its FlashAttention and cuDNN backends, compiled
+``flex_attention``, and the faithful Triton port (``faithful_lazy``, first shape only) when
+it is importable. TFLOP/s counts ``4 B H Sq Skv D`` (halved when causal).
+
+**Host time** (``host_time``). Each row also carries ``host_ms``, the wall time of one
+Python call while the GPU is held busy: the timer below keeps launch overhead out of the
+GPU times, so this column says where the host would set the pace of calls made back to
+back (host_ms above the row's ms), and a sync inside a call shows there.
 
 **Rounds** (``time_rounds``). Per shape, every implementation is first called once
 (compile, autotune, and the output checked), then warmed for ``warmup`` ms, then timed in
@@ -155,6 +163,7 @@ SHAPES = (
     Shape(4, 4096, 32, 128, True, Hkv=8),
     Shape(4, 4096, 32, 64, False),
     Shape(16, 1024, 16, 128, True),
+    Shape(32, 512, 32, 128, True),
     Shape(1, 16384, 32, 128, False),
     Shape(1, 61380, 32, 128, True),
 )
@@ -167,6 +176,12 @@ VARLEN_LENGTHS = (1111, 7777, 3000, 5321, 2048, 6100, 4093, 2800)
 VARLEN_SHAPES = (varlen_shape(VARLEN_LENGTHS, 32, 128, False),
                  varlen_shape(VARLEN_LENGTHS, 32, 128, True))
 
+#: The headline rows: ``fa_lab.flash_attn_func(..., backend="fast")``, what a user calls
+#: (checks, routing, policy resolution and the kernel's own launch work included).
+API_BF16 = {"api_lazy": "lazy", "api_eager": "eager"}
+API_FP8 = {"api_fp8_lazy": "lazy"}
+API = (*API_BF16, *API_FP8)
+#: The kernels alone: the kernel modules' ``forward``, called with a resolved policy.
 FAST_BF16 = {"fast_lazy": "lazy", "fast_lazy_unfixed": "lazy_unfixed", "fast_eager": "eager"}
 FAST_FP8 = {"fast_fp8_lazy": "lazy", "fast_fp8_eager": "eager", "fast_fp8_lazy_vt": "lazy"}
 #: fp8 rows whose V comes already transposed (``TransposedV``, made once outside the
@@ -176,10 +191,14 @@ FAST_SPLITK = {"fast_lazy_split2": 2, "fast_lazy_split4": 4, "fast_lazy_split8":
 FAST_VARLEN = {"fast_lazy_varlen": "lazy"}
 PEERS = ("sdpa_flash", "sdpa_cudnn", "flex")
 FAITHFUL = "faithful_lazy"
-#: The dense suite's implementations (the default).
-IMPLS = (*FAST_BF16, *FAST_FP8, *PEERS, FAITHFUL)
+#: The dense suite's implementations (the default): the API rows, the kernels alone beside
+#: them, SDPA's two backends, and the faithful port at the first shape.
+IMPLS = (*API, "fast_lazy", "fast_eager", "fast_fp8_lazy", "fast_fp8_lazy_vt", "sdpa_flash",
+         "sdpa_cudnn", FAITHFUL)
 #: Every implementation, in table order.
-ALL_IMPLS = (*FAST_BF16, *FAST_SPLITK, *FAST_VARLEN, *FAST_FP8, *PEERS, FAITHFUL)
+ALL_IMPLS = (*API, *FAST_BF16, *FAST_SPLITK, *FAST_VARLEN, *FAST_FP8, *PEERS, FAITHFUL)
+#: What is timed on fp8 inputs (the same data, quantised per tensor).
+FP8_IMPLS = (*API_FP8, *FAST_FP8)
 #: What runs on a packed batch: the varlen kernel, and per-sequence loops / a document mask.
 VARLEN_CAPABLE = (*FAST_BF16, *FAST_VARLEN, *PEERS)
 #: What a suite's columns mean where it differs from the dense suite (printed with its table).
@@ -189,9 +208,25 @@ SUITES = {
     "splitk": (SPLITK_SHAPES, ("fast_lazy", *FAST_SPLITK, *PEERS)),
     "varlen": (VARLEN_SHAPES, ("fast_lazy", *FAST_VARLEN, "sdpa_flash", "sdpa_cudnn", "flex")),
 }
-#: Per-round ratios besides ``fast_lazy`` against every other implementation
-#: (``ratio_pairs``): the targets of issue 14 that are not already among those.
+#: The row every other is compared with, per round (``ratio_pairs``): the API's lazy call,
+#: or where a suite has no API rows the lazy kernel alone.
+HEADLINE = "api_lazy"
+
+
+def headline(impls) -> str | None:
+    """The row a table's ratios are taken against: ``HEADLINE``, else ``fast_lazy``."""
+    return next((i for i in (HEADLINE, "fast_lazy") if i in impls), None)
+#: Per-round ratios besides ``HEADLINE`` against every other implementation
+#: (``ratio_pairs``): the API against its kernel alone, fp8 against bf16, and the kernels'
+#: own comparisons.
 EXTRA_RATIO_PAIRS = (
+    ("api_fp8_lazy", "api_lazy"),
+    ("api_fp8_lazy", "fast_fp8_lazy"),
+    ("api_fp8_lazy", "sdpa_cudnn"),
+    ("api_eager", "fast_eager"),
+    ("fast_lazy", "sdpa_cudnn"),
+    ("fast_lazy", "fast_eager"),
+    ("fast_lazy", "fast_lazy_unfixed"),
     ("fast_fp8_lazy", "fast_lazy"),
     ("fast_fp8_lazy", "sdpa_cudnn"),
     ("fast_fp8_lazy", "fast_fp8_eager"),
@@ -205,6 +240,9 @@ EXTRA_RATIO_PAIRS = (
 #: or with and without its V^T copy, whose difference can be smaller than the clock's swing
 #: under a power cap between two implementations' turns in a round.
 PAIRED_RATIOS = (
+    ("api_lazy", "fast_lazy"),
+    ("api_lazy", "api_eager"),
+    ("api_fp8_lazy", "fast_fp8_lazy"),
     ("fast_lazy", "fast_lazy_unfixed"),
     ("fast_lazy", "fast_eager"),
     ("fast_fp8_lazy", "fast_fp8_eager"),
@@ -318,6 +356,16 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
     if causal and shape.S != shape.seqlen_kv and impl in PEERS:
         raise Unavailable("SDPA's and this flex mask's causal diagonal is top-left; the kernels' "
                           "is bottom-right: they differ when Sq != Skv")
+    if impl in API_BF16:
+        from .api import flash_attn_func
+        rescale = API_BF16[impl]
+        return lambda: flash_attn_func(q, k, v, causal=causal, rescale=rescale, backend="fast")
+    if impl in API_FP8:
+        from .api import flash_attn_func
+        (q8, k8, v8), (qd, kd, vd) = inp.fp8
+        rescale = API_FP8[impl]
+        return lambda: flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                       causal=causal, rescale=rescale, backend="fast")
     if impl in FAST_BF16:
         mod = _fast_module("swp_bf16.fast")
         pol = _bf16_policy(FAST_BF16[impl], shape)
@@ -507,6 +555,8 @@ def _fast_config(impl, shape, inp: Inputs):
     """The autotuner's pick for a fast kernel, as text (None for others, and for the
     per-sequence loops: one pick per length)."""
     lazy = True
+    if impl in API:  # the API runs the kernel module, under the same tuner
+        impl = {"api_lazy": "fast_lazy", "api_eager": "fast_eager", "api_fp8_lazy": "fast_fp8_lazy"}[impl]
     if impl in FAST_BF16 and not shape.varlen:
         lazy = FAST_BF16[impl] != "eager"
         cfg = _fast_module("swp_bf16.fast").best_config(inp.q, inp.k, shape.causal, lazy)
@@ -670,6 +720,23 @@ def spread(values) -> dict:
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
 
 
+#: Probes behind each row's host time.
+HOST_PROBES = 7
+
+
+def host_time(fn, timer, probes: int = HOST_PROBES) -> float:
+    """The median host time of one call of ``fn`` in ms: the wall time of the Python call
+    alone, measured by ``timer.probe`` (on a GPU, with a spin kernel holding the GPU so the
+    call never waits for the queue: a sync inside the call shows as waiting for the spin).
+    In a loop of calls without gaps, a call whose host time exceeds its GPU time leaves the
+    GPU idle: the host, not the kernel, then sets the pace."""
+    out = []
+    for _ in range(probes):
+        timer.probe(fn)
+        out.append(timer.host_ms)
+    return statistics.median(out)
+
+
 def ratio_rounds(ms: dict, a: str, b: str) -> list[float | None]:
     """``a / b`` in each round: b's ms over a's ms (a's speed over b's), None where either
     was not timed."""
@@ -677,10 +744,11 @@ def ratio_rounds(ms: dict, a: str, b: str) -> list[float | None]:
 
 
 def ratio_pairs(impls) -> list[tuple[str, str]]:
-    """The (a, b) pairs whose per-round ratio ``a / b`` is reported: ``fast_lazy`` against
+    """The (a, b) pairs whose per-round ratio ``a / b`` is reported: ``HEADLINE`` against
     every other implementation, then ``EXTRA_RATIO_PAIRS``, where both are present."""
     impls = list(impls)
-    pairs = [("fast_lazy", i) for i in impls if i != "fast_lazy"] if "fast_lazy" in impls else []
+    base = headline(impls)
+    pairs = [(base, i) for i in impls if i != base] if base else []
     pairs += [p for p in EXTRA_RATIO_PAIRS if p[0] in impls and p[1] in impls and p not in pairs]
     return pairs
 
@@ -873,7 +941,8 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
     suite, shape, B, S, H, D, causal, Skv, Hkv, lengths, impl, dtype, flops,
     ms / tflops (median over rounds), ms_min, ms_max, tflops_min, tflops_max, spread_pct
     ((max - min) / median ms, %), rounds (how many timed it), ms_rounds, tflops_rounds,
-    calls_rounds, rel_l2 (vs fp32 attention), rel_l2_dequant (fp8), config, note.
+    calls_rounds, host_ms (``host_time``: the host's time per call), rel_l2 (vs fp32
+    attention), rel_l2_dequant (fp8), config, note.
 
     ``jobs`` (``suite_jobs``: (suite, shape, impls) triples) replaces ``shapes`` x
     ``impls``; there, implementations that do not apply to a shape (``applies``) are left
@@ -939,7 +1008,7 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
     bar = tqdm(total=sum(len(i) * (rounds + 2) for _, _, i in jobs), desc="bench", disable=not progress)
     for suite, shape, impls in jobs:
         t_shape = time.perf_counter()
-        inp = _inputs(shape, device, seed, fp8=any(i in FAST_FP8 for i in impls))
+        inp = _inputs(shape, device, seed, fp8=any(i in FP8_IMPLS for i in impls))
         heads = reference_heads(shape)
         info = {"suite": suite, "shape": shape.name, "impls": list(impls),
                 "reference_heads": heads, "reference_of": shape.H, "note": None}
@@ -956,11 +1025,12 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
             row = {"suite": suite, **asdict(shape), "Skv": shape.seqlen_kv,
                    "lengths": list(shape.lengths) if shape.varlen else None,
                    "shape": shape.name, "impl": impl,
-                   "dtype": "float8_e4m3fn" if impl in FAST_FP8 else "bfloat16",
+                   "dtype": "float8_e4m3fn" if impl in FP8_IMPLS else "bfloat16",
                    "flops": shape.flops(), "ms": None, "tflops": None, "ms_min": None,
                    "ms_max": None, "tflops_min": None, "tflops_max": None, "spread_pct": None,
                    "rounds": 0, "ms_rounds": None, "tflops_rounds": None, "calls_rounds": None,
-                   "rel_l2": None, "rel_l2_dequant": None, "config": None, "note": None}
+                   "host_ms": None, "rel_l2": None, "rel_l2_dequant": None, "config": None,
+                   "note": None}
             try:
                 fn = _runner(impl, shape, inp)
                 out = fn()  # compile / autotune outside the timing
@@ -973,7 +1043,7 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
                 try:
                     if ref is not None:
                         row["rel_l2"] = _rel_l2(out, ref, heads)
-                    if impl in FAST_FP8:
+                    if impl in FP8_IMPLS:
                         if "ref" not in ref8:
                             ref8["ref"] = _reference(shape, inp, heads, fp8=True)
                         row["rel_l2_dequant"] = _rel_l2(out, ref8["ref"], heads)
@@ -1006,6 +1076,12 @@ def run(shapes=SHAPES, impls=IMPLS, *, jobs=None, device="cuda", seed=0, rounds=
             paired_res = time_paired(fns, pairs, rounds=rounds, min_calls=min_calls, min_ms=rep,
                                      timer=timer, on_step=lambda r, p: step(r, " / ".join(p)))
         clocks_end = gpu_clocks(device)
+        for impl in fns:
+            if impl not in res.errors:
+                try:
+                    by_impl[impl]["host_ms"] = host_time(fns[impl], timer)
+                except Exception as e:
+                    res.errors[impl] = f"host time: {_err(e)}"
         bar.update((len(impls) - len(fns)) * rounds)
         for impl in fns:
             row, ms = by_impl[impl], res.ms[impl]
@@ -1056,11 +1132,12 @@ def _ordered(rows, shapes) -> pd.DataFrame:
     return pd.DataFrame(sorted(rows, key=lambda r: (shape_pos[r["shape"]], impl_pos[r["impl"]])))
 
 
-def ratios(table: pd.DataFrame, impl="fast_lazy") -> pd.DataFrame:
+def ratios(table: pd.DataFrame, impl=None) -> pd.DataFrame:
     """Per shape: ``impl``'s (median) TFLOP/s over each other implementation's. The
     per-round ratios (``table.attrs["ratios"]``, ``ratio_table``) are the ones to trust;
     this serves tables without rounds (older results)."""
     wide = table.pivot_table(index="shape", columns="impl", values="tflops", sort=False)
+    impl = headline(wide.columns) if impl is None else impl
     if impl not in wide:
         raise ValueError(f"{impl!r} has no timings in this table")
     out = wide.rdiv(wide[impl], axis=0).drop(columns=[impl])
@@ -1130,7 +1207,7 @@ def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict],
         if info.get("note"):
             lines.append(f"   note: {info['note']}")
     lines.append(f"   {'impl':<20}{'TFLOP/s':>9}  {'[min .. max]':<17}{'ms':>9}{'spread':>8}"
-                 f"{'rel-L2 fp32':>13}  per round TFLOP/s")
+                 f"{'host ms':>9}{'rel-L2 fp32':>13}  per round TFLOP/s")
     for _, r in sub.iterrows():
         if r.get("ms") is None or pd.isna(r.get("ms")):
             continue
@@ -1139,7 +1216,7 @@ def _shape_lines(sub: pd.DataFrame, info: dict | None, rats: list[dict],
         lines.append(f"   {r['impl']:<20}{_fmt(r['tflops']):>9}  "
                      f"{'[' + _fmt(r.get('tflops_min')) + ' .. ' + _fmt(r.get('tflops_max')) + ']':<17}"
                      f"{_fmt(r['ms'], '.3f'):>9}{_fmt(r.get('spread_pct'), '.1f') + '%':>8}"
-                     f"{_fmt(r.get('rel_l2'), '.2e'):>13}  {per_txt}")
+                     f"{_fmt(r.get('host_ms'), '.3f'):>9}{_fmt(r.get('rel_l2'), '.2e'):>13}  {per_txt}")
     if rats:
         lines.append(f"   {'ratio (A / B = B ms / A ms, per round)':<40}{'median':>8}  [min .. max]")
         for q in rats:
@@ -1200,18 +1277,19 @@ def _tflops_lines(table: pd.DataFrame, width: int, suite=None, rats=()) -> list[
     for shape, r in wide.iterrows():
         lines.append(f"{shape:<{width}}" + "".join(
             f"{'—' if pd.isna(r[c]) else f'{r[c]:.1f}':>18}" for c in cols))
-    if "fast_lazy" in wide and len(cols) > 1:
+    base = headline(cols)
+    if base and len(cols) > 1:
         lines.append("")
         shapes = set(wide.index)
         mine = {(q["shape"], q["b"]): q["median"] for q in rats
-                if q["a"] == "fast_lazy" and q["shape"] in shapes}
-        rat = ratios(table)
+                if q["a"] == base and q["shape"] in shapes}
+        rat = ratios(table, base)
         if mine:  # the medians of the per-round ratios
-            lines.append("fast_lazy / other (median of per-round ratios)")
+            lines.append(f"{base} / other (median of per-round ratios)")
             rat = pd.DataFrame({c: [mine.get((s, c.split(" / ")[1]), math.nan) for s in rat.index]
                                 for c in rat.columns}, index=rat.index)
         else:
-            lines.append("fast_lazy / other")
+            lines.append(f"{base} / other")
         lines.append(f"{'shape':<{width}}" + "".join(f"{c.split(' / ')[1]:>18}" for c in rat.columns))
         for shape, r in rat.iterrows():
             lines.append(f"{shape:<{width}}" + "".join(

@@ -87,7 +87,7 @@ def test_run_refuses_bad_arguments_before_any_work():
 
 def test_cli_bench_rejects_bad_shape_indices():
     with pytest.raises(SystemExit, match="--shapes takes indices"):
-        cli.main(["bench", "--shapes", "7", "--no-save"])
+        cli.main(["bench", "--shapes", str(len(bench.SHAPES)), "--no-save"])
 
 
 # ---- split-K and varlen suites ---------------------------------------------------------------
@@ -285,6 +285,8 @@ def test_spread_and_per_round_ratios_match_hand_computed_values():
     assert bench.ratio_rounds(ms, "a", "c")[1] is None
     # the median of per-round ratios is not the ratio of medians (4 / 3 here)
     assert bench.spread(bench.ratio_rounds(ms, "a", "b"))["median"] == 2.0
+    api = bench.ratio_pairs(["api_lazy", "fast_lazy", "sdpa_cudnn"])
+    assert api[:2] == [("api_lazy", "fast_lazy"), ("api_lazy", "sdpa_cudnn")]  # the headline
     pairs = bench.ratio_pairs(["fast_lazy", "fast_eager", "fast_fp8_lazy", "sdpa_cudnn", "flex"])
     assert pairs[:4] == [("fast_lazy", "fast_eager"), ("fast_lazy", "fast_fp8_lazy"),
                          ("fast_lazy", "sdpa_cudnn"), ("fast_lazy", "flex")]
@@ -294,6 +296,14 @@ def test_spread_and_per_round_ratios_match_hand_computed_values():
     # every pair timed call-alternated also has its ratio over turns (notebook 04 sets the
     # two side by side)
     assert set(bench.PAIRED_RATIOS) <= set(bench.ratio_pairs(bench.ALL_IMPLS))
+
+
+def test_host_time_is_the_median_wall_time_of_one_call():
+    ticks = iter(range(100))
+    timer = bench.CpuTimer(now=lambda: next(ticks) * 1e-3)  # each reading 1 ms later
+    calls = []
+    assert bench.host_time(lambda: calls.append(1), timer, probes=5) == 1.0 and len(calls) == 5
+    assert 3.0 <= bench.host_time(lambda: time.sleep(0.003), bench.CpuTimer(), probes=3) < 50
 
 
 def test_time_rounds_on_the_real_clock_with_sleeping_callables():
@@ -500,10 +510,13 @@ def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch
     """The real runners of the fast bf16 and fp8 kernels (Triton's CPU interpreter) at a
     GQA shape, in 2 rounds: bf16 rows close to fp32 attention, the fp8 row closer to the
     fp32 attention of its own quantised inputs than to that of the bf16 ones; fp8 with V
-    stored transposed gives the fp8 row's output, and is timed alternated with it."""
+    stored transposed gives the fp8 row's output, and is timed alternated with it. The API
+    rows (``flash_attn_func(..., backend="fast")``) run the same kernels: the same outputs,
+    and each row carries its host time per call."""
     monkeypatch.setattr(bench, "_fast_module", _Interpreted)
     shape = bench.Shape(1, 128, 4, 128, True, Hkv=2)
-    impls = ("fast_lazy", "fast_eager", "fast_fp8_lazy", "fast_fp8_lazy_vt", "sdpa_flash")
+    impls = ("api_lazy", "api_fp8_lazy", "fast_lazy", "fast_eager", "fast_fp8_lazy",
+             "fast_fp8_lazy_vt", "sdpa_flash")
     table = bench.run(jobs=[("dense", shape, impls)],
                       device="cpu", rounds=2, min_calls=1, rep=0, warmup=0, progress=False)
     t = table.set_index("impl")
@@ -514,18 +527,27 @@ def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch
     assert fp8.rel_l2_dequant < fp8.rel_l2 < 0.1
     vt = t.loc["fast_fp8_lazy_vt"]
     assert (vt.rel_l2, vt.rel_l2_dequant, vt.dtype) == (fp8.rel_l2, fp8.rel_l2_dequant, fp8.dtype)
+    api, api8 = t.loc["api_lazy"], t.loc["api_fp8_lazy"]
+    assert api.rel_l2 == t.loc["fast_lazy", "rel_l2"] and api.config == t.loc["fast_lazy", "config"]
+    assert (api8.rel_l2, api8.rel_l2_dequant, api8.dtype) == (fp8.rel_l2, fp8.rel_l2_dequant, fp8.dtype)
+    assert (t["host_ms"] > 0).all()
     assert {q["ratio"] for q in table.attrs["ratios"]} >= {"fast_lazy / fast_eager",
                                                           "fast_fp8_lazy / fast_lazy",
                                                           "fast_fp8_lazy_vt / fast_lazy"}
+    assert {q["ratio"] for q in table.attrs["ratios"]} >= {"api_lazy / fast_lazy",
+                                                          "api_fp8_lazy / fast_fp8_lazy",
+                                                          "api_fp8_lazy / api_lazy"}
     assert {q["ratio"] for q in table.attrs["paired_ratios"]} == {
-        "fast_lazy / fast_eager", "fast_fp8_lazy_vt / fast_fp8_lazy"}
+        "api_lazy / fast_lazy", "api_fp8_lazy / fast_fp8_lazy", "fast_lazy / fast_eager",
+        "fast_fp8_lazy_vt / fast_fp8_lazy"}
 
 
 def test_dense_suite_holds_the_issues_shapes():
     names = [s.name for s in bench.SHAPES]
     assert names == ["B2 S8192 H32 D128", "B2 S8192 H32 D128 causal", "B4 S4096 H32 Hkv8 D128 causal",
-                     "B4 S4096 H32 D64", "B16 S1024 H16 D128 causal", "B1 S16384 H32 D128",
-                     "B1 S61380 H32 D128 causal"]
+                     "B4 S4096 H32 D64", "B16 S1024 H16 D128 causal", "B32 S512 H32 D128 causal",
+                     "B1 S16384 H32 D128", "B1 S61380 H32 D128 causal"]
+    assert bench.IMPLS[:3] == ("api_lazy", "api_eager", "api_fp8_lazy")  # what users call
 
 
 # ---- clocks ------------------------------------------------------------------------------------
