@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from fa_lab.compare import tensor_diff
-from fa_lab.experiments import atomic_write_json, bf16_inputs, provenance
+from fa_lab.studies.experiments import atomic_write_json, bf16_inputs, provenance
 from fa_lab.kernels import exact_dots
 from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
-from fa_lab.models import swp_bf16 as model
+from fa_lab.kernels.swp_bf16 import model as model
 from fa_lab.policies import get as get_policy
 
 DOT_MODES = {"tensor_cores": contextlib.nullcontext, "exact": exact_dots}

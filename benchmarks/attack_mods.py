@@ -1,6 +1,6 @@
 """Attack every built-in policy with score modifiers; save data/results/attack_mods_<policy>.json.
 
-Per policy, ``fa_lab.adversary.search`` over the ``"scores"`` space with the modifiers
+Per policy, ``fa_lab.studies.adversary.search`` over the ``"scores"`` space with the modifiers
 ``--mods`` (default bias, alibi, sink) and ``--budget`` seconds of search, seed ``--seed``:
 once counting every failure, and (for every policy but eager) once counting only the
 policy's own failures, where eager stays finite (``baseline="eager"``). The record has the
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from fa_lab import adversary, policies, results
+from fa_lab import policies, results
+from fa_lab.studies import adversary
 
 BUILT_IN = ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fa4_row")
 
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
                "params": {"seed": args.seed, "budget_s": args.budget, "mods": list(mods),
                           "baselines": [r["baseline"] for r in runs],
                           "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
-                          "command": "fa_lab.adversary.search(policy, mods=..., budget_s=..., "
+                          "command": "fa_lab.studies.adversary.search(policy, mods=..., budget_s=..., "
                                      "seed=..., baseline=None or 'eager')"},
                "provenance": results.provenance(
                    "cpu", command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),

@@ -1,4 +1,4 @@
-"""CMA-ES against the (1 + lambda) ES behind fa_lab.adversary.search; save
+"""CMA-ES against the (1 + lambda) ES behind fa_lab.studies.adversary.search; save
 data/results/attack_optimizers.json.
 
 Every run is ``adversary.search(...)`` with the same budget and seed under each optimiser
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from fa_lab import adversary, results
+from fa_lab import results
+from fa_lab.studies import adversary
 
 OPTIMIZERS = ("cma", "es")
 
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
                       "machine": f"CPU, {torch.get_num_threads()} torch thread, 2 cores "
                                  "shared with other jobs (evals/s is noisy; the per-eval "
                                  "numbers are not)",
-                      "command": "fa_lab.adversary.search(policy, budget_s=..., seed=..., "
+                      "command": "fa_lab.studies.adversary.search(policy, budget_s=..., seed=..., "
                                  "optimizer=..., structured=..., baseline=..., mods=...)"},
            "provenance": results.provenance(
                "cpu", command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),

@@ -25,8 +25,9 @@ import time
 
 import torch
 
-from fa_lab import flash_attn_func, widgets
-from fa_lab.experiments import bf16_inputs
+from fa_lab import flash_attn_func
+from fa_lab.lab import widgets
+from fa_lab.studies.experiments import bf16_inputs
 
 
 def forward_seconds(S, H, D=128, repeat=5, clock=time.perf_counter) -> float:

@@ -1,4 +1,4 @@
-"""Pinned timings of the fast kernels' tilings (fa_lab.bench.config_sweep, no autotune):
+"""Pinned timings of the fast kernels' tilings (fa_lab.studies.bench.config_sweep, no autotune):
 data/results/bench_configs_h200.json. Run on a CUDA GPU with OUT set to a directory.
 
     python benchmarks/config_sweep_gpu.py           # candidate tilings at D64, the short
@@ -14,7 +14,7 @@ import time
 
 from triton.testing import do_bench
 
-from fa_lab import bench
+from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as b16
 from fa_lab.kernels.swp_fp8 import fast as f8

@@ -5,7 +5,8 @@ $OUT/fp8_configs.json (data/results/fp8_configs_h200.json)."""
 import os
 import time
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_fp8 import fast as f8
 from fa_lab.results import atomic_write_json, provenance

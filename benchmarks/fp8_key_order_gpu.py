@@ -14,11 +14,12 @@ import time
 
 import torch
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as bf16
 from fa_lab.kernels.swp_fp8 import fast as new
-from fa_lab.models.swp_fp8 import log2_scale
+from fa_lab.kernels.swp_fp8.model import log2_scale
 from fa_lab.results import atomic_write_json, provenance
 
 #: The Gluon fp8 P operand, as 42dc92a had it and reordered like the Triton kernel's.

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fa_lab import bench, policies, timing
+from fa_lab import policies, timing
+from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 from fa_lab.results import atomic_write_json, provenance

@@ -13,7 +13,8 @@ from fa_lab.kernels.swp_bf16 import fast as b16
 from fa_lab.kernels.swp_fp8 import fast as f8
 from triton.testing import do_bench
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 
 out = {"rows": []}
 def save():

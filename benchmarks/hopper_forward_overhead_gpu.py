@@ -8,7 +8,8 @@ import os
 import torch
 from triton.testing import do_bench
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels.swp_bf16 import hopper
 
 shp = next(s for s in bench.SHAPES if s.B == 16)

@@ -14,7 +14,8 @@ import hopper_variants
 import torch
 from triton.testing import do_bench
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 

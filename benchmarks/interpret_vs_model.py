@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 import fa_lab
-from fa_lab.experiments import atomic_write_json, bf16_inputs, provenance
+from fa_lab.studies.experiments import atomic_write_json, bf16_inputs, provenance
 
 SEEDS, DTYPES, HEAD_DIMS = (0, 1, 2), (torch.bfloat16, torch.float16), (64, 128)
 #: stored mantissa bits of each output dtype

@@ -9,7 +9,8 @@ from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as b16
 from triton.testing import do_bench
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 
 out = {"rows": []}
 S = bench.SHAPES

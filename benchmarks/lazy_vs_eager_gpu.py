@@ -1,6 +1,6 @@
 """On a GPU: the fast bf16 kernel's ``lazy``, ``lazy_unfixed`` and ``eager`` policies timed
 against each other in interleaved rounds, at every dense benchmark shape
-(fa_lab.bench.SHAPES), autotuned and at each pinned tiling.
+(fa_lab.studies.bench.SHAPES), autotuned and at each pinned tiling.
 
 ``fa-lab bench`` already times the autotuned policies in interleaved rounds (its
 ``fast_lazy / fast_eager`` and ``fast_lazy / fast_lazy_unfixed`` per-round ratios). What
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fa_lab import bench
-from fa_lab.experiments import atomic_write_json, provenance
+from fa_lab.studies import bench
+from fa_lab.studies.experiments import atomic_write_json, provenance
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 
 POLICIES = ("lazy", "lazy_unfixed", "eager")
@@ -48,7 +48,7 @@ def runner(shape, inp, policy, config):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=None, help="comma-separated indices into fa_lab.bench.SHAPES")
+    ap.add_argument("--shapes", default=None, help="comma-separated indices into fa_lab.studies.bench.SHAPES")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-calls", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)

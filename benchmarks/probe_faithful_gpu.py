@@ -14,7 +14,7 @@ import torch
 import triton
 
 import fa_lab
-from fa_lab.experiments import atomic_write_json, bf16_inputs, provenance
+from fa_lab.studies.experiments import atomic_write_json, bf16_inputs, provenance
 from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
 from fa_lab.policies import get as get_policy
 

@@ -20,7 +20,8 @@ import argparse
 
 import torch
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig

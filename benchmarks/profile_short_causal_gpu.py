@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from fa_lab import bench, policies
+from fa_lab import policies
+from fa_lab.studies import bench
 from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 

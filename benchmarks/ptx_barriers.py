@@ -22,7 +22,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from fa_lab.experiments import atomic_write_json, provenance
+from fa_lab.studies.experiments import atomic_write_json, provenance
 from fa_lab.kernels._triton import fast as common
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 

@@ -10,12 +10,12 @@ are registered in ``fa_lab.policies``; write and ``register`` your own);
 takes (``fa_lab.upstream``).
 """
 
-from . import metrics, policies, reference, results, upstream
-from .api import count_rescales, flash_attn_func, swa_attn_func, trace
-from .compare import compare
-from .policies import Policy
-from .trace import Trace
-from .upstream import set_upstream, using_upstream
+from fa_lab import metrics, policies, reference, results, upstream
+from fa_lab.api import count_rescales, flash_attn_func, swa_attn_func, trace
+from fa_lab.compare import compare
+from fa_lab.policies import Policy
+from fa_lab.trace import Trace
+from fa_lab.upstream import set_upstream, using_upstream
 
 __all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
            "Policy", "reference", "metrics", "policies", "results", "upstream", "set_upstream",

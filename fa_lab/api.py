@@ -21,13 +21,13 @@ import warnings
 
 import torch
 
-from . import dispatch, policies, upstream as upstream_versions, varlen
-from .checks import check_descale, check_int, check_mod, check_qkv
-from .dispatch import BACKENDS, Call
-from .models import swp_fp8
-from .models.geometry import BLOCK_N
-from .numerics import CAUSAL_FLOOR, E4M3_MAX, f32
-from .trace import Trace, TraceRecorder, normalize_rows
+from fa_lab import dispatch, policies, upstream as upstream_versions, varlen
+from fa_lab.checks import check_descale, check_int, check_mod, check_qkv
+from fa_lab.dispatch import BACKENDS, Call
+from fa_lab.kernels.swp_fp8 import model as swp_fp8
+from fa_lab.kernels._common.geometry import BLOCK_N
+from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, f32
+from fa_lab.trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -246,7 +246,7 @@ def flash_attn_func(q, k, v, *, return_lse=False, **options):
 def count_rescales(q, k, v, **options) -> dict:
     """Run ``flash_attn_func(q, k, v, **options)`` through the model and count its rescale
     work over the main loop (see ``fa_lab.counters``); returns the counts and the output."""
-    from .counters import RescaleCounter
+    from fa_lab.counters import RescaleCounter
 
     _check_options("count_rescales", options)
     call = check_call(q, k, v, **options)
@@ -291,10 +291,10 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
     i + window_right. ``rescale``: a policy with a wave vote and rebase ``"max"`` (its own
     deferred rescale, ``"lazy"``, correct by construction) or ``"tile"`` (the
     counterfactual ``"lazy_unfixed"``). ``rescale_threshold`` (log2 units) replaces the
-    policy's threshold (8 for the built-ins); None keeps it. See ``fa_lab.models.swa``.
+    policy's threshold (8 for the built-ins); None keeps it. See ``fa_lab.kernels.swa.model``.
     ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful Triton
     port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
-    from .models import swa
+    from fa_lab.kernels.swa import model as swa
 
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
@@ -308,7 +308,7 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
     if backend == "auto":
         ported = q.device.type == "cuda"
         if ported:
-            from .kernels import available
+            from fa_lab.kernels import available
             ported = available()
         backend = "triton" if ported else "emulator"
     e = dispatch.entry("swa", backend)

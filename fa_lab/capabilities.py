@@ -1,20 +1,26 @@
-"""What each implementation of each kernel family can run: the one home of capabilities.
+"""How a kernel family says what it can run: ``Caps``, ``Implementation`` and ``Family``.
 
-An implementation is ``"model"`` (fa_lab/models, the definition), ``"faithful"`` (the Triton
-ports that keep the model's schedule, compiled or interpreted) or ``"fast"`` (Triton
-kernels, and on Hopper a Gluon kernel, with their own tiling and the same policy semantics). ``fa_lab.dispatch`` reads
-this table to route and refuse calls; the Triton kernels read it to refuse a policy a
-direct caller hands them (``check_policy``), so the two can never disagree.
+A kernel family (``kernels/<family>/``, installed as ``fa_lab.kernels.<family>``) declares
+itself in its package's ``__init__`` as one ``Family``: its implementations and what each
+can run. An implementation is ``"model"`` (the exact PyTorch model, the definition),
+``"faithful"`` (the Triton port that keeps the model's schedule, compiled or interpreted)
+or ``"fast"`` (Triton kernels, and on Hopper a Gluon kernel, with their own tiling and the
+same policy semantics). ``fa_lab.dispatch`` builds its table from the registered families
+(``fa_lab.kernels.FAMILIES``) to route and refuse calls; the Triton kernels read the same
+``Caps`` to refuse a policy a direct caller hands them (``check_policy``), so the two can
+never disagree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policies import Policy
+from fa_lab.policies import REBASES, VOTES, Policy
 
-ALL_VOTES = frozenset({"tile", "wave", "row"})
-ALL_REBASES = frozenset({"max", "tile", "capped"})
+ALL_VOTES = frozenset(VOTES)
+ALL_REBASES = frozenset(REBASES)
+#: The implementations a family may have, in the order the backends prefer them.
+IMPLEMENTATIONS = ("model", "faithful", "fast")
 HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
 #: Optional features a call may ask for.
@@ -35,25 +41,40 @@ class Caps:
     rules: bool = False
 
 
-#: (family, implementation) -> Caps.
-CAPS: dict[tuple[str, str], Caps] = {
-    ("swp_bf16", "model"): Caps(HALF, (64, 128), _SWP_FEATURES, ALL_VOTES, ALL_REBASES, rules=True),
-    ("swp_bf16", "faithful"): Caps(HALF, (64, 128), _SWP_FEATURES, ALL_VOTES, ALL_REBASES),
-    ("swp_bf16", "fast"): Caps(HALF, (64, 128), frozenset({"num_kv_splits", "varlen"}),
-                               frozenset({"tile", "wave"}), frozenset({"max", "tile"})),
-    ("swp_fp8", "model"): Caps(FP8, (128,), frozenset({"trace"}), ALL_VOTES, ALL_REBASES,
-                               rules=True),
-    ("swp_fp8", "faithful"): Caps(FP8, (128,), frozenset({"trace"}), ALL_VOTES, ALL_REBASES),
-    ("swp_fp8", "fast"): Caps(FP8, (128,), frozenset(), frozenset({"tile", "wave"}), ALL_REBASES),
-    ("generic", "model"): Caps(HALF, (64, 128), frozenset({"varlen", "trace"}),
-                               frozenset({"tile"}), frozenset({"max"})),
-    ("generic", "faithful"): Caps(HALF, (64, 128), frozenset({"varlen", "trace"}),
-                                  frozenset({"tile"}), frozenset({"max"})),
-    ("swa", "model"): Caps(frozenset({"bf16"}), (128,), frozenset({"trace"}),
-                           frozenset({"wave"}), frozenset({"max", "tile"})),
-    ("swa", "faithful"): Caps(frozenset({"bf16"}), (128,), frozenset({"trace"}),
-                              frozenset({"wave"}), frozenset({"max", "tile"})),
-}
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of a family: ``module``, its module under the family's package
+    (with ``forward``); ``caps``, what it runs; ``varlen``, a module with a one-launch
+    ``forward_varlen`` (None: varlen calls run one dense call per sequence)."""
+
+    module: str
+    caps: Caps
+    varlen: str | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: its ``name`` (the package's), one line on what it is, its
+    implementations by kind (``IMPLEMENTATIONS``; the model is required), and whether
+    ``flash_attn_func`` routes to it (``routed``; the SWA kernel has an entry point of its
+    own)."""
+
+    name: str
+    description: str
+    implementations: dict
+    routed: bool = True
+
+    def __post_init__(self):
+        unknown = set(self.implementations) - set(IMPLEMENTATIONS)
+        if unknown or "model" not in self.implementations:
+            raise ValueError(f"family {self.name!r}: implementations must include 'model' and be "
+                             f"among {IMPLEMENTATIONS}, got {sorted(self.implementations)}")
+        for kind, impl in self.implementations.items():
+            if not isinstance(impl, Implementation):
+                raise TypeError(f"family {self.name!r}: {kind} must be an Implementation")
+
+    def caps(self, kind: str) -> Caps:
+        return self.implementations[kind].caps
 
 
 def policy_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
@@ -73,12 +94,13 @@ def policy_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
     return None
 
 
-def check_policy(policy, family: str, impl: str) -> None:
+def check_policy(policy, family: Family, impl: str) -> None:
     """For a kernel's own entry point: ``policy`` must be a resolved ``fa_lab.Policy`` that
-    ``(family, impl)`` runs; TypeError/ValueError naming the field otherwise."""
+    ``family``'s implementation ``impl`` runs; TypeError/ValueError naming the field
+    otherwise."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
-    why = policy_refusal(CAPS[(family, impl)], policy, f"the {impl} {family} kernel")
+    why = policy_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
     if why:
         raise ValueError(why)
     policy.codes  # noqa: B018 -- refuses a policy that is not resolved for a call

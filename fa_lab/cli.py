@@ -21,9 +21,9 @@ import sys
 
 import pandas as pd
 
-from . import experiments as ex
-from . import results
-from .checks import parse_bool
+from fa_lab.studies import experiments as ex
+from fa_lab import results
+from fa_lab.checks import parse_bool
 
 PROG = "fa-lab"
 
@@ -233,7 +233,7 @@ def policy_list(text) -> tuple[str, ...]:
 
 
 def upstream_name(text) -> str:
-    from . import upstream
+    from fa_lab import upstream
     if text not in upstream.VERSIONS:
         raise argparse.ArgumentTypeError(f"{text!r} is not a FlyDSL version; choose one of "
                                          f"{', '.join(upstream.VERSIONS)}")
@@ -268,14 +268,14 @@ GPU_BACKENDS = ("triton", "flydsl")
 
 
 def _backends():
-    from . import api
+    from fa_lab import api
     return getattr(api, "BACKENDS", None)
 
 
 def _table(args) -> int:
     import torch
 
-    from . import policies, upstream
+    from fa_lab import policies, upstream
 
     import_policies(args.imports)
     if args.policies is not None:
@@ -355,7 +355,7 @@ def _table(args) -> int:
 
 def _bench_args(b):
     b.add_argument("--suite", default="dense",
-                   help="comma-separated suites of fa_lab.bench.SUITES: dense (default), splitk, varlen")
+                   help="comma-separated suites of fa_lab.studies.bench.SUITES: dense (default), splitk, varlen")
     b.add_argument("--shapes", help="comma-separated indices into the suites' shapes (default: all)")
     b.add_argument("--impls", help="comma-separated implementations (default: each suite's own; "
                    "given ones run where they apply)")
@@ -388,7 +388,7 @@ def _bench(args) -> int:
 
     import torch
 
-    from . import bench
+    from fa_lab.studies import bench
 
     suites = tuple(x.strip() for x in args.suite.split(",") if x.strip())
     unknown = [s for s in suites if s not in bench.SUITES]
@@ -485,12 +485,12 @@ register("lab", "JupyterLab on notebooks/", lambda p: None, _lab)
 
 
 def _sweep_args(p):
-    from . import sweep
+    from fa_lab.studies import sweep
     sweep.add_arguments(p)
 
 
 def _sweep(args) -> int:
-    from . import sweep
+    from fa_lab.studies import sweep
     return sweep.run_cli(args)
 
 
@@ -499,7 +499,7 @@ register("sweep", "run a grid of points on Dask (results in data/atlas/<name>/)"
 
 
 def _attack_args(p) -> None:
-    from .adversary import OPTIMIZERS, SPACES
+    from fa_lab.studies.adversary import OPTIMIZERS, SPACES
 
     p.add_argument("policy_pos", nargs="?", metavar="POLICY",
                    help="the registered policy to attack (or --policy)")
@@ -539,8 +539,8 @@ def _attack(args) -> int:
     import json
     import math
 
-    from . import policies
-    from .adversary import save_regression, search, summary
+    from fa_lab import policies
+    from fa_lab.studies.adversary import save_regression, search, summary
 
     import_policies(args.imports)
     name = args.policy_opt or args.policy_pos
@@ -579,7 +579,7 @@ def _attack(args) -> int:
 
 
 register("attack", "search for inputs on which a policy's output goes non-finite, and shrink "
-         "them (fa_lab.adversary)", _attack_args, _attack)
+         "them (fa_lab.studies.adversary)", _attack_args, _attack)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _backend_unavailable():
     """flydsl's "cannot run here" error (a RuntimeError): a refused --backend, not a bug."""
     try:
-        from .flydsl import BackendUnavailable
+        from fa_lab.flydsl import BackendUnavailable
     except ImportError:  # pragma: no cover
         return ValueError
     return BackendUnavailable

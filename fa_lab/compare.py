@@ -104,7 +104,7 @@ def _preflight(backend: str, q) -> None:
     if not isinstance(q, torch.Tensor) or q.device.type == "meta":
         return  # flash_attn_func names the bad argument
     if backend == "flydsl":
-        from . import flydsl
+        from fa_lab import flydsl
         flydsl.check_device(q.device)
         flydsl.upstream_function()
     elif backend == "triton" and q.device.type != "cuda":
@@ -118,7 +118,7 @@ def compare(q, k, v, *, a: str = "emulator", b: str = "flydsl", lse: bool = True
     """Run ``flash_attn_func(q, k, v, backend=a, **kwargs)`` and the same with
     ``backend=b``; compare out (and LSE when ``lse``). Whether both backends can run here
     is checked before either runs, so a missing FlyDSL or GPU costs no model time."""
-    from .api import BACKENDS, flash_attn_func
+    from fa_lab.api import BACKENDS, flash_attn_func
 
     for name, backend in (("a", a), ("b", b)):
         if not isinstance(backend, str) or backend not in BACKENDS:

@@ -10,7 +10,7 @@ and how many were scaled *up* (corr > 1, the unfixed rebase's signature).
 from __future__ import annotations
 
 
-from .models.geometry import WAVE_ROWS
+from fa_lab.kernels._common.geometry import WAVE_ROWS
 
 
 class RescaleCounter:

@@ -17,72 +17,17 @@ where they cover the call, else the model.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from . import capabilities, routing, varlen
-from .capabilities import CAPS, Caps
-from .policies import Policy, as_policy, get
+from fa_lab import capabilities, kernels, routing, varlen
+from fa_lab.capabilities import Caps
+from fa_lab.kernels import FAMILIES
+from fa_lab.policies import Policy, as_policy, get
 
 BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
-
-
-# Entry points, imported when first used (Triton is optional and slow to import).
-def _model_swp_bf16():
-    from .models import swp_bf16
-    return swp_bf16
-
-
-def _model_swp_fp8():
-    from .models import swp_fp8
-    return swp_fp8
-
-
-def _model_generic():
-    from .models import generic
-    return generic
-
-
-def _model_swa():
-    from .models import swa
-    return swa
-
-
-def _faithful_swp_bf16():
-    from .kernels.swp_bf16 import faithful
-    return faithful
-
-
-def _fast_swp_bf16():
-    from .kernels.swp_bf16 import fast
-    return fast
-
-
-def _fast_varlen_swp_bf16():
-    from .kernels.swp_bf16 import varlen as fast_varlen
-    return fast_varlen
-
-
-def _faithful_swp_fp8():
-    from .kernels.swp_fp8 import faithful
-    return faithful
-
-
-def _fast_swp_fp8():
-    from .kernels.swp_fp8 import fast
-    return fast
-
-
-def _faithful_generic():
-    from .kernels import generic
-    return generic
-
-
-def _faithful_swa():
-    from .kernels import swa
-    return swa
 
 
 #: The implementation each backend runs (``fa_lab.capabilities``).
@@ -92,48 +37,52 @@ IMPLEMENTATION = {"emulator": "model", "triton": "faithful", "interpret": "faith
 
 @dataclass(frozen=True)
 class Entry:
-    """What one (family, backend) runs: its entry point, a native one-launch varlen entry
-    (``varlen_load``; else varlen runs one dense call per sequence), the tensor device
-    type it needs (None: any) and its capabilities (``fa_lab.capabilities.CAPS``)."""
+    """What one (family, backend) runs: the family's implementation (its module is
+    imported on first use: Triton is optional and slow to import), the tensor device type
+    it needs (None: any) and its capabilities (``Caps``)."""
 
     family: str
     backend: str
-    load: Callable
+    impl: str
     caps: Caps
     device: str | None = None
-    varlen_load: Callable | None = None
 
     @property
     def triton(self) -> bool:
         return self.backend in ("triton", "interpret", "fast")
 
+    def load(self):
+        """The implementation's module (its ``forward``)."""
+        return kernels.module(self.family, self.impl)
+
+    @property
+    def has_varlen(self) -> bool:
+        return FAMILIES[self.family].implementations[self.impl].varlen is not None
+
+    def varlen_load(self):
+        """The module with the implementation's one-launch ``forward_varlen``."""
+        name = FAMILIES[self.family].implementations[self.impl].varlen
+        return importlib.import_module(f"{kernels.__name__}.{self.family}.{name}")
+
+
+#: The tensor device type each backend needs: compiled on GPU tensors, the interpreter
+#: takes CPU tensors, "fast" and the model go by the tensors' device.
+DEVICES = {"emulator": None, "triton": "cuda", "interpret": "cpu", "fast": None}
+
 
 def _entries():
-    loaders = {
-        ("swp_bf16", "model"): (_model_swp_bf16, None),
-        ("swp_fp8", "model"): (_model_swp_fp8, None),
-        ("generic", "model"): (_model_generic, None),
-        ("swa", "model"): (_model_swa, None),
-        ("swp_bf16", "faithful"): (_faithful_swp_bf16, _faithful_swp_bf16),
-        ("swp_fp8", "faithful"): (_faithful_swp_fp8, None),
-        ("generic", "faithful"): (_faithful_generic, None),
-        ("swa", "faithful"): (_faithful_swa, None),
-        ("swp_bf16", "fast"): (_fast_swp_bf16, _fast_varlen_swp_bf16),
-        ("swp_fp8", "fast"): (_fast_swp_fp8, None),
-    }
-    # compiled on GPU tensors; the interpreter takes CPU tensors; "fast" goes by the device
-    devices = {"emulator": None, "triton": "cuda", "interpret": "cpu", "fast": None}
     table = {}
     for backend, impl in IMPLEMENTATION.items():
-        for (family, i), (load, varlen_load) in loaders.items():
-            if i == impl:
-                table[(family, backend)] = Entry(family, backend, load, CAPS[(family, impl)],
-                                                 devices[backend], varlen_load)
+        for name, fam in FAMILIES.items():
+            if impl in fam.implementations:
+                table[(name, backend)] = Entry(name, backend, impl, fam.caps(impl), DEVICES[backend])
     return table
 
 
-#: (family, backend) -> Entry: the one table.
+#: (family, backend) -> Entry: the one table, built from the registered families.
 TABLE: dict[tuple[str, str], Entry] = _entries()
+#: The families ``flash_attn_func`` routes to (``kernel=`` takes these).
+ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
 
 
 def entry(family: str, backend: str) -> Entry:
@@ -212,9 +161,9 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     routing.check_positive_int("head_dim", head_dim)
     routing.check_arch(arch)
     features = routing.features(has_bias, has_alibi, has_sink)
-    if kernel is not None and (not isinstance(kernel, str) or kernel not in routing.KERNELS):
+    if kernel is not None and (not isinstance(kernel, str) or kernel not in ROUTED):
         raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
-                         f"{routing.KERNELS} (the SWA kernel is called through swa_attn_func)")
+                         f"{ROUTED} (the SWA kernel is called through swa_attn_func)")
     policy = None if rescale is None else as_policy(rescale)
     if fp8:
         if kernel is not None and kernel != "swp_fp8":
@@ -265,7 +214,7 @@ def auto_backend(family: str, device_type: str, features, policy: Policy, triton
 def _resolve_backend(call: Call, family: str) -> str:
     if call.backend != "auto":
         return call.backend
-    from .kernels import available
+    from fa_lab.kernels import available
     return auto_backend(family, call.q.device.type, call.features, call.policy,
                         call.q.device.type == "cuda" and available())
 
@@ -315,7 +264,7 @@ def plan(call: Call) -> Plan:
     if refusal:
         raise ValueError(refusal)
     if e.triton:
-        from .kernels import unavailable
+        from fa_lab.kernels import unavailable
         why = unavailable()
         if why:
             raise RuntimeError(f"backend={backend!r} cannot run: {why}")
@@ -352,14 +301,14 @@ def run(p: Plan, recorder=None):
         if recorder is not None:
             raise ValueError("backend='flydsl' runs upstream's kernel, which records no trace or "
                              "counts; trace and count_rescales take the other backends")
-        from . import flydsl
+        from fa_lab import flydsl
         return flydsl.forward(c)
     if c.packing is None:
         return _run_dense(p, recorder)
     if recorder is not None:
         raise ValueError("trace and count_rescales take dense calls, not varlen")
     pk = c.packing
-    if p.entry.varlen_load is not None:
+    if p.entry.has_varlen:
         kw = {k: v for k, v in _kwargs(p, None).items() if k != "recorder"}
         return p.entry.varlen_load().forward_varlen(
             c.q, c.k, c.v, pk.cu_q_tensor, pk.cu_kv_tensor, pk.max_seqlen_q, pk.max_seqlen_kv,

@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from .numerics import E4M3_MAX
+from fa_lab.numerics import E4M3_MAX
 
 #: DUALWAVE_SWP_RESCALE_THRESHOLD upstream, in log2 units.
 DEFAULT_THRESHOLD = 8.0

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .numerics import ieee_fp32_matmul
+from fa_lab.numerics import ieee_fp32_matmul
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,

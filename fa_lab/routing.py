@@ -21,8 +21,6 @@ the generic kernel too).
 
 from __future__ import annotations
 
-#: The kernels fa_lab models, by the names the api and the models use.
-KERNELS = ("swp_bf16", "swp_fp8", "generic")
 DUALWAVE_ARCH = "gfx950"
 DUALWAVE_HEAD_DIMS = (64, 128)
 #: _DENSE_DUALWAVE_MIN_SEQ, _DENSE_DUALWAVE_LARGE_BATCH, _DENSE_DUALWAVE_MIN_SEQ_LARGE_BATCH

@@ -9,7 +9,7 @@ each per cycle: the ms of every call). ``CpuTimer`` reads a wall clock around ea
 ``measure`` times one callable; ``measure_cycle`` times several in alternation, so that
 neighbouring calls run under the same GPU clocks (under a power cap the SM clock moves
 within a fraction of a second); ``time_alternated`` repeats that in rounds, the
-leading callable moving from round to round. The benchmark (``fa_lab.bench``) and the
+leading callable moving from round to round. The benchmark (``fa_lab.studies.bench``) and the
 kernels' own tuners (``fa_lab.kernels``) both time with these.
 """
 

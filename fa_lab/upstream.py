@@ -25,8 +25,8 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 
-from . import policies
-from .policies import BY_KV_LEN, DEFAULT_THRESHOLD, Policy
+from fa_lab import policies
+from fa_lab.policies import BY_KV_LEN, DEFAULT_THRESHOLD, Policy
 
 
 @dataclass(frozen=True)

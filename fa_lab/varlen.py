@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_int
+from fa_lab.checks import check_int
 
 
 @dataclass(frozen=True)

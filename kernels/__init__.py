@@ -1,11 +1,13 @@
-"""Triton ports of the gfx950 attention kernels (installed as ``fa_lab.kernels``).
+"""The gfx950 attention kernel families (installed as ``fa_lab.kernels``).
 
-One package per kernel family, beside the model it ports (``fa_lab/models/<family>.py``):
-``swp_bf16/`` and ``swp_fp8/`` hold the family's faithful port (``faithful``) and its fast
-kernels (``fast``; bf16 also ``splitk``, ``varlen`` and the faithful split-K ``combine``);
-``generic.py`` and ``swa.py`` are faithful ports. Faithful kernels reproduce the model's
-schedule and every rescale decision; fast kernels keep the policy's semantics but choose
-their own tiling, for throughput only. ``_triton/`` holds the pieces they share.
+One package per family, each holding its exact model (``model``, the definition), its
+Triton ports (``faithful``: the model's schedule and every rescale decision; ``fast``:
+the policy's semantics with its own tiling, for throughput) and, in its ``__init__``, the
+``Family`` that says what each implementation runs (``fa_lab.capabilities``). ``FAMILIES``
+registers them; ``fa_lab.dispatch`` builds its table from it. Adding a family is a folder
+and a line in ``_PACKAGES``. ``_common/`` holds what the models share, ``_triton/`` the
+Triton pieces the ports share. Importing a family's package imports neither its model nor
+Triton: modules load when first used.
 """
 
 from __future__ import annotations
@@ -21,9 +23,31 @@ import re  # noqa: E402
 
 import torch  # noqa: E402
 
-#: The faithful port of each kernel name the api routes to.
-FAITHFUL = {"swp_bf16": "swp_bf16.faithful", "swp_fp8": "swp_fp8.faithful",
-            "generic": "generic", "swa": "swa"}
+#: The registered families' packages, one line each.
+_PACKAGES = (
+    "swp_bf16",
+    "swp_fp8",
+    "generic",
+    "swa",
+)
+#: name -> ``fa_lab.capabilities.Family``.
+FAMILIES = {}
+for _name in _PACKAGES:
+    _family = importlib.import_module(f"{__name__}.{_name}").FAMILY
+    if _family.name != _name:
+        raise ImportError(f"fa_lab.kernels.{_name} declares a family named {_family.name!r}")
+    FAMILIES[_name] = _family
+
+
+def module(family: str, kind: str = "model"):
+    """The module of ``family``'s implementation ``kind`` ("model", "faithful", "fast")."""
+    if family not in FAMILIES:
+        raise ValueError(f"no kernel family {family!r}; the families are {list(FAMILIES)}")
+    impls = FAMILIES[family].implementations
+    if kind not in impls:
+        raise NotImplementedError(f"the {family} family has no {kind} implementation; it has "
+                                  f"{list(impls)}")
+    return importlib.import_module(f"{__name__}.{family}.{impls[kind].module}")
 
 
 #: The oldest Triton the kernels run on (pyproject.toml's floor, which ``make test`` tests
@@ -52,8 +76,7 @@ def available() -> bool:
 
 
 def attention_module(name: str, backend: str, device: torch.device):
-    """The faithful Triton port of kernel ``name`` ("swp_bf16", "swp_fp8", "generic",
-    "swa"; ``FAITHFUL``) for ``backend`` 'triton' or 'interpret', after checking that the
+    """The faithful Triton port of family ``name`` (``FAMILIES``) for ``backend`` 'triton' or 'interpret', after checking that the
     tensors can run there."""
     if backend == "triton" and device.type != "cuda":
         raise ValueError(f"backend='triton' needs CUDA/ROCm tensors, got tensors on {device}; "
@@ -63,9 +86,7 @@ def attention_module(name: str, backend: str, device: torch.device):
     why = unavailable()
     if why:
         raise RuntimeError(f"backend={backend!r} cannot run: {why}")
-    if name not in FAITHFUL:
-        raise NotImplementedError(f"no Triton port of {name} yet; use backend='emulator'")
-    return importlib.import_module(f"{__name__}.{FAITHFUL[name]}")
+    return module(name, "faithful")
 
 
 def exact_dots(enabled: bool = True):

@@ -1,4 +1,4 @@
-"""fa_lab.adversary: the search, the shrinking, the checked-in inputs that broke a policy."""
+"""fa_lab.studies.adversary: the search, the shrinking, the checked-in inputs that broke a policy."""
 
 import dataclasses
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab import adversary as A
+from fa_lab.studies import adversary as A
 from fa_lab import cli
-from fa_lab.models.swp_bf16 import softmax_scale_log2
+from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
 REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("*.npz"))
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.models import swp_bf16, swp_fp8
+from fa_lab.kernels.swp_bf16 import model as swp_bf16
+from fa_lab.kernels.swp_fp8 import model as swp_fp8
 
 BF = torch.bfloat16
 F8 = torch.float8_e4m3fn

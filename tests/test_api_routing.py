@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.experiments import bf16_inputs
-from fa_lab.models import generic, swp_bf16
+from fa_lab.studies.experiments import bf16_inputs
+from fa_lab.kernels.generic import model as generic
+from fa_lab.kernels.swp_bf16 import model as swp_bf16
 from fa_lab.policies import get as get_policy
 
 

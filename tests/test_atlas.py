@@ -1,4 +1,4 @@
-"""fa_lab.atlas: the atlas's heatmaps, one cell picked and opened in the lane dashboard."""
+"""fa_lab.lab.atlas: the atlas's heatmaps, one cell picked and opened in the lane dashboard."""
 
 import math
 
@@ -11,7 +11,8 @@ pytest.importorskip("plotly", reason="the lab's figures need plotly (pip install
 import plotly.graph_objects as go
 from plotly.callbacks import Points
 
-from fa_lab import atlas, sweep
+from fa_lab.lab import atlas
+from fa_lab.studies import sweep
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_bad_tables_are_refused(grid):
     mine = grid.assign(policy=grid.policy.replace("lazy", "not_registered"))
     with pytest.raises(ValueError, match=r"^policy='not_registered' is not registered"):
         atlas.pick(mine, "not_registered", 64, 8)
-    with pytest.raises(TypeError, match=r"^cell must be a fa_lab.atlas.Cell"):
+    with pytest.raises(TypeError, match=r"^cell must be a fa_lab.lab.atlas.Cell"):
         atlas.open_cell(("lazy", 64, 8))
 
 

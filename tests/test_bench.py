@@ -1,4 +1,4 @@
-"""fa_lab.bench: the FLOP count, the table it prints, its figure and its guards; the
+"""fa_lab.studies.bench: the FLOP count, the table it prints, its figure and its guards; the
 interleaved rounds, their statistics and the fp32 reference, on the CPU (with callables
 whose time a test controls, through the harness's own CPU timer); the CUDA timer on a GPU."""
 
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fa_lab import bench, cli
+from fa_lab import cli
+from fa_lab.studies import bench
 
 from _shared import CappedClock, VirtualTime
 

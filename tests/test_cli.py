@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from fa_lab import cli, experiments as ex, results
+from fa_lab import cli, results
+from fa_lab.studies import experiments as ex
 
 
 def _env(results_dir):

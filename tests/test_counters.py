@@ -3,7 +3,7 @@
 import pytest
 
 from fa_lab.api import count_rescales
-from fa_lab.experiments import bf16_inputs, drag_case, fp8_inputs
+from fa_lab.studies.experiments import bf16_inputs, drag_case, fp8_inputs
 
 
 @pytest.fixture(scope="module")

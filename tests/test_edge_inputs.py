@@ -24,9 +24,9 @@ import torch
 
 import fa_lab
 from fa_lab import dispatch
-from fa_lab.experiments import bf16_inputs, quantize_e4m3
-from fa_lab.models import swa as swa_model
-from fa_lab.models import swp_fp8
+from fa_lab.studies.experiments import bf16_inputs, quantize_e4m3
+from fa_lab.kernels.swa import model as swa_model
+from fa_lab.kernels.swp_fp8 import model as swp_fp8
 from fa_lab.numerics import E4M3_MAX
 
 BF, F8 = torch.bfloat16, torch.float8_e4m3fn

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from fa_lab import cli, experiments as ex
+from fa_lab import cli
+from fa_lab.studies import experiments as ex
 
 
 def test_bf16_table_small():

@@ -15,8 +15,8 @@ import torch
 import fa_lab
 from fa_lab import flydsl
 from fa_lab.compare import tensor_diff
-from fa_lab.experiments import drag_case
-from fa_lab.models import swp_bf16 as model
+from fa_lab.studies.experiments import drag_case
+from fa_lab.kernels.swp_bf16 import model as model
 
 
 def small(seed=0, k_scale=1.0, S=64, H=2):
@@ -62,7 +62,7 @@ def fake_upstream(monkeypatch, tmp_path):
     no return_lse) that records its arguments and answers with the model."""
     (tmp_path / "fake_flydsl_iface.py").write_text(textwrap.dedent('''
         import torch
-        from fa_lab.models import swp_bf16
+        from fa_lab.kernels.swp_bf16 import model as swp_bf16
         from fa_lab.policies import get as get_policy
         CALLS = []
         def flydsl_flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None,

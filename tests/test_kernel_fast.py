@@ -17,14 +17,14 @@ import triton.language as tl
 
 import fa_lab
 from _shared import BF16_TOL, check_against_reference, sm90_target
-from fa_lab import experiments as ex
+from fa_lab.studies import experiments as ex
 from fa_lab import policies, reference
 from fa_lab.kernels._triton import fast as common_fast
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 from fa_lab.metrics import rel_l2
-from fa_lab.models import swp_fp8
+from fa_lab.kernels.swp_fp8 import model as swp_fp8
 
 FP8 = torch.float8_e4m3fn
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 from _shared import check_against_reference
 
-from fa_lab import experiments as ex
+from fa_lab.studies import experiments as ex
 from fa_lab import policies, reference, varlen
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_bf16 import splitk as fast_bf16_splitk
 from fa_lab.metrics import rel_l2
-from fa_lab.models import swp_bf16
+from fa_lab.kernels.swp_bf16 import model as swp_bf16
 
 BF16 = torch.bfloat16
 SMALL = Config(64, 64, 4, 1, False)  # the interpreter's default tiles

@@ -1,7 +1,7 @@
 """The faithful Triton port of the generic bf16/f16 forward against its model.
 
 The kernel runs through Triton's interpreter on CPU tensors and must agree with the model
-(``fa_lab.models.generic``): identical NaN, +inf and -inf masks on out and LSE, finite
+(``fa_lab.kernels.generic.model``): identical NaN, +inf and -inf masks on out and LSE, finite
 values equal up to fp32 summation order (``assert_matches_model``), and traces equal
 tile for tile. Covered: causal and not, GQA, ragged Sq != Skv, upstream's skipped
 padding mask (Sq % 64 == 0: the last key counted again), the 128-column step with
@@ -21,7 +21,7 @@ import triton.language as tl
 import fa_lab
 from fa_lab.kernels import generic
 from fa_lab.kernels._triton import util as _triton_util
-from fa_lab.models import generic as model
+from fa_lab.kernels.generic import model as model
 from fa_lab.trace import TraceRecorder
 from test_kernel_swp_bf16 import assert_matches_model, assert_same_masks, make_inputs
 from test_model_generic import check_against_reference

@@ -1,7 +1,7 @@
 """The faithful Triton port of the gfx950 SWA sliding-window kernel against its model.
 
 The kernel runs through Triton's interpreter on CPU tensors and must agree with the model
-(``fa_lab.models.swa``): identical NaN, +inf and -inf masks on out and LSE, finite values
+(``fa_lab.kernels.swa.model``): identical NaN, +inf and -inf masks on out and LSE, finite values
 equal up to fp32 summation order, and traces equal tile for tile (every ballot exact).
 Covered: causal and two-sided windows, no window, GQA, bands clamped at both ends, the
 -30 floor (rows whose P all underflow: out 0, LSE -inf), the upstream "lazy" rescale
@@ -17,7 +17,7 @@ from _shared import assert_lse_close
 
 import fa_lab
 from fa_lab.kernels import swa
-from fa_lab.models import swa as model
+from fa_lab.kernels.swa import model as model
 from fa_lab.trace import TraceRecorder
 from test_kernel_swp_bf16 import assert_same_masks, assert_traces_match
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 import fa_lab
 from fa_lab import reference
-from fa_lab.experiments import bf16_inputs, drag_case
+from fa_lab.studies.experiments import bf16_inputs, drag_case
 from fa_lab.kernels._triton import util as _triton_util
 from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
 from fa_lab.policies import Policy

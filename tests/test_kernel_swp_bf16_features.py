@@ -23,7 +23,7 @@ from fa_lab import reference
 from fa_lab.kernels._triton.util import launch
 from fa_lab.kernels.swp_bf16 import combine as swp_bf16_splitk
 from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
-from fa_lab.models import swp_bf16 as model
+from fa_lab.kernels.swp_bf16 import model as model
 from fa_lab.policies import Policy
 from fa_lab.policies import get as get_policy
 from test_kernel_swp_bf16 import (POLICIES, UNIT_ROUNDOFF, assert_same_masks,

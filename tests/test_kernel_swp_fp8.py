@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.experiments import fp8_inputs, quantize_e4m3
+from fa_lab.studies.experiments import fp8_inputs, quantize_e4m3
 from fa_lab.kernels.swp_fp8 import faithful as swp_fp8
 from fa_lab.numerics import E4M3_MAX, e4m3
 from fa_lab.policies import Policy
@@ -368,7 +368,7 @@ def test_works_under_triton_interpret_env():
         import torch, fa_lab
         from triton.runtime.interpreter import InterpretedFunction
         from fa_lab.kernels.swp_fp8 import faithful as swp_fp8
-        from fa_lab.experiments import fp8_inputs
+        from fa_lab.studies.experiments import fp8_inputs
         assert isinstance(swp_fp8._fwd_kernel, InterpretedFunction)
         (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 256, 1, 5000)
         kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=True,

@@ -9,9 +9,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from fa_lab import reference
-from fa_lab.experiments import bf16_inputs
+from fa_lab.studies.experiments import bf16_inputs
 from fa_lab.metrics import rel_l2
-from fa_lab.models import generic, swp_bf16
+from fa_lab.kernels.generic import model as generic
+from fa_lab.kernels.swp_bf16 import model as swp_bf16
 from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 

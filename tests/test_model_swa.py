@@ -11,9 +11,10 @@ from hypothesis import given, settings, strategies as st
 
 import fa_lab
 from fa_lab import reference
-from fa_lab.experiments import bf16_inputs
+from fa_lab.studies.experiments import bf16_inputs
 from fa_lab.metrics import rel_l2
-from fa_lab.models import swa, swp_bf16
+from fa_lab.kernels.swa import model as swa
+from fa_lab.kernels.swp_bf16 import model as swp_bf16
 from fa_lab.policies import Policy, get as get_policy
 from fa_lab.trace import TraceRecorder
 

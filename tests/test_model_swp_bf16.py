@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 import fa_lab
 from fa_lab import reference
-from fa_lab.experiments import bf16_inputs, drag_case
-from fa_lab.models.swp_bf16 import softmax_scale_log2
+from fa_lab.studies.experiments import bf16_inputs, drag_case
+from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 

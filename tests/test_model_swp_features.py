@@ -8,7 +8,7 @@ import torch
 
 import fa_lab
 from fa_lab import metrics, reference
-from fa_lab.experiments import bf16_inputs
+from fa_lab.studies.experiments import bf16_inputs
 
 U = 2.0**-8  # bf16 unit roundoff
 
@@ -104,7 +104,7 @@ def test_bad_modifiers(inputs, kw, exc, words):
 
 
 def test_modifiers_rejected_on_fp8():
-    from fa_lab.experiments import fp8_inputs
+    from fa_lab.studies.experiments import fp8_inputs
     (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 64, 2, 1.0)
     with pytest.raises(ValueError, match="sink is not supported with float8"):
         fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,

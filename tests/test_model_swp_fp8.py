@@ -7,8 +7,8 @@ import torch
 
 import fa_lab
 from fa_lab import metrics, reference
-from fa_lab.experiments import fp8_inputs, quantize_e4m3
-from fa_lab.models.swp_fp8 import log2_scale
+from fa_lab.studies.experiments import fp8_inputs, quantize_e4m3
+from fa_lab.kernels.swp_fp8.model import log2_scale
 
 
 def run(inputs, descales, **kw):

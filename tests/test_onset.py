@@ -1,4 +1,4 @@
-"""fa_lab.onset: the NaN-onset predictor against the model, row by row (CPU sizes)."""
+"""fa_lab.studies.onset: the NaN-onset predictor against the model, row by row (CPU sizes)."""
 
 import contextlib
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab import experiments as ex
-from fa_lab import onset
+from fa_lab.studies import experiments as ex
+from fa_lab.studies import onset
 from fa_lab.results import RESULTS_DIR
 
 
@@ -199,7 +199,7 @@ def test_bias_and_alibi_row_for_row():
     rows a non-causal prologue fully masked starts from the base -inf (NaN at step 1)."""
     import numpy as np
 
-    from fa_lab import adversary as A
+    from fa_lab.studies import adversary as A
 
     sp = A.SPACES["scores"].with_mods("bias,alibi")
     rng = np.random.default_rng(3)

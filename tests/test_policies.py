@@ -10,7 +10,7 @@ import torch
 
 import fa_lab
 from fa_lab import Policy, policies as P, upstream
-from fa_lab.experiments import bf16_inputs, fp8_inputs
+from fa_lab.studies.experiments import bf16_inputs, fp8_inputs
 
 
 def r(**kw):
@@ -231,7 +231,7 @@ def test_pr1020_normalisation_holds_with_defaults():
     q = torch.randn(1, S, 1, D)
     k = torch.randn(1, S, 1, D) * 200
     v = torch.ones(1, S, 1, D)
-    from fa_lab.experiments import quantize_e4m3
+    from fa_lab.studies.experiments import quantize_e4m3
     (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(t) for t in (q, k, v))
     out = fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
                                  causal=False, dualwave_swp_lazy_rescale=False, backend="emulator")

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import fa_lab
+from fa_lab.kernels import FAMILIES
 from fa_lab import Policy, capabilities, dispatch, policies
-from fa_lab.experiments import drag_case, fp8_inputs
+from fa_lab.studies.experiments import drag_case, fp8_inputs
 from fa_lab.numerics import fmax
 
 USER = {
@@ -47,7 +48,7 @@ def _names():
 def test_bf16_policy_runs_with_its_semantics_or_is_refused(name, backend):
     q, k, v = drag_case(n_tiles=8)
     pol = policies.get(name)
-    why = capabilities.policy_refusal(capabilities.CAPS[("swp_bf16", IMPL[backend])], pol, "x")
+    why = capabilities.policy_refusal(FAMILIES["swp_bf16"].caps(IMPL[backend]), pol, "x")
     if why is not None:
         field = "rule" if pol.rule is not None else ("vote" if "vote=" in why else "rebase")
         with pytest.raises(ValueError, match=rf"{field}.*backend='{backend}'|"
@@ -82,7 +83,7 @@ def test_fp8_policy_runs_or_is_refused(name, backend):
     (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 256, 1, 3000.0, seed=0)
     kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, rescale=name)
     pol = policies.get(name)
-    why = capabilities.policy_refusal(capabilities.CAPS[("swp_fp8", IMPL[backend])], pol, "x")
+    why = capabilities.policy_refusal(FAMILIES["swp_fp8"].caps(IMPL[backend]), pol, "x")
     if why is not None:
         with pytest.raises(ValueError, match=f"backend='{backend}'|Python rule"):
             fa_lab.flash_attn_func(q8, k8, v8, backend=backend, **kw)
@@ -98,4 +99,8 @@ def test_fp8_policy_runs_or_is_refused(name, backend):
 
 def test_every_table_entry_has_its_capabilities():
     for (family, backend), e in dispatch.TABLE.items():
-        assert e.caps is capabilities.CAPS[(family, dispatch.IMPLEMENTATION[backend])]
+        assert e.caps is FAMILIES[family].caps(dispatch.IMPLEMENTATION[backend])
+    # every family's every implementation has its entries, and nothing else does
+    want = {(f, b) for f, fam in FAMILIES.items() for b, i in dispatch.IMPLEMENTATION.items()
+            if i in fam.implementations}
+    assert set(dispatch.TABLE) == want

@@ -43,8 +43,8 @@ from hypothesis import HealthCheck, assume, given, note, settings, strategies as
 
 import fa_lab
 from fa_lab import dispatch, policies, reference
-from fa_lab.experiments import bf16_inputs, fp8_inputs, quantize_e4m3
-from fa_lab.models import swa as swa_model
+from fa_lab.studies.experiments import bf16_inputs, fp8_inputs, quantize_e4m3
+from fa_lab.kernels.swa import model as swa_model
 
 SCALE = float(os.environ.get("FA_LAB_PROPERTY_SCALE", "1"))
 BF, F16, F8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
@@ -232,7 +232,7 @@ def promised_exact(info) -> bool:
             and info["Skv"] % 64):
         # upstream's generic kernel skips the KV padding mask for non-causal calls with
         # Sq % 64 == 0 and clamps K/V reads past Skv to the last key, which it then attends
-        # to 64 * ceil(Skv / 64) - Skv + 1 times (fa_lab.models.generic, "Masks"): modelled
+        # to 64 * ceil(Skv / 64) - Skv + 1 times (fa_lab.kernels.generic.model, "Masks"): modelled
         # as upstream does it, so not the reference's answer
         return False
     if pol.rule is not None or not pol.lazy:  # the rule is fmax: eager semantics

@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import pytest
 
-from fa_lab import experiments as ex
+from fa_lab.studies import experiments as ex
 from fa_lab import results
 
 BAD_NAMES = ["../x", "..", ".", "", "  ", "a/b", "a\\b", "/tmp/x", os.path.abspath("x"),

@@ -7,7 +7,8 @@ import pytest
 
 from fa_lab import policies
 from fa_lab.dispatch import TABLE, choose_kernel, supports
-from fa_lab.routing import KERNELS, dense_routes_to_dualwave
+from fa_lab.dispatch import ROUTED as KERNELS
+from fa_lab.routing import dense_routes_to_dualwave
 
 
 @pytest.mark.parametrize("batch,seqlen_q,expected", [

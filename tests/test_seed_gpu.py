@@ -4,7 +4,7 @@ machines; the committed data/results/seed_*_h200.json came from these runs)."""
 import pytest
 import torch
 
-from fa_lab import experiments as ex
+from fa_lab.studies import experiments as ex
 
 pytestmark = pytest.mark.gpu
 

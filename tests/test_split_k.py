@@ -6,8 +6,8 @@ import torch
 
 import fa_lab
 from fa_lab import reference
-from fa_lab.experiments import bf16_inputs
-from fa_lab.models.swp_bf16 import split_ranges
+from fa_lab.studies.experiments import bf16_inputs
+from fa_lab.kernels.swp_bf16.model import split_ranges
 
 
 @pytest.mark.parametrize("n, splits, want", [

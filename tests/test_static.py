@@ -278,10 +278,10 @@ def test_the_check_finds_missing_names_chains_and_unimported_submodules(tmp_path
         "4: from fa_lab.timing import no_such_function",
         "5: import fa_lab.no_such_module (No module named 'fa_lab.no_such_module')",
         "6: helper.gone (helper has no gone)",
-        "7: bench.NO_SUCH (fa_lab.bench has no NO_SUCH)",
+        "7: bench.NO_SUCH (fa_lab.studies.bench has no NO_SUCH)",
         "8: f8.TransposedV.nope (TransposedV has no nope)",
         "8: f8.no_such (fa_lab.kernels.swp_fp8.fast has no no_such)",
         "10: torch.cuda.nope (torch.cuda has no nope)",
         "11: helper.hopper.nope (fa_lab.kernels.swp_bf16.hopper has no nope)",
-        "13: fa_lab.onset (a submodule that neither the file nor `import fa_lab` imports)",
+        "13: fa_lab.studies.onset (a submodule that neither the file nor `import fa_lab` imports)",
     ]

@@ -1,7 +1,7 @@
-"""fa_lab.sweep on a real LocalCluster (2 worker processes, one torch thread each).
+"""fa_lab.studies.sweep on a real LocalCluster (2 worker processes, one torch thread each).
 
 Nothing is mocked: the cluster is Dask's own, workers are killed with SIGKILL, a whole
-sweep is run as `python -m fa_lab.sweep` in a subprocess and killed midway.
+sweep is run as `python -m fa_lab.studies.sweep` in a subprocess and killed midway.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import torch
 import yaml
 
 import fa_lab
-from fa_lab import experiments as ex
-from fa_lab import metrics, reference, sweep
+from fa_lab.studies import experiments as ex
+from fa_lab import metrics, reference
+from fa_lab.studies import sweep
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +257,7 @@ def test_killed_sweep_resumes_with_only_the_missing_points(client, tmp_path, one
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     log = open(tmp_path / "sweep.log", "wb")
     # the CLI, with its own LocalCluster (client=None)
-    proc = subprocess.Popen([sys.executable, "-m", "fa_lab.sweep", str(grid_file), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "fa_lab.studies.sweep", str(grid_file), "--out",
                              str(tmp_path), "--no-progress"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import fa_lab
-from fa_lab.experiments import bf16_inputs, fp8_inputs
+from fa_lab.studies.experiments import bf16_inputs, fp8_inputs
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
 

@@ -13,7 +13,7 @@ import torch
 
 import fa_lab
 from fa_lab import dispatch
-from fa_lab.experiments import bf16_inputs
+from fa_lab.studies.experiments import bf16_inputs
 from fa_lab.trace import normalize_rows
 
 B, S, H, D = 2, 64, 2, 64

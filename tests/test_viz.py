@@ -1,4 +1,4 @@
-"""fa_lab.viz: what goes in comes out in the figure, colours per policy stay put, values
+"""fa_lab.lab.viz: what goes in comes out in the figure, colours per policy stay put, values
 that cannot be plotted are marked, bad input is refused, and every figure can travel to
 a FigureWidget (strict JSON, no NaN)."""
 
@@ -17,7 +17,9 @@ pytest.importorskip("plotly", reason="the lab's figures need plotly (pip install
 import plotly.graph_objects as go
 import torch
 
-from fa_lab import experiments, flash_attn_func, trace, viz
+from fa_lab import flash_attn_func, trace
+from fa_lab.studies import experiments
+from fa_lab.lab import viz
 
 # S = 512 at K x64 is the smallest bf16 case where the unfixed lazy rescale makes NaN rows.
 S_BF16, K_BF16 = 512, 64

@@ -1,4 +1,4 @@
-"""fa_lab.widgets: the dashboards' callbacks as plain functions (numbers against an
+"""fa_lab.lab.widgets: the dashboards' callbacks as plain functions (numbers against an
 independent computation, data that changes when the K scale does, bad values refused),
 and the wiring that copies their figures into FigureWidgets."""
 
@@ -17,7 +17,9 @@ import torch
 
 import pandas as pd
 
-from fa_lab import experiments, flash_attn_func, metrics, reference, viz, widgets
+from fa_lab import flash_attn_func, metrics, reference
+from fa_lab.studies import experiments
+from fa_lab.lab import viz, widgets
 from fa_lab import trace as fa_trace
 
 S, H = 512, 1  # small: K x64 still makes NaN rows here, K x8 none

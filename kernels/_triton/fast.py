@@ -25,14 +25,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor  # host-side TMA descriptors
 
 from fa_lab import checks
-from fa_lab.models import geometry
-from fa_lab.models.swp_bf16 import softmax_scale_log2  # c, exactly as the model
+from fa_lab.kernels._common import geometry
+from fa_lab.kernels.swp_bf16.model import softmax_scale_log2  # c, exactly as the model
 from fa_lab.policies import Policy
 
 from .tuner import Tuner
 from .util import launch
 
-#: Rows that vote together, as one gfx950 wave does (fa_lab.models.geometry.WAVE_ROWS).
+#: Rows that vote together, as one gfx950 wave does (fa_lab.kernels._common.geometry.WAVE_ROWS).
 WAVE_ROWS = 32
 #: The range of ``Config.maxnreg`` (ptxas's ``.maxnreg``, registers per thread): 255 is an
 #: NVIDIA thread's most, and ptxas raises a cap below 24 to 24.
@@ -252,7 +252,7 @@ def launch_fast(kernel, tuned: dict, grid, args, meta: dict, config, interpret: 
 
 
 #: Split-K cuts each 256-row query block's KV walk into even numbers of 64-column tiles
-#: (fa_lab.models.swp_bf16.split_ranges): boundaries fall on multiples of 128 columns, and
+#: (fa_lab.kernels.swp_bf16.model.split_ranges): boundaries fall on multiples of 128 columns, and
 #: a fast kernel's tiles and query blocks must nest in them.
 SPLIT_COLUMN_ALIGN = 2 * geometry.BLOCK_N
 SPLIT_ROW_BLOCK = geometry.BLOCK_M

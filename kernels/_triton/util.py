@@ -188,7 +188,7 @@ def rows_per_program(interpret: bool, rows: int | None) -> int:
     """Query rows per faithful-kernel program: whole 32-row waves of one 256-row block.
     Default: two waves compiled (data/results/probe_faithful_h200.json times the others), the
     whole block interpreted (speed). Either is exact: a wave's vote reads only its rows."""
-    from fa_lab.models.geometry import BLOCK_M, WAVE_ROWS
+    from fa_lab.kernels._common.geometry import BLOCK_M, WAVE_ROWS
 
     if rows is None:
         return BLOCK_M if interpret else 2 * WAVE_ROWS

@@ -1,7 +1,7 @@
 """Split-K for the faithful DUALWAVE_SWP bf16/f16 port (``faithful``): where each split's
 tiles start and end, and the pass that combines the splits.
 
-Same semantics as ``fa_lab.models.swp_bf16._split_k``: the forward kernel runs one program
+Same semantics as ``fa_lab.kernels.swp_bf16.model._split_k``: the forward kernel runs one program
 per (rows, batch x head, split); each split walks its own tiles [t0, t_end) of the block's
 N with the full schedule (its own prologue, lazy loop and eager epilogue) and stores its
 partial output rounded to the 16-bit dtype, normalised by its own l, plus its fp32 running
@@ -33,7 +33,7 @@ EMPTY_M = -1e30
 @triton.jit
 def split_range(n_tiles, split, num_splits):
     """[t0, t_end) of ``split`` among ``num_splits`` over a block's ``n_tiles`` (even)
-    tiles, as ``fa_lab.models.swp_bf16.split_ranges``: chunks of ceil(N / splits) rounded
+    tiles, as ``fa_lab.kernels.swp_bf16.model.split_ranges``: chunks of ceil(N / splits) rounded
     up to even, at least 6; a remainder under 4 tiles joins the split before it; a split
     that would start with fewer than 4 tiles left is empty (t0 == t_end)."""
     chunk = tl.maximum(((n_tiles + num_splits - 1) // num_splits + 1) // 2 * 2, 6)

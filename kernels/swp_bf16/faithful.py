@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 DUALWAVE_SWP bf16/f16 forward.
 
-Same semantics as ``fa_lab.models.swp_bf16`` (docs/semantics.md §2), decision for
+Same semantics as ``fa_lab.kernels.swp_bf16.model`` (docs/semantics.md §2), decision for
 decision. One program per (batch, head, run of whole 32-row waves inside one 256-row
 block): one wave when compiled, the whole block in the interpreter. Either is exact
 because the lazy ballot is a vote of a wave's own 32 rows (padding rows past Sq read
@@ -51,13 +51,14 @@ import triton
 import triton.language as tl
 
 from fa_lab.checks import check_mod, check_qkv
-from fa_lab.models.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS, padded_rows, tiles_for_block
-from fa_lab.models.swp_bf16 import softmax_scale_log2, split_ranges
+from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS, padded_rows, tiles_for_block
+from fa_lab.kernels.swp_bf16.model import softmax_scale_log2, split_ranges
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, LOG2E, f32
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 
+from . import FAMILY
 from .._triton.dots import dot16, launch_dots, load16, program_scratch
 from .._triton.faithful import pv_part, record_step, wave_ballot
 from .._triton.trace_plan import N_FIELDS as _N_FIELDS
@@ -349,7 +350,7 @@ def _check_inputs(q, k, v, causal, policy, recorder, interpret, batch_heads=None
                                       kernel="the swp_bf16 kernel")
     check_launch((q, k, v), ("q", "k", "v"), batch_heads=batch_heads or B * H, causal=causal,
                  recorder=recorder, interpret=interpret)
-    check_policy(policy, KERNEL, "faithful")
+    check_policy(policy, FAMILY, "faithful")
 
 
 def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret, Sq, Skv,
@@ -419,7 +420,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, any strides.
 
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log), as
-    ``fa_lab.models.swp_bf16.forward``, with the same optional ``bias`` [Sq, Skv] (q's
+    ``fa_lab.kernels.swp_bf16.model.forward``, with the same optional ``bias`` [Sq, Skv] (q's
     dtype), ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (fp32), natural-log units, and
     ``num_kv_splits`` (split-K with its combine pass). ``interpret=True`` runs Triton's
     interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.

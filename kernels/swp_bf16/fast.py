@@ -1,7 +1,7 @@
 """Fast Triton flash-attention forward, bf16/f16, with the gfx950 rescale policies.
 
 For throughput, not for reproducing the faithful model bit for bit. What it keeps from
-``fa_lab.models.swp_bf16`` (the policy semantics):
+``fa_lab.kernels.swp_bf16.model`` (the policy semantics):
 
 - Q is pre-scaled into log2 units and rounded once to the input dtype
   (``Qs = round(Q * c)``, ``c = f32(1/sqrt(D)) * f32(log2 e)``); scores are fp32.
@@ -53,6 +53,7 @@ import triton.language as tl
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 
+from . import FAMILY
 from .._triton import fast as common
 from .._triton.fast import Config, load_q, lse, normalise, program_rows, walk
 from . import hopper, splitk
@@ -63,7 +64,7 @@ KERNEL = "fast_bf16"
 HEAD_DIMS = common.BF16_HEAD_DIMS
 DTYPES = common.BF16_DTYPES
 
-#: What fa_lab.bench.config_sweep times (pinned, one by one) on a new GPU. On an H200
+#: What fa_lab.studies.bench.config_sweep times (pinned, one by one) on a new GPU. On an H200
 #: BLOCK_M 128 with 4 warps spills registers at D128 (it stays for D64), and BLOCK_N 128
 #: with 3 stages over-runs shared memory.
 CANDIDATE_CONFIGS = (
@@ -132,7 +133,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     common.check_qkv(q, k, v, DTYPES, HEAD_DIMS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    check_policy(policy, "swp_bf16", "fast")
+    check_policy(policy, FAMILY, "fast")
     common.check_device(q, interpret)
     if isinstance(config, HopperConfig):
         if interpret:

@@ -62,6 +62,7 @@ from fa_lab import timing
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 
+from . import FAMILY
 from .._triton import fast as common
 from .._triton import tuner
 
@@ -589,7 +590,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
     common.check_qkv(q, k, v, DTYPES, HEAD_DIMS)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    check_policy(policy, "swp_bf16", "fast")
+    check_policy(policy, FAMILY, "fast")
     if config is not None:
         if not isinstance(config, HopperConfig):
             raise TypeError(f"config must be a HopperConfig, got {type(config).__name__}")

@@ -1,7 +1,7 @@
 """Split-K for the fast bf16/f16 kernel: ``swp_bf16.fast.forward(..., num_kv_splits=S)``.
 
 The KV walk of each query block is cut where the model cuts it
-(``fa_lab.models.swp_bf16.split_ranges`` on the N 64-column tiles of the 256-row block that
+(``fa_lab.kernels.swp_bf16.model.split_ranges`` on the N 64-column tiles of the 256-row block that
 holds the rows; causal blocks have their own N), so the splits hold whole 128-column
 multiples and may be empty. One program per (query block, batch x head, split) walks its
 split's columns with the dense kernel's ``walk`` (``_triton.fast``): the split's first
@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.models.geometry import BLOCK_N as MODEL_BLOCK_N
-from fa_lab.models.geometry import tiles_for_block
-from fa_lab.models.swp_bf16 import split_ranges
+from fa_lab.kernels._common.geometry import BLOCK_N as MODEL_BLOCK_N
+from fa_lab.kernels._common.geometry import tiles_for_block
+from fa_lab.kernels.swp_bf16.model import split_ranges
 
 from .._triton import fast as common
 from .._triton.fast import BF16_CONFIGS, SPLIT_ROW_BLOCK, load_q, lse, normalise, walk

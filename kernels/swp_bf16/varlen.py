@@ -25,6 +25,7 @@ from fa_lab import varlen
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 
+from . import FAMILY
 from .._triton import fast as common
 from .._triton.fast import (BF16_CONFIGS, BF16_DTYPES, BF16_HEAD_DIMS, BF16_INTERPRET_CONFIG,
                             Config, load_q, lse, normalise, walk)
@@ -102,7 +103,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    check_policy(policy, "swp_bf16", "fast")
+    check_policy(policy, FAMILY, "fast")
     common.check_device(q, interpret)
     config = common.check_config(config, fp8=False)
     if config is None and interpret:

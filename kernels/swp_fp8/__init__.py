@@ -1,5 +1,17 @@
-"""The gfx950 fp8 BN128 forward (``fa_lab.models.swp_fp8``) in Triton.
+"""The gfx950 fp8 BN128 forward: its exact model and its Triton ports.
 
+- ``model``: the exact PyTorch model (the definition; ``docs/semantics.md`` §3).
 - ``faithful``: the faithful port of ``DualwaveFp8SoftmaxHelper``, row for row.
 - ``fast``: the fast kernel (the fp8 policies' semantics, its own tiling).
 """
+
+from fa_lab.capabilities import ALL_REBASES, ALL_VOTES, FP8, Caps, Family, Implementation
+
+FAMILY = Family(
+    "swp_fp8", "the fp8 (e4m3) DUALWAVE_SWP kernel: raw-domain maxima, 128-column decisions",
+    {"model": Implementation("model", Caps(FP8, (128,), frozenset({"trace"}), ALL_VOTES,
+                                           ALL_REBASES, rules=True)),
+     "faithful": Implementation("faithful", Caps(FP8, (128,), frozenset({"trace"}), ALL_VOTES,
+                                                 ALL_REBASES)),
+     "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), frozenset({"tile", "wave"}),
+                                         ALL_REBASES))})

@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 fp8 BN128 forward, ``DualwaveFp8SoftmaxHelper``.
 
-Same decisions as the model ``fa_lab.models.swp_fp8`` (docs/semantics.md §3), row for
+Same decisions as the model ``fa_lab.kernels.swp_fp8.model`` (docs/semantics.md §3), row for
 row: scores and the running max stay in the raw fp8-product domain, 64-column tiles are
 taken in pairs, the lazy policies vote per 32-row wave, P = exp2(fma(S, ls, -ls*m + H)),
 l sums P in fp32 before P is rounded to e4m3, and O accumulates e4m3(P) @ V8.
@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.models.geometry import BLOCK_M as ROWS_PER_BLOCK
-from fa_lab.models.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
-from fa_lab.models.swp_fp8 import HEAD_DIM, log2_scale
+from fa_lab.kernels._common.geometry import BLOCK_M as ROWS_PER_BLOCK
+from fa_lab.kernels._common.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
+from fa_lab.kernels.swp_fp8.model import HEAD_DIM, log2_scale
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
@@ -45,6 +45,7 @@ from fa_lab.trace import TraceRecorder
 
 from fa_lab.checks import check_descale, check_qkv
 
+from . import FAMILY
 from .._triton.faithful import record_step
 from .._triton.trace_plan import N_FIELDS as _N_FIELDS
 from .._triton.trace_plan import TracePlan
@@ -288,7 +289,7 @@ def _check_inputs(q8, k8, v8, causal, policy, saturate, recorder, interpret):
                                       kernel="the fp8 kernel", names=("q8", "k8", "v8"))
     check_launch((q8, k8, v8), ("q8", "k8", "v8"), batch_heads=B * H, causal=causal,
                  recorder=recorder, interpret=interpret)
-    check_policy(policy, KERNEL, "faithful")
+    check_policy(policy, FAMILY, "faithful")
     if not isinstance(saturate, bool):
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
 
@@ -299,7 +300,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
             interpret: bool = False, rows_per_program: int | None = None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn, any strides.
 
-    Same contract as ``fa_lab.models.swp_fp8.forward``: returns (out [B, Sq, H, 128] bf16,
+    Same contract as ``fa_lab.kernels.swp_fp8.model.forward``: returns (out [B, Sq, H, 128] bf16,
     lse [B, H, Sq] fp32, the model's LSE read-out). ``interpret=True`` runs Triton's
     interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA tensors.
     ``rows_per_program``: query rows per program, whole waves of one 256-row block (32,

@@ -1,7 +1,7 @@
 """Fast Triton fp8 (float8_e4m3fn) flash-attention forward with the fp8 rescale policies.
 
 For throughput, not for reproducing the faithful model bit for bit. What it keeps from
-``fa_lab.models.swp_fp8`` (the policy semantics):
+``fa_lab.kernels.swp_fp8.model`` (the policy semantics):
 
 - fp8 Q, K, V with fp32 per-tensor descales, D = 128, bf16 output. Scores and the running
   max m stay in the raw fp8-product domain; ``ls = c * q_descale * k_descale`` converts a
@@ -44,11 +44,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.models.swp_fp8 import log2_scale
+from fa_lab.kernels.swp_fp8.model import log2_scale
 from fa_lab.capabilities import check_policy
 from fa_lab.checks import check_descale
 from fa_lab.policies import Policy
 
+from . import FAMILY
 from .._triton import fast as common
 from .._triton.fast import (Config, block_any, load_tile, round_bf16_bits, round_e4m3_bits,
                             scores, walk_bounds, wave_any)
@@ -409,7 +410,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     for name, x in (("causal", causal), ("saturate", saturate)):
         if not isinstance(x, bool):
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
-    check_policy(policy, "swp_fp8", "fast")
+    check_policy(policy, FAMILY, "fast")
     common.check_device(q8, interpret)
     config = common.check_config(config, fp8=True)
     if config is None and interpret:

@@ -17,10 +17,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import metrics, reference, results
-from .api import flash_attn_func
-from .numerics import E4M3_MAX, e4m3
-from .policies import get as get_policy
+from fa_lab import metrics, reference, results
+from fa_lab.api import flash_attn_func
+from fa_lab.numerics import E4M3_MAX, e4m3
+from fa_lab.policies import get as get_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_DIR = ROOT / "data" / "seed"
@@ -103,7 +103,7 @@ def drag_case(*, n_tiles=8, rise=10.0, fall=40.0, trigger=True, D=64, dtype=torc
     ones, so every finite output is exactly 1. Under ``lazy_unfixed`` each loop tile rebases
     the victim down by ``fall``: its O and l grow by 2**fall per tile until they overflow.
     Returns q [1, 32, 1, D], k and v [1, 64 * n_tiles, 1, D]."""
-    from .models.swp_bf16 import softmax_scale_log2
+    from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
     if n_tiles < 4:
         raise ValueError(f"n_tiles must be >= 4 (the kernel's minimum), got {n_tiles}")

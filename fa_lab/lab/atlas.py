@@ -1,13 +1,14 @@
 """The atlas's heatmaps, and one cell of them opened in the lane dashboard.
 
-    from fa_lab import atlas, sweep
+    from fa_lab.lab import atlas
+    from fa_lab.studies import sweep
     table = sweep.load("bf16_seed_h200")            # one row per (policy, K scale, threshold)
     fig = atlas.heatmaps(table, ["lazy_unfixed", "lazy", "eager"])
     c = atlas.pick(table, "lazy_unfixed", 32, 8)     # the cell: its parameters and measurements
-    d = atlas.open_cell(c)                           # fa_lab.widgets.rescale_dashboard for it
+    d = atlas.open_cell(c)                           # fa_lab.lab.widgets.rescale_dashboard for it
     atlas.CellPicker(table, ["lazy_unfixed", "lazy"], figure=go.FigureWidget(fig))
 
-A **cell** is one point of a sweep table (``fa_lab.sweep``): a policy, a K scale and a
+A **cell** is one point of a sweep table (``fa_lab.studies.sweep``): a policy, a K scale and a
 threshold (a policy without a threshold, eager, has one run per K scale, drawn under every
 threshold column). ``pick`` checks that the cell exists, once, for a registered policy and a
 dtype a dashboard runs (bf16: ``widgets.rescale_dashboard``; fp8: ``widgets.fp8_dashboard``),
@@ -31,9 +32,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import policies
+from fa_lab import policies
 
-#: The columns a table needs (``fa_lab.sweep``'s results have them all).
+#: The columns a table needs (``fa_lab.studies.sweep``'s results have them all).
 COLUMNS = ("policy", "k_scale", "threshold")
 #: The NaN share's colour scale: log10 of the percentage, 0.001 % .. 100 %.
 PCT_TICKS = {"tickvals": [-3, -2, -1, 0, 1, 2],
@@ -57,7 +58,7 @@ def _check_table(table) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"table lacks the column(s) {missing}; a sweep table "
-                         f"(fa_lab.sweep.load) has {list(COLUMNS)}")
+                         f"(fa_lab.studies.sweep.load) has {list(COLUMNS)}")
     if table.empty:
         raise ValueError("table is empty: it has no cell to pick")
     return table
@@ -140,7 +141,7 @@ class Cell:
 
     def dashboard_args(self, *, S=None, H=None, max_S=None) -> dict:
         """The dashboard's keyword arguments for this cell (see the module docstring)."""
-        from . import widgets
+        from fa_lab.lab import widgets
 
         defaults = widgets.CPU_DEFAULTS if self.dtype == "bf16" else widgets.FP8_CPU_DEFAULTS
         max_S = defaults["S"] if max_S is None else max_S
@@ -236,10 +237,10 @@ def open_cell(cell: Cell, *, S=None, H=None, max_S=None, **dashboard_kw):
     """The lane dashboard (``widgets.rescale_dashboard``, fp8: ``widgets.fp8_dashboard``)
     opened on ``cell`` (``Cell.dashboard_args``); ``dashboard_kw`` go to the dashboard
     (``device``, ``backend``, ``row``, ...)."""
-    from . import widgets
+    from fa_lab.lab import widgets
 
     if not isinstance(cell, Cell):
-        raise TypeError(f"cell must be a fa_lab.atlas.Cell (atlas.pick), got {type(cell).__name__}")
+        raise TypeError(f"cell must be a fa_lab.lab.atlas.Cell (atlas.pick), got {type(cell).__name__}")
     args = {**cell.dashboard_args(S=S, H=H, max_S=max_S), **dashboard_kw}
     make = widgets.rescale_dashboard if cell.dtype == "bf16" else widgets.fp8_dashboard
     return make(**args)
@@ -354,7 +355,7 @@ class CellPicker:
                 hooked += 1
         if not hooked:
             raise ValueError("figure has no heatmap of a policy this picker offers "
-                             "(make it with fa_lab.atlas.heatmaps)")
+                             "(make it with fa_lab.lab.atlas.heatmaps)")
         return hooked
 
     def on_click(self, trace, points, selector=None):

@@ -2,7 +2,7 @@
 
 Every function takes something fa_lab already computed (a ``Trace``, an output tensor, an
 LSE tensor, a table from ``experiments``) and returns a ``plotly.graph_objects.Figure``;
-nothing here runs attention. The widgets in ``fa_lab.widgets`` call these same functions,
+nothing here runs attention. The widgets in ``fa_lab.lab.widgets`` call these same functions,
 so every view a dashboard shows can be rebuilt in a script.
 
 Conventions kept by every figure:
@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import policies
+from fa_lab import policies
 
 #: Colours of labels that are not registered policies (a policy's colour is its own,
 #: ``fa_lab.policies``): the fp8 tables' variant labels and other output sets.
@@ -44,7 +44,7 @@ LABEL_COLORS = {
 }
 #: Colour for names that are neither policies nor in LABEL_COLORS.
 OTHER_COLOR = "#8c8c8c"
-#: One colour per benchmarked implementation (``fa_lab.bench``'s ``impl`` names): a fast
+#: One colour per benchmarked implementation (``fa_lab.studies.bench``'s ``impl`` names): a fast
 #: kernel takes its policy's colour, so a policy looks the same in a timing chart as in an
 #: accuracy one; split-K and varlen variants are shades of the fixed lazy kernel's blue.
 IMPL_COLORS = {
@@ -1308,5 +1308,5 @@ def to_png(fig: go.Figure, path, *, width: int | None = None, height: int | None
         warnings.simplefilter("ignore", DeprecationWarning)
         png = _kaleido_scope().transform(fig, format="png", width=width, height=height,
                                          scale=scale)
-    from .experiments import atomic_write_bytes
+    from fa_lab.studies.experiments import atomic_write_bytes
     return atomic_write_bytes(path, png)

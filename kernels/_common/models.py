@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import exp2, fmax, ieee_fp32_matmul, le
-from ..policies import Policy
+from fa_lab.numerics import exp2, fmax, ieee_fp32_matmul, le
+from fa_lab.policies import Policy
 from .geometry import WAVE_ROWS, wave_any
 
 

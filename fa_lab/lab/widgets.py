@@ -1,4 +1,4 @@
-"""Dashboards: sliders and dropdowns that rerun the kernels and redraw fa_lab.viz figures.
+"""Dashboards: sliders and dropdowns that rerun the kernels and redraw fa_lab.lab.viz figures.
 
 Each dashboard is two layers:
 
@@ -46,10 +46,11 @@ import plotly.graph_objects as go
 import torch
 import traitlets
 
-from . import metrics, policies, reference, viz
-from .api import flash_attn_func, trace
-from .experiments import bf16_inputs, fp8_inputs, quantize_e4m3
-from .models.geometry import BLOCK_M, WAVE_ROWS
+from fa_lab import metrics, policies, reference
+from fa_lab.lab import viz
+from fa_lab.api import flash_attn_func, trace
+from fa_lab.studies.experiments import bf16_inputs, fp8_inputs, quantize_e4m3
+from fa_lab.kernels._common.geometry import BLOCK_M, WAVE_ROWS
 
 #: The built-in policies a dashboard compares, in display order; registered user policies
 #: join them (``compared``), and every registered policy is in the dropdowns.
@@ -674,7 +675,7 @@ class DashboardFigure(go.FigureWidget):
     trace, each property the figure left unset, as plotly.js filled it in. That report is
     the signal that the update is drawn. Plotly's own handler moves those defaults into
     the Python traces and tells the browser to drop its copies; the dashboards never read
-    them (every figure comes whole from ``fa_lab.viz``), and the handler raises on a
+    them (every figure comes whole from ``fa_lab.lab.viz``), and the handler raises on a
     numpy-array property that the browser reports element by element (``if not
     input_val`` on an array), which ipywidgets answers with a formatted traceback. Here
     the report only marks the edit as done, as plotly's handler does last, and runs the

@@ -21,12 +21,12 @@ import math
 
 import torch
 
-from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
+from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
                         round_to)
-from ..policies import Policy
-from ..trace import TraceRecorder
-from ._common import decide, heads, run_groups
-from .geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
+from fa_lab.policies import Policy
+from fa_lab.trace import TraceRecorder
+from .._common.models import decide, heads, run_groups
+from .._common.geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
 
 KERNEL = "swp_bf16"
 

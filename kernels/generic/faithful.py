@@ -1,7 +1,7 @@
 """Faithful Triton port of the generic bf16/f16 forward (``flash_attn_generic.py``,
 gfx942 and gfx950).
 
-Same semantics as ``fa_lab.models.generic`` (docs/semantics.md §4), step for step.
+Same semantics as ``fa_lab.kernels.generic.model`` (docs/semantics.md §4), step for step.
 Eager only, no ballot, so every query row is independent: one program per (batch, head,
 run of rows inside one q-block of BLOCK_M rows); the q-block only decides how many
 64-column subtiles the rows visit and which padding rows exist. Per subtile, with
@@ -44,16 +44,16 @@ import triton
 import triton.language as tl
 
 from fa_lab.checks import check_qkv
-from fa_lab.models.generic import (KERNEL, MI355X_CUS, kv_upper, launch_tile, scale_constants,
+from fa_lab.kernels.generic.model import (KERNEL, MI355X_CUS, kv_upper, launch_tile, scale_constants,
                                    skips_kv_pad_mask)
-from fa_lab.models.geometry import BLOCK_N
+from fa_lab.kernels._common.geometry import BLOCK_N
 from fa_lab.numerics import CAUSAL_FLOOR
 from fa_lab.trace import TraceRecorder
 
-from ._triton.dots import dot16, launch_dots, load16, program_scratch
-from ._triton.faithful import record_step
-from ._triton.trace_plan import N_FIELDS, TracePlan
-from ._triton.util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
+from .._triton.dots import dot16, launch_dots, load16, program_scratch
+from .._triton.faithful import record_step
+from .._triton.trace_plan import N_FIELDS, TracePlan
+from .._triton.util import (check_launch, exp2_ieee, fma_f32, fma_via_fp64, fmax, launch,
                            round_bf16, round_f16, rows_per_program as _rows_per_program)
 
 __all__ = ["KERNEL", "forward"]
@@ -195,7 +195,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, D 64 or 128, any strides.
 
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log), as
-    ``fa_lab.models.generic.forward`` with the same ``skip_kv_pad_mask`` (None: upstream's
+    ``fa_lab.kernels.generic.model.forward`` with the same ``skip_kv_pad_mask`` (None: upstream's
     dispatch) and ``num_cus`` (moves the tile choice). ``interpret=True`` runs Triton's
     interpreter on CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.
     ``rows_per_program``: query rows per program (32, 64, 128 or 256, capped at the

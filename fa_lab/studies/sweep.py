@@ -1,6 +1,6 @@
 """Sweeps over (policy × K scale × threshold × S × causal × dtype × H × seed × backend) on Dask.
 
-    from fa_lab import sweep
+    from fa_lab.studies import sweep
     grid = sweep.Grid({"policy": ["lazy", "lazy_unfixed"], "k_scale": [8, 16, 32],
                        "threshold": [4, 8], "S": [2048], "H": [4]})
     table = sweep.run(grid, name="bf16_cpu")        # a LocalCluster: 2 processes, 1 thread each
@@ -71,7 +71,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
-from .checks import parse_bool
+from fa_lab.checks import parse_bool
 
 ROOT = Path(__file__).resolve().parent.parent
 ATLAS_DIR = ROOT / "data" / "atlas"
@@ -312,7 +312,7 @@ def _plan(point: dict, **shape):
     dtypes, head dims, the policy's vote and rebase, Python rules). ``triton`` needs CUDA
     tensors, so its points are planned as ``interpret``: the same faithful kernels, with
     the same capabilities, on CPU tensors. Returns (kernel family, resolved policy)."""
-    from . import api
+    from fa_lab import api
 
     B, S, H, D = (shape.get(a, point[a]) for a in ("B", "S", "H", "D"))
     t = torch.empty((B, S, H, D), dtype=DTYPES[point["dtype"]])
@@ -321,7 +321,7 @@ def _plan(point: dict, **shape):
     kw["backend"] = CPU_PROXY.get(kw["backend"], kw["backend"])
     call = api.check_call(t, t, t, **desc, **kw)
     try:
-        from .dispatch import plan
+        from fa_lab.dispatch import plan
     except ImportError:  # an fa_lab without the dispatch table: check_call routes
         return getattr(call, "kernel", None), call.policy
     planned = plan(call)
@@ -406,7 +406,7 @@ def _describe(p: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _static_provenance() -> dict:
-    from . import __version__
+    from fa_lab import __version__
 
     try:
         from importlib.metadata import version
@@ -477,7 +477,8 @@ def compute_point(point: dict, *, counts: str = "auto") -> dict:
     """Run one grid point and return its table row (see ``SCHEMA``). ``counts``: "auto"
     counts rescales where it is free (bf16 on the emulator: the counted model run is the
     run); "always" also for bf16 on other backends (one more model run); "never"."""
-    from . import api, experiments as ex, metrics, reference
+    from fa_lab import api, metrics, reference
+    from fa_lab.studies import experiments as ex
 
     t0 = time.perf_counter()
     device = point["device"]
@@ -749,7 +750,7 @@ def _as_grid(grid) -> Grid:
 def _ship(policy):
     """What a worker receives for a policy: a built-in name stays a name; a name that
     only this process has registered goes as its object (workers have not registered it)."""
-    from . import policies
+    from fa_lab import policies
 
     builtin = getattr(policies, "BUILTIN_NAMES", None)
     if isinstance(policy, str) and builtin is not None and policy not in builtin \
@@ -934,6 +935,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fa_lab.sweep import main as _main  # the module's own functions, not __main__'s
+    from fa_lab.studies.sweep import main as _main  # the module's own functions, not __main__'s
 
     sys.exit(_main())

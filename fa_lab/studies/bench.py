@@ -92,9 +92,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import policies, reference
-from .experiments import quantize_e4m3, save_result
-from .timing import CpuTimer, CudaTimer, measure, measure_cycle
+from fa_lab import policies, reference
+from fa_lab.studies.experiments import quantize_e4m3, save_result
+from fa_lab.timing import CpuTimer, CudaTimer, measure, measure_cycle
 
 
 @dataclass(frozen=True)
@@ -357,11 +357,11 @@ def _runner(impl: str, shape: Shape, inp: Inputs):
         raise Unavailable("SDPA's and this flex mask's causal diagonal is top-left; the kernels' "
                           "is bottom-right: they differ when Sq != Skv")
     if impl in API_BF16:
-        from .api import flash_attn_func
+        from fa_lab.api import flash_attn_func
         rescale = API_BF16[impl]
         return lambda: flash_attn_func(q, k, v, causal=causal, rescale=rescale, backend="fast")
     if impl in API_FP8:
-        from .api import flash_attn_func
+        from fa_lab.api import flash_attn_func
         (q8, k8, v8), (qd, kd, vd) = inp.fp8
         rescale = API_FP8[impl]
         return lambda: flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,

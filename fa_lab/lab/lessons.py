@@ -102,7 +102,7 @@ def mean_abs_dev(out: torch.Tensor) -> float:
 
 def seed_fp8(policy: str, k_scale: int, field: str, bound: float | None = None):
     """One figure of the seed's fp8 table (data/seed/pr1033_fp8.json)."""
-    from .experiments import seed_table
+    from fa_lab.studies.experiments import seed_table
 
     for r in seed_table("fp8")["rows"]:
         if r["policy"] == policy and r["k_scale"] == k_scale and r.get("bound") == bound:
@@ -112,7 +112,7 @@ def seed_fp8(policy: str, k_scale: int, field: str, bound: float | None = None):
 
 def seed_fp8_elements() -> int:
     """Output elements of the seed's fp8 run (B x S x H x D)."""
-    from .experiments import seed_table
+    from fa_lab.studies.experiments import seed_table
 
     setup_ = seed_table("fp8")["setup"]
     return math.prod(int(setup_[k]) for k in ("B", "S", "H", "D"))
@@ -121,7 +121,7 @@ def seed_fp8_elements() -> int:
 def run_fp8(inputs, descales, **kw):
     """``flash_attn_func`` on fp8 ``inputs`` (q8, k8, v8) with their ``descales`` (q, k, v);
     non-causal unless ``causal`` is given."""
-    from .api import flash_attn_func
+    from fa_lab.api import flash_attn_func
 
     (q8, k8, v8), (qd, kd, vd) = inputs, descales
     kw.setdefault("causal", False)
@@ -130,7 +130,7 @@ def run_fp8(inputs, descales, **kw):
 
 def trace_fp8(inputs, descales, rows, **kw):
     """``fa_lab.trace`` of ``rows`` on fp8 ``inputs`` with their ``descales``."""
-    from .api import trace
+    from fa_lab.api import trace
 
     (q8, k8, v8), (qd, kd, vd) = inputs, descales
     kw.setdefault("causal", False)
@@ -145,7 +145,7 @@ class Fp8Lesson:
     and cached per k scale."""
 
     def __init__(self, device="cpu", *, rows=256, heads=1, skv=None):
-        from .experiments import SEED_SIZES
+        from fa_lab.studies.experiments import SEED_SIZES
 
         self.device = device
         self.rows, self.heads = int(rows), int(heads)
@@ -153,7 +153,7 @@ class Fp8Lesson:
         self.inputs = functools.lru_cache(maxsize=None)(self._inputs)
 
     def _inputs(self, k_scale, heads=None):
-        from .experiments import fp8_inputs
+        from fa_lab.studies.experiments import fp8_inputs
 
         (q8, k8, v8), ds = fp8_inputs(1, self.skv, heads or self.heads, k_scale)
         return to_device(self.device, q8[:, :self.rows].contiguous(), k8, v8), ds

@@ -18,13 +18,13 @@ import math
 
 import torch
 
-from ..numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
+from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
                         guarded_rcp, bf16)
-from ..policies import Policy
-from ..trace import TraceRecorder
-from ._common import decide, heads, run_groups
-from .geometry import BLOCK_N, block_groups, masked_columns, padded_rows
-from .swp_bf16 import _pad_kv
+from fa_lab.policies import Policy
+from fa_lab.trace import TraceRecorder
+from .._common.models import decide, heads, run_groups
+from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
+from ..swp_bf16.model import _pad_kv
 
 KERNEL = "swp_fp8"
 HEAD_DIM = 128

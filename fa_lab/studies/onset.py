@@ -1,6 +1,6 @@
 """Predict which rows a lazy rescale kills, from tile maxima, without the kernel's accumulation.
 
-    from fa_lab import onset
+    from fa_lab.studies import onset
     pred = onset.predict(q, k, v, rescale="lazy_unfixed", causal=False)
     pred.bad            # [B, Sq, H] bool: rows predicted to come out non-finite
     pred.step           # [B, Sq, H] int: the step (KV tile; fp8: tile pair) where they overflow
@@ -10,7 +10,7 @@
     tiles = onset.tile_maxima(q, k, v)                  # the score pass, once per input ...
     onset.predict(q, k, v, rescale="lazy", tiles=tiles)  # ... shared by every policy
     onset.validate_grid(S=2048, H=4, k_scales=(8, 32, 64))  # predictor vs model on a grid
-    python -m fa_lab.onset h200 --part bf16 --out DIR       # the full-size runs (CUDA)
+    python -m fa_lab.studies.onset h200 --part bf16 --out DIR       # the full-size runs (CUDA)
 
 **The mechanism** (``docs/semantics.md`` §7). Every row keeps a base ``m`` and, in real
 arithmetic, ``l = 2^(M - m) L`` and ``O_d = 2^(M - m) L o_d``, where ``M`` is the best score
@@ -26,7 +26,7 @@ wrong, and not counted here as a bad row; the model agrees.)
 tile; no exp, no PV), because the base sequence ``m_t`` is a function of them alone: the
 ballot compares ``mt - m`` with the threshold per 32-row wave, and the rebase picks ``mt``,
 ``fmax(m, mt)`` or keeps ``m``. ``predict`` replays that recurrence with the kernel's own
-decision function (``fa_lab.models._common.decide``, so user policies and rules work), then
+decision function (``fa_lab.kernels._common.models.decide``, so user policies and rules work), then
 judges overflow at two levels:
 
 * ``level="tile"`` (default): the one-hot estimate. ``L ~ 1`` and ``o ~ v[j*]``, the value
@@ -64,8 +64,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .models.geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
-from .numerics import CAUSAL_FLOOR, e4m3, exp2, fma_f32, fmax, ieee_fp32_matmul, round_to
+from fa_lab.kernels._common.geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
+from fa_lab.numerics import CAUSAL_FLOOR, e4m3, exp2, fma_f32, fmax, ieee_fp32_matmul, round_to
 
 #: log2 of the fp32 overflow boundary: a product or sum at or past 2^128 rounds to inf.
 OVERFLOW_LOG2 = 128.0
@@ -139,7 +139,7 @@ SCORE_MODS = ("bias", "alibi_slopes")
 
 def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom, descales,
            fp8_saturate, kernel=None, bias=None, alibi_slopes=None):
-    from . import api, dispatch
+    from fa_lab import api, dispatch
 
     opts = {"causal": causal, "rescale": rescale, "rescale_threshold": rescale_threshold,
             "rebase_bound": rebase_bound, "p_headroom": p_headroom, "backend": "emulator",
@@ -445,7 +445,7 @@ class _Bf16(_Kernel):
     kernel = "swp_bf16"
 
     def __init__(self, call, exact_scores=True):
-        from .models.swp_bf16 import softmax_scale_log2
+        from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
         q = call.q
         self.rnd = round_to(q.dtype)
@@ -456,7 +456,7 @@ class _Bf16(_Kernel):
         self._layout(call, self.rnd(q.float() * softmax_scale_log2(q.shape[-1])))  # Qs
         self.mods = None
         if call.mods:  # bias / ALiBi, in the model's own log2 form
-            from .models.swp_bf16 import ScoreMods
+            from fa_lab.kernels.swp_bf16.model import ScoreMods
 
             m = call.mods
             self.mods = ScoreMods.build(m.get("bias"), m.get("alibi_slopes"), None, self.B,
@@ -487,9 +487,9 @@ class _Bf16(_Kernel):
     def walk(self, mt, pol):
         """The base after each step, m[:, t], and the factor applied at it, corr[:, t]: the
         prologue sets m, the loop (tiles 1 .. N-4) decides by the policy per 32-row wave
-        (``fa_lab.models._common.decide``, the models' own), the epilogue is eager.
+        (``fa_lab.kernels._common.models.decide``, the models' own), the epilogue is eager.
         ``dragged``: rebased down at that step."""
-        from .models._common import decide
+        from fa_lab.kernels._common.models import decide
 
         R, N = mt.shape
         m = mt[:, 0]
@@ -554,7 +554,7 @@ class _Bf16(_Kernel):
         """The candidates' accumulation with their known bases and factors: §2.2 exactly
         (fp32 state, exact dots, the P packs rounded), each row free of its wave.
         Returns per-element non-finite and NaN flags and each row's first bad step."""
-        from .numerics import exact_dot, guarded_rcp
+        from fa_lab.numerics import exact_dot, guarded_rcp
 
         s, vv, m, corr, O, l, first = self._replay_start(b, h, rows, N, walk)
 
@@ -602,7 +602,7 @@ class _Fp8(_Kernel):
     step_cols = 2 * BLOCK_N
 
     def __init__(self, call):
-        from .models.swp_fp8 import log2_scale
+        from fa_lab.kernels.swp_fp8.model import log2_scale
 
         qd, kd, _ = call.descales
         self.ls = log2_scale(qd, kd, call.q.shape[-1])
@@ -628,7 +628,7 @@ class _Fp8(_Kernel):
         return mt, torch.cat(args), None
 
     def walk(self, mt, pol):
-        from .models._common import decide
+        from fa_lab.kernels._common.models import decide
 
         R, n = mt.shape
         m = torch.full((R,), -_INF, device=mt.device)
@@ -676,7 +676,7 @@ class _Fp8(_Kernel):
 
     def replay(self, b, h, rows, N, walk):
         """The candidates' pairs with their known bases and factors: §3.2 exactly."""
-        from .numerics import bf16, guarded_rcp
+        from fa_lab.numerics import bf16, guarded_rcp
 
         s, vv, m, corr, O, l, first = self._replay_start(b, h, rows, N, walk)
         for p in range(N // 2):
@@ -743,7 +743,7 @@ def validate_grid(*, dtype: str = "bf16", B: int = 1, S: int = 2048, H: int = 4,
                   chunk_rows: int = 1024, model: bool = True, on_k=None,
                   heads: int | None = None, progress: bool = False) -> pd.DataFrame:
     """The predictor against the model on a grid of the seed's inputs (``experiments.
-    bf16_inputs`` / ``fp8_inputs``, as ``fa_lab.sweep`` builds them): one row per (K scale,
+    bf16_inputs`` / ``fp8_inputs``, as ``fa_lab.studies.sweep`` builds them): one row per (K scale,
     policy, threshold, level) with the row-level confusion and the predicted and measured
     fractions (``validate``), and the times: ``model_s`` (one model run), ``tiles_s`` (the
     score pass, shared by every cell of a K scale), ``predict_s`` (the walk and verdict,
@@ -754,8 +754,9 @@ def validate_grid(*, dtype: str = "bf16", B: int = 1, S: int = 2048, H: int = 4,
     with the table so far after each K scale (to save partial results). ``heads``: keep
     only batch 0's first ``heads`` heads of the full-size draw (a subsample: the same
     inputs those heads have in the whole tensor)."""
-    from . import api, experiments as ex
-    from . import policies as pols
+    from fa_lab import api
+    from fa_lab.studies import experiments as ex
+    from fa_lab import policies as pols
 
     rows = []
     cells = [(pol, thr) for pol in policies
@@ -825,7 +826,7 @@ def worst_cell(table: pd.DataFrame, column: str = "bad_row_err_pp") -> dict:
     return table.loc[i].to_dict()
 
 
-# ---- the H200 runs (python -m fa_lab.onset h200 --part ... --out DIR) ------------------------
+# ---- the H200 runs (python -m fa_lab.studies.onset h200 --part ... --out DIR) ------------------------
 
 #: The committed grids' axes (data/atlas/*.yaml).
 BF16_SEED = {"B": 2, "S": 8192, "H": 32, "D": 128, "k_scales": tuple(range(8, 65, 4)),
@@ -842,7 +843,7 @@ COST_S = (2048, 8192)
 
 
 def _dump(df: pd.DataFrame, path, **extra) -> None:
-    from . import results
+    from fa_lab import results
 
     obj = {"rows": results._clean(df.to_dict("records")), **extra,
            "provenance": results.provenance(extra.get("device", "cpu"))}
@@ -858,7 +859,8 @@ def h200_run(part: str, out_dir, *, device="cuda", backend="triton", k_scales=No
     threshold 8. ``scurve``: NaN onset over S at the seed's B, H, D for K 24..40 (the
     model beside the predictor). ``cost``: the emulator against the predictor, one cell.
     ``k_scales``: a subset of the grid's K scales (to finish a part that was cut short)."""
-    from . import api, experiments as ex
+    from fa_lab import api
+    from fa_lab.studies import experiments as ex
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -918,7 +920,7 @@ def h200_run(part: str, out_dir, *, device="cuda", backend="triton", k_scales=No
 def main(argv=None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m fa_lab.onset")
+    p = argparse.ArgumentParser(prog="python -m fa_lab.studies.onset")
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("h200", help="the full-size validation parts (a CUDA machine)")
     h.add_argument("--part", action="append", required=True)

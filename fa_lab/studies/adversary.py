@@ -1,6 +1,6 @@
 """Search for inputs on which a rescale policy gives a non-finite output, and shrink them.
 
-    from fa_lab import adversary
+    from fa_lab.studies import adversary
     res = adversary.search("lazy_unfixed", budget_s=30, seed=0)
     res.found, res.shrunk.size, res.repro        # the smallest failing input and one line
     adversary.save_regression(res, "tests/regressions/lazy_unfixed.npz")
@@ -72,7 +72,7 @@ from the best of them (``optimizer=``, ``--optimizer``; ``OPTIMIZERS``):
 * ``"es"``: a (1 + λ) evolution strategy with restarts that mutates a few fields at a time
   (choices included) with a step that grows on success and shrinks on failure.
 
-Both maximise the same fitness: ``fa_lab.onset``'s tile-level estimate of how close the
+Both maximise the same fitness: ``fa_lab.studies.onset``'s tile-level estimate of how close the
 worst row comes to 2^128 (``128 - margin``: continuous, cheap), so the search climbs
 towards overflow before any row overflows; every candidate is then judged by the model
 itself. Both are deterministic for a seed (given ``max_evals``: the wall-clock budget
@@ -319,7 +319,7 @@ def _dtype(name):
 
 def build(c: Candidate):
     """The candidate's (q, k, v), [1, Sq, 1, D] and [1, Skv, 1, D], in its dtype."""
-    from .models.swp_bf16 import softmax_scale_log2
+    from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
     dt = _dtype(c.dtype)
     Sq, Skv, D = c.seqlen_q, c.seqlen_kv, c.D
@@ -424,7 +424,7 @@ def check_mods(policy, mods, *, threshold=None) -> tuple:
     ``"emulator"``), then each score modifier of ``mods`` there, through the same checks a
     call makes (``api.check_call``, ``dispatch.plan``, ``fa_lab.capabilities``).
     A modifier's refusal is a ValueError naming ``mods``. Returns ``parse_mods(mods)``."""
-    from . import api, dispatch
+    from fa_lab import api, dispatch
 
     mods = parse_mods(mods)
     Sq, Skv, D = 32, 320, 64
@@ -476,7 +476,8 @@ def judge(c: Candidate, policy, *, threshold=None, tolerance=None, baseline=None
     ``tolerance * max|ref row|``. With ``baseline`` (a policy), a row counts only where the
     baseline's output is finite: the failure is the policy's own, not one every kernel
     shares."""
-    from . import api, onset, reference
+    from fa_lab import api, reference
+    from fa_lab.studies import onset
 
     t0 = time.perf_counter()
     q, k, v = build(c)
@@ -519,7 +520,7 @@ def _nearness(q, k, v, kw) -> torch.Tensor:
     within -1e3 .. 1e3); a row it predicts non-finite for another reason (a base of -inf)
     counts as reaching it. The sink is left out: folded in after the last tile by an
     upward-only rebase, it changes no row from finite to non-finite or back."""
-    from . import onset
+    from fa_lab.studies import onset
 
     try:
         pred = onset.predict(q, k, v, level="tile", **{n: x for n, x in kw.items() if n != "sink"})
@@ -649,7 +650,7 @@ class Attack:
             return ""
         thr = "" if self.threshold is None else f", threshold={self.threshold!r}"
         base = "" if self.baseline is None else f", baseline={self.baseline!r}"
-        return (f"fa_lab.adversary.judge(fa_lab.adversary.Candidate(**{_short(c)}), "
+        return (f"fa_lab.studies.adversary.judge(fa_lab.studies.adversary.Candidate(**{_short(c)}), "
                 f"{self.policy!r}{thr}{base}).failed")
 
     @property
@@ -864,7 +865,7 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
     docstring), refused with a ValueError naming ``optimizer`` before any work when
     unknown; ``lam``: children per generation of ``"es"``. For a given seed (and
     ``max_evals``) the search is deterministic under either optimiser."""
-    from . import policies
+    from fa_lab import policies
 
     if not isinstance(optimizer, str):
         raise TypeError(f"optimizer must be a str, one of {OPTIMIZERS}, "
@@ -1069,7 +1070,7 @@ def shrink_candidate(c: Candidate, policy, *, threshold=None, tolerance=None, ba
 def trace_rows(c: Candidate, policy, rows, *, threshold=None) -> list[dict]:
     """The step-by-step trace (``fa_lab.trace``) of the given rows of candidate ``c``, as
     plain records (step, phase, m, mt, vote, fire, dragged, corr, l, o_finite)."""
-    from . import api
+    from fa_lab import api
 
     if not rows:
         return []
@@ -1163,7 +1164,7 @@ def run_regression(path, policy=None) -> dict:
     ``policy``): whether the model's output has a non-finite row among the judged rows
     (``judged_rows``), which rows, whether the fp64 reference is finite on every row, and
     the rows it leaves undefined."""
-    from . import api, reference
+    from fa_lab import api, reference
 
     q, k, v, meta, mods = load_regression(path, with_mods=True)
     pol = meta["policy"] if policy is None else policy

@@ -65,11 +65,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import (CAUSAL_FLOOR, LOG2E, bf16_trunc, exact_dot, exp2, f16, f32, fma_f32, fmax,
+from fa_lab.numerics import (CAUSAL_FLOOR, LOG2E, bf16_trunc, exact_dot, exp2, f16, f32, fma_f32, fmax,
                         guarded_rcp, round_to)
-from ..trace import TraceRecorder
-from ._common import heads, run_groups
-from .geometry import BLOCK_N
+from fa_lab.trace import TraceRecorder
+from .._common.models import heads, run_groups
+from .._common.geometry import BLOCK_N
 
 KERNEL = "generic"
 #: Compute units of an MI355X (``multi_processor_count``; upstream's fallback is also 256).

@@ -1,6 +1,6 @@
 """Faithful Triton port of the gfx950 GQA sliding-window kernel (``swa_gfx950.py``).
 
-Same semantics as ``fa_lab.models.swa`` (docs/semantics.md §5), decision for
+Same semantics as ``fa_lab.kernels.swa.model`` (docs/semantics.md §5), decision for
 decision. One program per (batch, head, run of whole 32-row waves inside one 256-row
 CTA): one wave compiled, the whole CTA in the interpreter; either is exact because the
 ballot is a vote of a wave's own 32 rows. Each program walks its CTA's band of nt KV
@@ -41,16 +41,16 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.models.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS
-from fa_lab.models.swa import (CTA_ROWS, KERNEL, NEG_FLOOR, check_args,
+from fa_lab.kernels._common.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS
+from fa_lab.kernels.swa.model import (CTA_ROWS, KERNEL, NEG_FLOOR, check_args,
                                cta_band, nt_band, temperature_scale)
 from fa_lab.numerics import LN2, f32
 from fa_lab.trace import TraceRecorder
 
-from ._triton.dots import dot16, launch_dots, load16, program_scratch
-from ._triton.faithful import pv_part, record_step, wave_ballot
-from ._triton.trace_plan import N_FIELDS, TracePlan
-from ._triton.util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
+from .._triton.dots import dot16, launch_dots, load16, program_scratch
+from .._triton.faithful import pv_part, record_step, wave_ballot
+from .._triton.trace_plan import N_FIELDS, TracePlan
+from .._triton.util import (check_launch, exp2_ieee, fmax, launch, round_bf16,
                            rows_per_program as _rows_per_program)
 
 __all__ = ["KERNEL", "forward"]
@@ -223,7 +223,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
             interpret: bool = False, rows_per_program: int | None = None):
     """q [B, S, H, 128], k and v [B, S, Hkv, 128], bf16, S a multiple of 256, any strides.
 
-    Arguments and results as ``fa_lab.models.swa.forward``: returns (out [B, S, H, 128]
+    Arguments and results as ``fa_lab.kernels.swa.model.forward``: returns (out [B, S, H, 128]
     bf16, lse [B, H, S] fp32, natural log). ``interpret=True`` runs Triton's interpreter on
     CPU tensors; otherwise the compiled kernel runs on CUDA/ROCm tensors.
     ``rows_per_program``: query rows per program, whole waves of one CTA (32, 64, 128 or

@@ -66,12 +66,12 @@ import math
 
 import torch
 
-from ..checks import check_int, check_qkv
-from ..numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
-from ..policies import BY_KV_LEN, Policy, as_policy, check_number
-from ..trace import TraceRecorder
-from ._common import heads, run_groups
-from .geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
+from fa_lab.checks import check_int, check_qkv
+from fa_lab.numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
+from fa_lab.policies import BY_KV_LEN, Policy, as_policy, check_number
+from fa_lab.trace import TraceRecorder
+from .._common.models import heads, run_groups
+from .._common.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
 
 KERNEL = "swa"
 CTA_ROWS = 8 * WAVE_ROWS  # 256
