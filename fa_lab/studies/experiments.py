@@ -22,7 +22,7 @@ from fa_lab.api import flash_attn_func
 from fa_lab.numerics import E4M3_MAX, e4m3
 from fa_lab.policies import get as get_policy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = results.ROOT  # the checkout: its data/ holds the lab's reference data
 SEED_DIR = ROOT / "data" / "seed"
 RESULTS_DIR = results.RESULTS_DIR
 # results I/O lives in fa_lab.results; these names stay importable from here

@@ -71,9 +71,10 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
+from fa_lab import results
 from fa_lab.checks import parse_bool
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = results.ROOT  # the checkout: its data/ holds the lab's reference data
 ATLAS_DIR = ROOT / "data" / "atlas"
 
 #: The grid's axes, in the order points are expanded (the first varies slowest).
