@@ -332,7 +332,7 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     row = _int("row", row, 0, S)
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
-    _choice("heat_value", heat_value, tuple(viz._TRACE_VALUES))
+    _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
     names = _which(figures)
     device = default_device() if device is None else device
 
@@ -404,7 +404,7 @@ def _row_sentence(view) -> str:
              f"goes non-finite at KV step {int(first)}")
     return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
             f"<b>{html.escape(p['policy'])}</b> {where}; LSE = "
-            f"{viz._fmt(float(lane['lse']), 6)}; dragged {int(lane['n_dragged'])} times. "
+            f"{viz.fmt_number(float(lane['lse']), 6)}; dragged {int(lane['n_dragged'])} times. "
             f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
 
@@ -458,7 +458,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     row = _int("row", row, 0, S)
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
-    _choice("heat_value", heat_value, tuple(viz._TRACE_VALUES))
+    _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
     names = _which(figures)
     device = default_device() if device is None else device
 
@@ -521,7 +521,7 @@ def _fp8_summary(view) -> str:
             + (f", P headroom {pol.p_headroom:.3f}" if pol.p_headroom else "") + ")<br>"
             + ("<span style='color:#777'>mean |o - 1| and NaN counts of the whole output: "
                "computing...</span>" if s is None else
-               f"mean |o - 1| over finite elements: <b>{viz._fmt(s['mean_abs_dev'], 4)}</b><br>"
+               f"mean |o - 1| over finite elements: <b>{viz.fmt_number(s['mean_abs_dev'], 4)}</b><br>"
                f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
                f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
                f"{s['nan_rows']} of {s['rows']} rows NaN")
