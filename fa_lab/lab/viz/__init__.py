@@ -10,7 +10,7 @@ bug report's tables as curves, and PNG export.
 - ``export``: static PNG export (kaleido).
 """
 
-from .style import (LABEL_COLORS, OTHER_COLOR, IMPL_COLORS, POLICY_SYMBOLS, NONFINITE_COLOR,
+from .style import (TRACE_VALUES, LABEL_COLORS, OTHER_COLOR, IMPL_COLORS, POLICY_SYMBOLS, NONFINITE_COLOR,
                     FIXED_RANGES, EVENT_COLORS, policy_color, impl_color, policy_symbol)
 from .tracedata import fmt_number, step_axis_title, deficit, trace_values, value_title
 from .heatmap import running_max_heatmap, FP32_LOG2_MAX, wave_ballot
