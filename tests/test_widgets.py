@@ -182,12 +182,12 @@ def test_wave_step_follows_the_row_until_moved():
     d = widgets.rescale_dashboard(S=512, H=H, k_scale=64, row=0)
     tr, lane = d.last["trace"], d.last["lane"]
     auto = d.controls["tile"].value
-    assert auto == d.last["tile"] == widgets._auto_tile(tr, lane)
+    assert auto == d.last["tile"] == widgets.views._auto_tile(tr, lane)
     assert d.controls["tile"].max == tr.n_steps - 1
     d.controls["tile"].value = 2                  # the user picks a step: it stays
     assert d.last["tile"] == 2 and "step 2" in d.figures["wave"].layout.title.text
     d.controls["row"].value = 40                  # another row: the step follows it again
-    assert d.last["tile"] == widgets._auto_tile(d.last["trace"], d.last["lane"])
+    assert d.last["tile"] == widgets.views._auto_tile(d.last["trace"], d.last["lane"])
     assert d.controls["tile"].value == d.last["tile"]
 
 
@@ -337,11 +337,11 @@ def test_a_slider_move_sends_only_the_changed_traces_main_figure_first():
     new = [t.to_plotly_json() for t in d.last["make_figures"](("row",))["row"].data]
     # exactly the traces whose data differ are sent, and of them only what differs: a K
     # move changes data, never a trace's name, colours or hover template
-    changed = [i for i, (a, b) in enumerate(zip(old, new)) if not widgets._same(a, b)]
+    changed = [i for i, (a, b) in enumerate(zip(old, new)) if not widgets.transport._same(a, b)]
     assert msg["style_traces"] == changed and 0 < len(changed) < len(new)
     assert set(msg["style_data"]) <= {"x", "y", "text"}
     shown = [{k: v for k, v in t.to_plotly_json().items() if k != "uid"} for t in row.data]
-    assert all(widgets._same(a, b) for a, b in zip(shown, new))
+    assert all(widgets.transport._same(a, b) for a, b in zip(shown, new))
 
 
 def test_dashboard_figure_takes_the_browsers_report_and_says_drawn():
