@@ -27,7 +27,8 @@ import torch
 import fa_lab
 from fa_lab.studies import experiments as ex
 from fa_lab import policies
-from fa_lab.studies.bench import Shape, _inputs
+from fa_lab.studies.bench import Shape
+from fa_lab.studies.bench.impls import _inputs
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
 from fa_lab.kernels.swp_fp8 import fast as fast_fp8
 from fa_lab.kernels.swp_fp8 import faithful as faithful_fp8

@@ -43,7 +43,7 @@ for shape, bf16_configs, fp8_configs in jobs:
         json.dump(out, f, indent=1, default=str)
 if not LISTS:
     for shape in (S[4], S[0]):
-        (_, _, v8), _ = bench._inputs(shape, "cuda", 0, fp8=True).fp8
+        (_, _, v8), _ = bench.impls._inputs(shape, "cuda", 0, fp8=True).fp8
         out[shape.name + " transpose_v_ms"] = do_bench(lambda: f8.transpose_v(v8), return_mode="median")
         print(shape.name, "transpose_v ms", out[shape.name + " transpose_v_ms"])
     with open(OUT, "w") as f:

@@ -21,7 +21,7 @@ out = {"name": "fp8_configs_h200", "what": __doc__.split("Writes")[0].strip(), "
 timer = bench.CudaTimer()
 t0 = time.time()
 for shp in (s for s in bench.SHAPES if s.D == 128):
-    (q8, k8, v8), (qd, kd, vd) = bench._inputs(shp, "cuda", 0, fp8=True).fp8
+    (q8, k8, v8), (qd, kd, vd) = bench.impls._inputs(shp, "cuda", 0, fp8=True).fp8
     pol = policies.resolve(fp8=True, seqlen_kv=shp.seqlen_kv, rescale="lazy")
     fns = {c.describe(True): (lambda c=c: f8.forward(q8, k8, v8, q_descale=qd, k_descale=kd,
                                                       v_descale=vd, causal=shp.causal,

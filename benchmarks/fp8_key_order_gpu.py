@@ -86,7 +86,7 @@ timer = bench.CudaTimer()
 shapes = [s for s in bench.SHAPES if s.D == 128]
 t_start = time.time()
 for shp in shapes:
-    inp = bench._inputs(shp, "cuda", 0, fp8=True)
+    inp = bench.impls._inputs(shp, "cuda", 0, fp8=True)
     (q8, k8, v8), (qd, kd, vd) = inp.fp8
     pol = policies.resolve(fp8=True, seqlen_kv=shp.seqlen_kv, rescale="lazy")
     bpol = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="lazy")

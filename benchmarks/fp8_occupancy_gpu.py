@@ -45,7 +45,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def measure(shape, device, interpret: bool, timer, rounds: int, min_ms: float) -> list[dict]:
-    (q8, k8, v8), (qd, kd, vd) = bench._inputs(shape, device, 0, fp8=True).fp8
+    (q8, k8, v8), (qd, kd, vd) = bench.impls._inputs(shape, device, 0, fp8=True).fp8
     vt = fast_fp8.TransposedV.from_v(v8, interpret=interpret)
     rows = []
     for rescale, row_sum in CASES:

@@ -21,7 +21,7 @@ def save():
     json.dump(out, open(os.path.join(os.environ["OUT"], "probe2.json"), "w"), indent=1, default=str)
 S = bench.SHAPES
 for shp in (S[4], S[0]):
-    inp = bench._inputs(shp, "cuda", 0, fp8=True)
+    inp = bench.impls._inputs(shp, "cuda", 0, fp8=True)
     (q8, k8, v8), (qd, kd, vd) = inp.fp8
     pol = policies.resolve(fp8=True, seqlen_kv=shp.seqlen_kv, rescale="lazy")
     fn = lambda: f8.forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=shp.causal, policy=pol)
@@ -31,7 +31,7 @@ for shp in (S[4], S[0]):
          "config": str(f8.best_config(q8, k8, shp.causal, True))}
     print(r); out["rows"].append(r); save()
 for shp, cfgs in ((S[0], (Config(128,64,8,4,True), Config(128,64,8,3,True))), (S[3], (Config(128,64,4,3,True), Config(128,64,8,4,True)))):
-    inp = bench._inputs(shp, "cuda", 0)
+    inp = bench.impls._inputs(shp, "cuda", 0)
     lazy = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="lazy")
     never = dataclasses.replace(lazy, threshold=1e6, name="lazy_never")
     eager = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="eager")

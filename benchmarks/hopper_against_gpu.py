@@ -36,7 +36,7 @@ def runner(mod, cfg, inp, shp, pol):
 
 out = {"against": cli.against, "rounds": cli.rounds, "rows": []}
 for shp in (s for s in bench.SHAPES if s.D == 128):
-    inp = bench._inputs(shp, "cuda", 0)
+    inp = bench.impls._inputs(shp, "cuda", 0)
     for rescale in ("eager", "lazy"):
         pol = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale=rescale)
         fns = {}

@@ -13,7 +13,7 @@ from fa_lab.studies import bench
 from fa_lab.kernels.swp_bf16 import hopper
 
 shp = next(s for s in bench.SHAPES if s.B == 16)
-inp = bench._inputs(shp, "cuda", 0)
+inp = bench.impls._inputs(shp, "cuda", 0)
 pol = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="lazy")
 cfg = hopper.HopperConfig(128, 2, False, True)
 sms = torch.cuda.get_device_properties(0).multi_processor_count  # as forward's grid

@@ -47,7 +47,7 @@ if cli.against:
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 out = {"rounds": ROUNDS, "rows": []}
 for shp in (s for s in bench.SHAPES if s.D == 128):
-    inp = bench._inputs(shp, "cuda", 0)
+    inp = bench.impls._inputs(shp, "cuda", 0)
     pol = {n: policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale=r, **kw) for n, r, kw in
            (("eager", "eager", {}), ("lazy", "lazy", {}), ("lazy_never", "lazy", {"rescale_threshold": 1e6}))}
     for cfg in (HopperConfig(128, 2, True, True), HopperConfig(128, 2, False, False)):

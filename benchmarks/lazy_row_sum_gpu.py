@@ -15,7 +15,7 @@ from fa_lab.studies import bench
 out = {"rows": []}
 S = bench.SHAPES
 for shp in (S[0], S[5], S[4]):
-    inp = bench._inputs(shp, "cuda", 0)
+    inp = bench.impls._inputs(shp, "cuda", 0)
     lazy = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="lazy")
     eager = policies.resolve(fp8=False, seqlen_kv=shp.seqlen_kv, rescale="eager")
     for cfgs in ((Config(128,64,8,4,True), Config(128,64,8,4,True,False)), (Config(128,64,8,3,False), Config(128,64,8,3,False,False))):

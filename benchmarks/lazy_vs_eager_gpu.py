@@ -40,7 +40,7 @@ def tilings():
 
 
 def runner(shape, inp, policy, config):
-    pol = bench._bf16_policy(policy, shape)
+    pol = bench.impls._bf16_policy(policy, shape)
     return lambda: fast_bf16.forward(inp.q, inp.k, inp.v, causal=shape.causal, policy=pol,
                                      config=config)[0]
 
@@ -64,7 +64,7 @@ def main(argv=None):
     rows, summary, clocks = [], [], []
     bar = tqdm(total=len(shapes) * (args.rounds + 1) * len(names), desc="lazy vs eager")
     for shape in shapes:
-        inp = bench._inputs(shape, dev, args.seed)
+        inp = bench.impls._inputs(shape, dev, args.seed)
         fns = {names[(t, p)]: runner(shape, inp, p, cfg) for t, cfg in tilings().items() for p in POLICIES}
         for fn in fns.values():  # compile and autotune outside the rounds
             fn()

@@ -36,7 +36,7 @@ args = ap.parse_args()
 shape = next(s for s in bench.SHAPES if s.name == args.shape)
 if shape.D != fp8.HEAD_DIM:
     ap.error(f"--shape {shape.name}: the fp8 kernel takes D = {fp8.HEAD_DIM}")
-inp = bench._inputs(shape, "cuda", 0, fp8=True)
+inp = bench.impls._inputs(shape, "cuda", 0, fp8=True)
 (q8, k8, v8), (qd, kd, vd) = inp.fp8
 pol8 = policies.resolve(fp8=True, seqlen_kv=shape.seqlen_kv, rescale="lazy")
 pol = policies.resolve(fp8=False, seqlen_kv=shape.seqlen_kv, rescale="lazy")

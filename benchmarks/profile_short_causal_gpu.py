@@ -18,14 +18,14 @@ from fa_lab.kernels.swp_bf16 import hopper
 from fa_lab.kernels.swp_bf16.hopper import HopperConfig
 
 shape = next(s for s in bench.SHAPES if s.name == "B16 S1024 H16 D128 causal")
-inp = bench._inputs(shape, "cuda", 0)
+inp = bench.impls._inputs(shape, "cuda", 0)
 config = HopperConfig(*map(int, sys.argv[1:3]), *(a == "1" for a in sys.argv[3:5])) \
     if len(sys.argv) > 1 else HopperConfig()
 for rescale in ("eager", "lazy"):
     pol = policies.resolve(fp8=False, seqlen_kv=shape.seqlen_kv, rescale=rescale)
     for _ in range(2):
         hopper.forward(inp.q, inp.k, inp.v, causal=True, policy=pol, config=config)
-cudnn = bench._runner("sdpa_cudnn", shape, inp)
+cudnn = bench.impls._runner("sdpa_cudnn", shape, inp)
 for _ in range(2):
     cudnn()
 torch.cuda.synchronize()

@@ -169,35 +169,35 @@ class _Interpreted:
 
 
 def test_split_k_runners_on_the_interpreter(monkeypatch):
-    monkeypatch.setattr(bench, "_fast_module", _Interpreted)
+    monkeypatch.setattr(bench.impls, "_fast_module", _Interpreted)
     shape = bench.Shape(1, 384, 2, 64, False, Skv=900)
-    inp = bench._inputs(shape, "cpu", 0)
+    inp = bench.impls._inputs(shape, "cpu", 0)
     assert inp.q.shape == (1, 384, 2, 64) and inp.k.shape == (1, 900, 2, 64)
-    dense = bench._runner("fast_lazy", shape, inp)()
-    split = bench._runner("fast_lazy_split2", shape, inp)()
-    use, sdpa = bench._sdpa("sdpa_flash")
-    assert bench._rel_l2(split, dense) < 1e-2
+    dense = bench.impls._runner("fast_lazy", shape, inp)()
+    split = bench.impls._runner("fast_lazy_split2", shape, inp)()
+    use, sdpa = bench.impls._sdpa("sdpa_flash")
+    assert bench.impls._rel_l2(split, dense) < 1e-2
     with use():
         ref = sdpa(*(x.transpose(1, 2) for x in (inp.q, inp.k, inp.v))).transpose(1, 2)
-    assert bench._rel_l2(split, ref) < 1e-2
+    assert bench.impls._rel_l2(split, ref) < 1e-2
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_runners_on_the_interpreter(monkeypatch, causal):
     """The packed kernel and the per-sequence loop see the same sequences: bit for bit the
     same output; SDPA once per sequence agrees to bf16 rounding."""
-    monkeypatch.setattr(bench, "_fast_module", _Interpreted)
+    monkeypatch.setattr(bench.impls, "_fast_module", _Interpreted)
     shape = bench.varlen_shape((100, 37, 250), 2, 64, causal)
-    inp = bench._inputs(shape, "cpu", 0)
+    inp = bench.impls._inputs(shape, "cpu", 0)
     assert inp.q.shape == (387, 2, 64) and inp.cu.tolist() == [0, 100, 137, 387]
-    loop = bench._runner("fast_lazy", shape, inp)()
+    loop = bench.impls._runner("fast_lazy", shape, inp)()
     assert isinstance(loop, list) and [o.shape[0] for o in loop] == [100, 37, 250]
-    packed = bench._runner("fast_lazy_varlen", shape, inp)()
-    assert torch.equal(bench._packed(loop), packed)
-    ref = bench._packed(bench._runner("sdpa_flash", shape, inp)())
-    assert ref.shape == packed.shape and bench._rel_l2(packed, ref) < 1e-2
+    packed = bench.impls._runner("fast_lazy_varlen", shape, inp)()
+    assert torch.equal(bench.impls._packed(loop), packed)
+    ref = bench.impls._packed(bench.impls._runner("sdpa_flash", shape, inp)())
+    assert ref.shape == packed.shape and bench.impls._rel_l2(packed, ref) < 1e-2
     with pytest.raises(bench.Unavailable, match="packed"):
-        bench._runner("fast_fp8_lazy", shape, inp)
+        bench.impls._runner("fast_fp8_lazy", shape, inp)
 
 
 def test_cli_bench_checks_suites_before_any_work():
@@ -211,7 +211,7 @@ def test_run_times_split_k_and_varlen_beside_dense_end_to_end(monkeypatch, tmp_p
     """``run`` on the CPU over a split-K and a varlen job with the kernels on the
     interpreter: one row per (shape, impl), rel-L2 against fp32 attention, the FLOP count
     behind the TFLOP/s, a JSON file with the dense rows' columns, and the printed table."""
-    monkeypatch.setattr(bench, "_fast_module", _Interpreted)
+    monkeypatch.setattr(bench.impls, "_fast_module", _Interpreted)
     split = bench.Shape(1, 384, 2, 64, False, Skv=900)
     packed = bench.varlen_shape((100, 37, 250), 2, 64, True)
     jobs = [("splitk", split, ("fast_lazy", "fast_lazy_split2", "sdpa_flash")),
@@ -380,7 +380,7 @@ def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
 
 
 def _stand_in_runner(vt, times):
-    """bench._runner's stand-in: each implementation of ``times`` ({impl: ms per round})
+    """bench.impls._runner's stand-in: each implementation of ``times`` ({impl: ms per round})
     advances the virtual clock by its round's ms and returns SDPA's output (``wrong``:
     that output plus one); others are unavailable."""
     def runner(impl, shape, inp):
@@ -400,7 +400,7 @@ def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch,
     its rel-L2 against fp32 attention."""
     vt = VirtualTime(calls_per_round=3, warm_calls=2)  # run's first call, then the warm-up
     times = {"fast_lazy": A_MS, "fast_eager": B_MS, "sdpa_cudnn": C_MS}
-    monkeypatch.setattr(bench, "_runner", _stand_in_runner(vt, times))
+    monkeypatch.setattr(bench.harness, "_runner", _stand_in_runner(vt, times))
     shape = bench.Shape(1, 64, 2, 32, True)
     impls = ("fast_lazy", "fast_eager", "sdpa_cudnn", "flex")
     tuning = []
@@ -475,36 +475,36 @@ def test_reference_heads_subsample_only_the_largest_shapes():
 def test_reference_on_a_subsample_of_heads_matches_the_whole(shape):
     from fa_lab import reference
 
-    inp = bench._inputs(shape, "cpu", 0)
+    inp = bench.impls._inputs(shape, "cpu", 0)
     heads = [1, 3]
-    sub = bench._reference(shape, inp, heads)
+    sub = bench.impls._reference(shape, inp, heads)
     if shape.varlen:
         whole = torch.cat([reference.attention(inp.q[None, a:b], inp.k[None, a:b], inp.v[None, a:b],
                                                causal=shape.causal)[0][0] for a, b in inp.spans(shape)])
     else:
         whole = reference.attention(inp.q, inp.k, inp.v, causal=shape.causal)[0]
     torch.testing.assert_close(sub, whole[..., heads, :], rtol=1e-5, atol=1e-6)
-    assert bench._rel_l2(whole.to(torch.bfloat16), sub, heads) < 1e-2
+    assert bench.impls._rel_l2(whole.to(torch.bfloat16), sub, heads) < 1e-2
 
 
 def test_gqa_shape_runs_sdpa_and_flex_runners_correctly():
     shape = bench.Shape(1, 96, 4, 32, True, Hkv=2)
     assert shape.name == "B1 S96 H4 Hkv2 D32 causal" and shape.heads_kv == 2
-    inp = bench._inputs(shape, "cpu", 0)
+    inp = bench.impls._inputs(shape, "cpu", 0)
     assert inp.q.shape == (1, 96, 4, 32) and inp.k.shape == (1, 96, 2, 32)
-    ref = bench._reference(shape, inp, [0, 1, 2, 3])
-    out = bench._runner("sdpa_flash", shape, inp)()
-    assert out.shape == inp.q.shape and bench._rel_l2(out, ref, [0, 1, 2, 3]) < 1e-2
+    ref = bench.impls._reference(shape, inp, [0, 1, 2, 3])
+    out = bench.impls._runner("sdpa_flash", shape, inp)()
+    assert out.shape == inp.q.shape and bench.impls._rel_l2(out, ref, [0, 1, 2, 3]) < 1e-2
     with pytest.raises(ValueError, match="must divide"):
         bench.Shape(1, 8, 4, 32, False, Hkv=3)
 
 
 def test_fp8_rows_get_a_dequantised_reference():
     shape = bench.Shape(1, 64, 2, 128, False)
-    inp = bench._inputs(shape, "cpu", 0, fp8=True)
-    full = bench._reference(shape, inp, [0, 1])
-    deq = bench._reference(shape, inp, [0, 1], fp8=True)
-    assert deq.shape == full.shape and 1e-4 < bench._rel_l2(deq, full) < 0.1  # the quantisation
+    inp = bench.impls._inputs(shape, "cpu", 0, fp8=True)
+    full = bench.impls._reference(shape, inp, [0, 1])
+    deq = bench.impls._reference(shape, inp, [0, 1], fp8=True)
+    assert deq.shape == full.shape and 1e-4 < bench.impls._rel_l2(deq, full) < 0.1  # the quantisation
 
 
 def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch):
@@ -514,7 +514,7 @@ def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch
     stored transposed gives the fp8 row's output, and is timed alternated with it. The API
     rows (``flash_attn_func(..., backend="fast")``) run the same kernels: the same outputs,
     and each row carries its host time per call."""
-    monkeypatch.setattr(bench, "_fast_module", _Interpreted)
+    monkeypatch.setattr(bench.impls, "_fast_module", _Interpreted)
     shape = bench.Shape(1, 128, 4, 128, True, Hkv=2)
     impls = ("api_lazy", "api_fp8_lazy", "fast_lazy", "fast_eager", "fast_fp8_lazy",
              "fast_fp8_lazy_vt", "sdpa_flash")
