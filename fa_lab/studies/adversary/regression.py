@@ -1,0 +1,107 @@
+"""A found failure as a regression file (``.npz``: the inputs bit for bit, the policy and
+what was expected), loaded and rerun later."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from .optimize import Attack
+from .space import Candidate, KERNEL, _dtype, build, build_mods
+from .judge import judged_rows
+
+
+_INT_VIEWS = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32)}
+
+
+def _bits(x: torch.Tensor) -> np.ndarray:
+    """A 16- or 32-bit tensor's exact bit patterns (numpy has no bfloat16)."""
+    ti, ni = _INT_VIEWS[x.element_size()]
+    return x.contiguous().view(ti).numpy().view(ni)
+
+
+def _from_bits(a: np.ndarray, dtype) -> torch.Tensor:
+    return torch.from_numpy(a.view(np.int16).copy()).view(dtype)
+
+
+def tensor_digest(*ts: torch.Tensor) -> str:
+    """sha256 of the tensors' bytes (shape and dtype included)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in ts:
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(_bits(t).tobytes())
+    return h.hexdigest()
+
+
+def save_regression(res: Attack, path, *, expect: str | None = None) -> Path:
+    """Write the shrunk input (or, with nothing found, the best one) as a compressed .npz
+    with a JSON ``meta`` (policy, threshold, dtype, causal, the candidate, the names of its
+    score modifiers, the failing rows, ``expect``: "nonfinite" or "finite", and the sha256
+    of q, k, v and the modifiers' tensors). A one-hot input with V = ones has its q, k, v
+    stored as their bit patterns (mostly zeros: a few KB). Any other input (dense random
+    draws in q, k or V: tens or hundreds of KB) is stored as its candidate only, and so are
+    the modifiers of every input (a bias with a random part is as dense):
+    ``load_regression`` rebuilds them from the candidate and checks the digest."""
+    c = res.shrunk if res.found else res.best
+    if c is None:
+        raise ValueError("the attack has no input to save")
+    if expect is None:
+        expect = "nonfinite" if res.found else "finite"
+    q, k, v = build(c)
+    mods = build_mods(c)
+    sparse = c.family == "onehot" and c.v_kind == "ones"
+    meta = {"policy": res.policy, "threshold": res.threshold, "baseline": res.baseline,
+            "dtype": c.dtype, "causal": c.causal, "expect": expect, "candidate": c.to_dict(),
+            "size": c.size, "bad_rows": res.bad_rows, "space": res.space["name"],
+            "budget_s": res.budget_s, "seed": res.seed, "found": res.found,
+            "stored": "tensors" if sparse else "candidate",
+            "mods": list(mods), "sha256": tensor_digest(q, k, v, *mods.values())}
+    arrays = {"q": _bits(q), "k": _bits(k), "v": _bits(v)} if sparse else {}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+def load_regression(path, *, with_mods: bool = False):
+    """(q, k, v, meta) of a regression file, q/k/v in the dtype it names (rebuilt from the
+    candidate where only that is stored; either way checked against the digest).
+    ``with_mods``: (q, k, v, meta, mods), ``mods`` the score modifiers as
+    ``flash_attn_func`` keyword arguments (empty for an input without any)."""
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        dt = _dtype(meta["dtype"])
+        c = Candidate(**meta["candidate"])
+        if meta.get("stored", "tensors") == "tensors":
+            q, k, v = (_from_bits(z[n], dt) for n in ("q", "k", "v"))
+        else:
+            q, k, v = build(c)
+    mods = build_mods(c)
+    if list(mods) != meta.get("mods", []) or tensor_digest(q, k, v, *mods.values()) != meta["sha256"]:
+        raise ValueError(f"{path}: the input does not match its digest (a different torch "
+                         "random stream rebuilt a 'random'-family candidate?)")
+    return (q, k, v, meta, mods) if with_mods else (q, k, v, meta)
+
+
+def run_regression(path, policy=None) -> dict:
+    """Run a regression file's input (its score modifiers too) under its policy (or
+    ``policy``): whether the model's output has a non-finite row among the judged rows
+    (``judged_rows``), which rows, whether the fp64 reference is finite on every row, and
+    the rows it leaves undefined."""
+    from fa_lab import api, reference
+
+    q, k, v, meta, mods = load_regression(path, with_mods=True)
+    pol = meta["policy"] if policy is None else policy
+    out = api.flash_attn_func(q, k, v, causal=meta["causal"], rescale=pol,
+                              rescale_threshold=meta["threshold"] if policy is None else None,
+                              backend="emulator", kernel=KERNEL, **mods)
+    ref, lse = reference.attention(q, k, v, causal=meta["causal"], dtype=torch.float64, **mods)
+    judged = judged_rows(ref, lse)
+    bad = ~torch.isfinite(out.float()).all(-1)[0, :, 0] & judged
+    return {"policy": getattr(pol, "name", pol), "nonfinite": bool(bad.any()),
+            "bad_rows": bad.nonzero().flatten().tolist(), "ref_finite": bool(judged.all()),
+            "undefined_rows": (~judged).nonzero().flatten().tolist(), "meta": meta}
