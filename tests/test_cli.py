@@ -15,6 +15,8 @@ import time
 import pytest
 
 from fa_lab import cli, results
+import fa_lab.cli.args  # noqa: F401  (the argument types, as cli.args)
+import fa_lab.cli.table  # noqa: F401
 from fa_lab.studies import experiments as ex
 
 
@@ -161,13 +163,13 @@ def test_full_on_cpu_warns_with_a_rough_time(tmp_path):
     ("true", True), ("TRUE", True), ("1", True), ("yes", True), ("On", True), (" on ", True),
     ("false", False), ("False", False), ("0", False), ("no", False), ("OFF", False)])
 def test_parse_bool_accepts(word, value):
-    assert cli.parse_bool(word) is value
+    assert cli.args.parse_bool(word) is value
 
 
 @pytest.mark.parametrize("word", ["ture", "maybe", "2", "", "y", "n", "none", "-1", "truee"])
 def test_parse_bool_refuses(word):
     with pytest.raises(argparse.ArgumentTypeError, match="boolean"):
-        cli.parse_bool(word)
+        cli.args.parse_bool(word)
 
 
 def _actions(parser):
@@ -184,7 +186,7 @@ def test_every_boolean_flag_goes_through_parse_bool():
     flags = [a for a in actions if a.const is True]
     assert {f.option_strings[0] for f in flags} >= {"--full", "--causal", "--no-save", "--sweep",
                                                     "--fp8-saturate"}
-    assert all(f.type is cli.parse_bool for f in flags)
+    assert all(f.type is cli.args.parse_bool for f in flags)
     stray = [a.option_strings for a in actions
              if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))]
     assert stray == []
@@ -241,9 +243,9 @@ def test_parse_errors_exit_2_naming_the_flag(argv, flag, capsys):
 
 
 def test_full_size_estimate_is_hours_and_the_cpu_size_seconds():
-    full = cli.cpu_estimate_s([(k, ex.SEED_SIZES[k]) for k in ("bf16", "fp8")])
-    small = cli.cpu_estimate_s([(k, ex.CPU_SIZES[k]) for k in ("bf16", "fp8")])
-    assert 1800 < full < 6 * 3600 and small < 60 and full > cli.CPU_WARN_S > small
+    full = cli.table.cpu_estimate_s([(k, ex.SEED_SIZES[k]) for k in ("bf16", "fp8")])
+    small = cli.table.cpu_estimate_s([(k, ex.CPU_SIZES[k]) for k in ("bf16", "fp8")])
+    assert 1800 < full < 6 * 3600 and small < 60 and full > cli.table.CPU_WARN_S > small
 
 
 def test_both_tables_under_one_name_do_not_overwrite(tmp_path, monkeypatch):
@@ -258,18 +260,24 @@ def test_both_tables_under_one_name_do_not_overwrite(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "mine_fp8.json").read_text())["params"]["fp8_saturate"] is None
 
 
-def test_a_new_subcommand_is_one_register_call(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+def test_a_new_command_is_a_module_and_its_name(monkeypatch, capsys):
+    import sys
+    import types
+
     seen = {}
+    probe = types.ModuleType("fa_lab.cli.probe")
+    probe.HELP = "a test command"
 
     def add(p):
-        p.add_argument("--n", type=cli.positive_int, default=1)
-        cli.add_bool_flag(p, "--dry")
+        p.add_argument("--n", type=cli.args.positive_int, default=1)
+        cli.args.add_bool_flag(p, "--dry")
 
     def run(args):
         seen.update(n=args.n, dry=args.dry)
         return 0
-    cli.register("probe", "a test command", add, run)
+    probe.add_arguments, probe.run = add, run
+    monkeypatch.setitem(sys.modules, "fa_lab.cli.probe", probe)
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "probe"))
     assert cli.main(["probe", "--n", "3", "--dry", "yes"]) == 0 and seen == {"n": 3, "dry": True}
     with pytest.raises(SystemExit) as e:
         cli.main(["probe", "--dry", "ture"])

@@ -235,12 +235,12 @@ def test_a_point_that_raises_is_reported_and_retried(client, tmp_path, monkeypat
             raise ValueError("k_scale 8 breaks")
         return real(point, **kw)
 
-    monkeypatch.setattr(sweep, "compute_point", flaky)
+    monkeypatch.setattr(sweep.cluster, "compute_point", flaky)
     with pytest.raises(sweep.SweepError, match=r"(?s)1 point.*ValueError: k_scale 8 breaks") as info:
         sweep.run(grid, client=client, out=tmp_path, name="flaky", progress=False)
     assert len(info.value.failures) == 1
     assert sorted(info.value.table.k_scale) == [4, 16]   # the others' rows were written
-    monkeypatch.setattr(sweep, "compute_point", real)
+    monkeypatch.setattr(sweep.cluster, "compute_point", real)
     again = sweep.run(grid, client=client, out=tmp_path, name="flaky", progress=False)
     assert again.attrs["computed"] == 1 and again.attrs["skipped"] == 2
     assert sorted(again.k_scale) == [4, 8, 16]
@@ -401,16 +401,18 @@ def test_load_ignores_temp_files_and_compact_merges(client, tmp_path):
     assert sweep.run(grid, client=client, out=tmp_path, name="small", progress=False).attrs["computed"] == 0
 
 
-def test_add_subparser_hooks_into_a_cli():
-    import argparse
+def test_the_sweep_command_parses_its_flags(capsys):
+    from fa_lab import cli
+    import fa_lab.cli.sweep
 
-    p = argparse.ArgumentParser(prog="fa-lab")
-    sweep.add_subparser(p.add_subparsers(dest="cmd"))
-    args = p.parse_args(["sweep", "g.yaml", "--scheduler", "tcp://h:8786", "--name", "n",
-                         "--workers", "3"])
-    assert (args.grid, args.scheduler, args.name, args.workers) == ("g.yaml", "tcp://h:8786", "n", 3)
-    assert args.func is sweep.run_cli
-    assert sweep.main(["/no/such/grid.yaml"]) == 2
+    args = cli.build_parser().parse_args(["sweep", "g.yaml", "--scheduler", "tcp://h:8786",
+                                          "--name", "n", "--workers", "3", "--import", "p.py"])
+    assert (args.grid, args.scheduler, args.name, args.workers, args.imports) == (
+        "g.yaml", "tcp://h:8786", "n", 3, ["p.py"])
+    assert args._run is fa_lab.cli.sweep.run
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", "/no/such/grid.yaml"])
+    assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
@@ -418,8 +420,10 @@ def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
     path.write_text(yaml.safe_dump({**BASE, "k_scale": [8, 16]}))
     argv = [str(path), "--scheduler", client.scheduler.address, "--out", str(tmp_path),
             "--name", "cli", "--no-progress"]
-    assert sweep.main(argv) == 0
+    from fa_lab import cli
+
+    assert cli.main(["sweep", *argv]) == 0
     assert "2 points: 0 already done, 2 computed, 0 failed" in capsys.readouterr().out
-    assert sweep.main(["sweep", *argv]) == 0  # as `fa-lab sweep ...` hands it over
+    assert cli.main(["sweep", *argv]) == 0
     assert "2 points: 2 already done, 0 computed" in capsys.readouterr().out
     assert len(sweep.load("cli", out=tmp_path)) == 2

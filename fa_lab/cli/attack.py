@@ -1,0 +1,92 @@
+"""``fa-lab attack``: search for inputs on which a policy's output goes non-finite, and
+shrink them (``fa_lab.studies.adversary``)."""
+
+from __future__ import annotations
+
+from fa_lab import results
+
+from .args import UsageError, add_bool_flag, add_import_flag, import_policies, nonnegative_int, positive_int
+
+HELP = ("search for inputs on which a policy's output goes non-finite, and shrink them "
+        "(fa_lab.studies.adversary)")
+
+
+def add_arguments(p) -> None:
+    from fa_lab.studies.adversary import OPTIMIZERS, SPACES
+
+    p.add_argument("policy_pos", nargs="?", metavar="POLICY",
+                   help="the registered policy to attack (or --policy)")
+    p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
+    p.add_argument("--budget", type=float, default=60.0,
+                   help="seconds of search (shrinking a find takes up to as much again)")
+    p.add_argument("--space", choices=tuple(SPACES), default="scores",
+                   help="the search space: scores (|V| <= 4, default) or values (V up to 2^126)")
+    p.add_argument("--mods", default=None, metavar="LIST",
+                   help="score modifiers the search also draws, comma-separated: bias (key "
+                        "padding, left padding, block masks with -inf entries, dense), alibi, "
+                        "sink (default: none)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="search seed")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="the policy's threshold (default: the policy's own)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="also count a finite row whose max error exceeds TOL * max|ref| (off)")
+    p.add_argument("--max-evals", dest="max_evals", type=positive_int, default=None,
+                   help="stop after this many model runs")
+    p.add_argument("--baseline", default=None, metavar="POLICY",
+                   help="count only failures where this policy stays finite (e.g. eager)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="cma",
+                   help="what climbs after the starting points: cma (mixed-integer CMA-ES with "
+                        "restarts, the default) or es (the (1 + lambda) evolution strategy)")
+    add_bool_flag(p, "--random-starts", dest="random_starts",
+                  help="skip the structured starting points (the optimiser alone)")
+    add_import_flag(p)
+    add_bool_flag(p, "--json", help="print one JSON record instead of the summary")
+    add_bool_flag(p, "--no-save", dest="no_save",
+                  help="write no data/results/attack_<policy>.json")
+    p.add_argument("--regression", metavar="PATH",
+                   help="also write the shrunk input (or the near miss) as a .npz regression file")
+
+
+def run(args) -> int:
+    import json
+    import math
+
+    from fa_lab import policies
+    from fa_lab.studies.adversary import save_regression, search, summary
+
+    import_policies(args.imports)
+    name = args.policy_opt or args.policy_pos
+    if name is None:
+        raise UsageError("name the policy to attack: fa-lab attack POLICY (or --policy NAME)")
+    if args.policy_opt and args.policy_pos and args.policy_opt != args.policy_pos:
+        raise UsageError(f"two policies given: {args.policy_pos!r} and --policy {args.policy_opt!r}")
+    if name not in policies.names():
+        raise UsageError(f"{name!r} is not a registered policy; registered: "
+                         f"{', '.join(policies.names())} (register yours in a file given to --import)")
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.baseline is not None and args.baseline not in policies.names():
+        raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
+    res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
+                 threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
+                 baseline=args.baseline, structured=not args.random_starts,
+                 optimizer=args.optimizer)
+    rec = res.to_dict()
+    if args.regression:
+        rec["regression"] = str(save_regression(res, args.regression))
+    if not args.no_save:
+        suffix = ("" if args.space == "scores" else f"_{args.space}") + \
+            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "") + \
+            ("" if args.optimizer == "cma" else f"_{args.optimizer}")
+        rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
+    if args.json:
+        slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
+                                    "time_to_first_s", "bad_rows", "space", "baseline", "mods",
+                                    "input_mods", "optimizer")}
+        slim["space"] = rec["space"]["name"]
+        print(json.dumps(slim, default=str))
+    else:
+        print(summary(res))
+    return 0
+
+

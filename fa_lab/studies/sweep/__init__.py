@@ -1,0 +1,57 @@
+"""Sweeps over (policy × K scale × threshold × S × causal × dtype × H × seed × backend) on Dask.
+
+    from fa_lab.studies import sweep
+    grid = sweep.Grid({"policy": ["lazy", "lazy_unfixed"], "k_scale": [8, 16, 32],
+                       "threshold": [4, 8], "S": [2048], "H": [4]})
+    table = sweep.run(grid, name="bf16_cpu")        # a LocalCluster: 2 processes, 1 thread each
+    table = sweep.load("bf16_cpu")                  # the tidy table, one row per point
+
+    fa-lab sweep GRID.yaml [--scheduler tcp://host:8786] [--name N] [--workers 2]
+
+**The grid** is a product of named axes (``AXES``; ``seqlen``/``heads``/``batch``/
+``head_dim`` are accepted for S/H/B/D). ``policy``, ``k_scale`` and ``S`` are required; the
+others default to ``DEFAULTS``. A policy is a name, or any object that
+``flash_attn_func(rescale=obj)`` takes (the table records ``getattr(p, "name", p)``).
+Everything is checked before any task starts, and a bad grid raises ``GridError`` (a
+ValueError) naming the axis: an unknown axis, an empty axis, a bad value, or a (policy,
+dtype, backend) that fa_lab refuses. The check is fa_lab's own, with no work done:
+``api.check_call`` on uninitialised CPU tensors of each distinct call, then
+``dispatch.plan`` (routing and the chosen kernel's capabilities: dtypes, head dims, the
+policy's vote and rebase, Python rules); ``triton`` points are planned as ``interpret``,
+the same kernels with the same capabilities on CPU tensors. A threshold on a policy that
+has none (eager) is dropped and such points run once (``threshold_asked`` reads "n/a").
+
+**Each point is one Dask task** (``client.submit``, collected with ``as_completed``), so
+Dask reschedules the points of a worker that dies. Points that run on a GPU (``triton``
+and ``fast`` by default, or ``device: cuda``) ask for the worker resource ``GPU=1``. With
+``client=None`` the sweep starts a ``LocalCluster(n_workers=2, threads_per_worker=1,
+processes=True)`` whose workers run one torch thread each (``OMP_NUM_THREADS=1`` in their
+environment and a worker plugin calling ``torch.set_num_threads(1)``).
+
+**A point** builds the seed's inputs for its seed (``experiments.bf16_inputs``: K =
+round(N(0,1) * k_scale); ``experiments.fp8_inputs``: k = 0.1 k_scale N(0,1), V = ones,
+quantised per tensor), runs ``flash_attn_func(..., return_lse=True)`` (bf16 on the
+emulator: ``count_rescales``, the same checked call through the model with a counter, so
+the rescale counts come free), the fp32 reference, and ``compute_point`` returns one row:
+NaN / inf / bad-row fractions, rel-L2 against fp32, the LSE state of the bad rows, rescale
+counts, wall times and provenance (``SCHEMA`` lists every column).
+
+**Results** are Parquet parts under ``data/atlas/<name>/``: one ``part-<point_id>.parquet``
+per completed point (or per ``batch`` points), written by the client as each task
+completes, to a temp file renamed into place. A rerun skips the points whose rows exist;
+a killed sweep loses only the points in flight. ``load`` returns the pandas view and
+``compact`` merges the parts into one file (for committing a finished grid).
+"""
+
+from .grid import (ROOT, ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
+                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError, SweepError,
+                   Grid, check_name)
+from .point import FINITENESS_KEYS, COUNT_KEYS, compute_point
+from .store import SCHEMA, sweep_dir, done_points, load, compact
+from .cluster import TorchThreads, WORKER_ENV, local_client, close_local, run
+
+__all__ = ["ROOT", "ATLAS_DIR", "AXES", "ALIASES", "REQUIRED", "DEFAULTS", "DTYPES", "BACKENDS",
+           "GPU_BACKENDS", "CPU_PROXY", "DEVICES", "BY_KV_LEN", "VOLATILE", "GridError",
+           "SweepError", "Grid", "check_name", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
+           "SCHEMA", "sweep_dir", "done_points", "load", "compact", "TorchThreads", "WORKER_ENV",
+           "local_client", "close_local", "run"]
