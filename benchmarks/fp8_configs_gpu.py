@@ -6,6 +6,7 @@ import os
 import time
 
 from fa_lab import policies
+from fa_lab import timing
 from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_fp8 import fast as f8
@@ -18,7 +19,7 @@ CONFIGS = (Config(64, 128, 4, 3, True), Config(64, 128, 4, 2, True), Config(64, 
 BASE = CONFIGS[0].describe(True)
 out = {"name": "fp8_configs_h200", "what": __doc__.split("Writes")[0].strip(), "rounds": ROUNDS,
        "rows": []}
-timer = bench.CudaTimer()
+timer = timing.CudaTimer()
 t0 = time.time()
 for shp in (s for s in bench.SHAPES if s.D == 128):
     (q8, k8, v8), (qd, kd, vd) = bench.impls._inputs(shp, "cuda", 0, fp8=True).fp8

@@ -15,6 +15,7 @@ import time
 import torch
 
 from fa_lab import policies
+from fa_lab import timing
 from fa_lab.studies import bench
 from fa_lab.kernels._triton.fast import Config
 from fa_lab.kernels.swp_bf16 import fast as bf16
@@ -82,7 +83,7 @@ PAIRS = [("triton_key", "triton_plain"), ("gluon_key", "triton_key"), ("triton_k
 out = {"name": "fp8_key_order_h200", "what": __doc__.split("Writes")[0].strip(),
        "paired": "per round, b's median ms over a's in call-alternated cycles (> 1: a faster)",
        "rounds": ROUNDS, "rows": []}
-timer = bench.CudaTimer()
+timer = timing.CudaTimer()
 shapes = [s for s in bench.SHAPES if s.D == 128]
 t_start = time.time()
 for shp in shapes:

@@ -8,7 +8,7 @@ this adds is the pinned tilings: each of fast_bf16.CONFIGS for all three policie
 with the row-sum filter, its autotuned default), which compares the policies at equal
 tiles. It uses the benchmark's machinery (``bench.time_rounds``: each round times every
 (tiling, policy) pair once, for at least ``--min-calls`` calls and 100 ms, in an order
-rotated from round to round; ``bench.CudaTimer``; ``bench.gpu_clocks``), and keeps every
+rotated from round to round; ``timing.CudaTimer``; ``bench.gpu_clocks``), and keeps every
 round: per pair the median ms, and per round the ratios eager/lazy and lazy_unfixed/lazy
 (time over time: > 1, lazy is faster), so their spread is the noise.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from fa_lab import timing
 from fa_lab.studies import bench
 from fa_lab.studies.experiments import atomic_write_json, provenance
 from fa_lab.kernels.swp_bf16 import fast as fast_bf16
@@ -59,7 +60,7 @@ def main(argv=None):
         raise ValueError(f"--min-calls must be >= 1, got {args.min_calls}")
     shapes = bench.SHAPES if args.shapes is None else [bench.SHAPES[int(i)] for i in args.shapes.split(",")]
     dev = "cuda"
-    timer = bench.CudaTimer(dev)
+    timer = timing.CudaTimer(dev)
     names = {(t, p): f"{t} | {p}" for t in tilings() for p in POLICIES}
     rows, summary, clocks = [], [], []
     bar = tqdm(total=len(shapes) * (args.rounds + 1) * len(names), desc="lazy vs eager")

@@ -3,7 +3,7 @@
     from fa_lab import results
     results.list()                      # ['bench_h200', 'seed_bf16_h200', ...]
     obj = results.load("seed_bf16_h200")
-    results.save("my_run", table, params={"S": 2048})   # -> data/results/my_run.json
+    results.save("my_run", table, params={"S": 2048})   # -> <results dir>/my_run.json
 
 A result's ``name`` is a plain file name without ``.json``: one path component, confined to
 the results directory. An empty name, an absolute path, a path separator, ``.`` / ``..``

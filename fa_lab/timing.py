@@ -67,8 +67,8 @@ class CudaTimer:
     ``probe_spin_ms`` first. The memsets and spins fall outside the events."""
 
     name = "cuda events per call, L2 flushed, host kept ahead"
-    #: spin-kernel cycles per ms: an H200's top SM clock (1980 MHz), rounded up; at a lower
-    #: clock the spin only lasts longer
+    #: spin-kernel cycles per ms: above the top SM clock of the Hopper GPUs (1980 MHz); at a
+    #: lower clock the spin only lasts longer
     CYCLES_PER_MS = 2_000_000
 
     def __init__(self, device="cuda", *, chunk: int = 32, host_margin: float = 1.5,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fa_lab import cli
+from fa_lab import cli, timing
 from fa_lab.studies import bench
 
 from _shared import CappedClock, VirtualTime
@@ -260,7 +260,7 @@ def test_time_rounds_times_each_implementation_once_per_round_in_rotated_order()
     fns = {"a": vt.kernel("a", A_MS), "b": vt.kernel("b", B_MS), "c": vt.kernel("c", C_MS)}
     steps = []
     res = bench.time_rounds(fns, rounds=5, min_calls=3, min_ms=0, warmup_ms=0,
-                            timer=bench.CpuTimer(now=vt.now), on_step=lambda r, i: steps.append((r, i)))
+                            timer=timing.CpuTimer(now=vt.now), on_step=lambda r, i: steps.append((r, i)))
     assert res.errors == {}
     assert res.orders == bench.round_orders(["a", "b", "c"], 5)
     # the calls ran in that order: the warm-up call of each, then per round each
@@ -301,10 +301,10 @@ def test_spread_and_per_round_ratios_match_hand_computed_values():
 
 def test_host_time_is_the_median_wall_time_of_one_call():
     ticks = iter(range(100))
-    timer = bench.CpuTimer(now=lambda: next(ticks) * 1e-3)  # each reading 1 ms later
+    timer = timing.CpuTimer(now=lambda: next(ticks) * 1e-3)  # each reading 1 ms later
     calls = []
     assert bench.host_time(lambda: calls.append(1), timer, probes=5) == 1.0 and len(calls) == 5
-    assert 3.0 <= bench.host_time(lambda: time.sleep(0.003), bench.CpuTimer(), probes=3) < 50
+    assert 3.0 <= bench.host_time(lambda: time.sleep(0.003), timing.CpuTimer(), probes=3) < 50
 
 
 def test_time_rounds_on_the_real_clock_with_sleeping_callables():
@@ -326,7 +326,7 @@ def test_time_rounds_keeps_going_when_one_implementation_fails():
     ok = vt.kernel("ok", [1.0] * 4)
     flaky = vt.failing(3, "CUDA out of memory\nmore text")
     res = bench.time_rounds({"ok": ok, "flaky": flaky}, rounds=4, min_calls=1, min_ms=0,
-                            warmup_ms=0, timer=bench.CpuTimer(now=vt.now))
+                            warmup_ms=0, timer=timing.CpuTimer(now=vt.now))
     # flaky: call 1 is the warm-up, 2 its first round; it fails in its second round
     assert res.errors == {"flaky": "round 2: RuntimeError: CUDA out of memory"}
     assert res.ms["flaky"] == [pytest.approx(1.0), None, None, None]
@@ -342,7 +342,7 @@ def test_call_alternated_pairs_see_the_same_clock_where_turns_do_not():
     and the ratio is 1."""
     clock = CappedClock(t_drop=0.015)
     fns = {"a": clock.kernel(1.0), "b": clock.kernel(1.0)}
-    timer = bench.CpuTimer(now=clock.now)
+    timer = timing.CpuTimer(now=clock.now)
     res = bench.time_rounds(fns, rounds=1, min_calls=10, min_ms=0, warmup_ms=0, timer=timer)
     assert bench.ratio_rounds(res.ms, "a", "b") == [pytest.approx(1.25)]
     clock.t, clock.t_drop = 0.0, 0.007  # the drop falls in the middle of the cycles
@@ -365,7 +365,7 @@ def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
     flaky = vt.failing(4, "CUDA out of memory")
     steps = []
     out = bench.time_paired({**fns, "flaky": flaky}, [("a", "b"), ("a", "flaky")], rounds=3,
-                            min_calls=3, min_ms=0, timer=bench.CpuTimer(now=vt.now),
+                            min_calls=3, min_ms=0, timer=timing.CpuTimer(now=vt.now),
                             on_step=lambda r, p: steps.append((r, p)))
     assert out[("a", "b")]["rounds"] == [pytest.approx(2.0)] * 3
     assert out[("a", "flaky")]["rounds"] == [pytest.approx(1.0), None, None]
@@ -374,7 +374,7 @@ def test_time_paired_refuses_bad_pairs_and_keeps_going_past_a_failure():
     # a that takes no time gives no ratio: said, not a silent gap
     still = {"z": lambda: None, "b": fns["b"]}
     out = bench.time_paired(still, [("z", "b")], rounds=2, min_calls=2, min_ms=0,
-                            timer=bench.CpuTimer(now=vt.now))
+                            timer=timing.CpuTimer(now=vt.now))
     assert out[("z", "b")] == {"rounds": [None, None], "calls": [2, None],
                                "error": "round 1: z took 0 ms, no ratio"}
 
@@ -405,7 +405,7 @@ def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch,
     impls = ("fast_lazy", "fast_eager", "sdpa_cudnn", "flex")
     tuning = []
     table = bench.run(jobs=[("dense", shape, impls)], device="cpu", rounds=5, min_calls=3, rep=0,
-                      warmup=0, progress=False, timer=bench.CpuTimer(now=vt.now), tuning=tuning)
+                      warmup=0, progress=False, timer=timing.CpuTimer(now=vt.now), tuning=tuning)
     t = table.set_index("impl")
     assert list(table["impl"]) == list(impls)
     lazy = t.loc["fast_lazy"]
@@ -435,7 +435,7 @@ def test_run_on_the_cpu_gives_medians_spreads_ratios_and_saves_them(monkeypatch,
     assert info["orders"] == bench.round_orders(["fast_lazy", "fast_eager", "sdpa_cudnn"], 5)
     assert info["clocks"]["start"]["source"] is None and info["clocks"]["rounds_sm_mhz"] is None
     assert info["reference_heads"] == [0, 1] and len(info["round_seconds"]) == 5
-    assert table.attrs["timing"]["timer"] == bench.CpuTimer.name
+    assert table.attrs["timing"]["timer"] == timing.CpuTimer.name
     text = bench.format_table(table)
     assert "fast_lazy / fast_eager" in text and "2.000  [1.000 .. 3.000]" in text
     assert "TFLOP/s (median over 5 interleaved rounds): dense" in text
@@ -610,7 +610,7 @@ def test_cli_bench_runs_rounds_on_the_cpu_and_saves_them(monkeypatch, tmp_path, 
     assert len(flash["ms_rounds"]) == 2 and all(c >= 2 for c in flash["calls_rounds"])
     assert flash["rel_l2"] < 1e-2
     assert obj["shapes"][0]["orders"] == [["sdpa_flash"], ["sdpa_flash"]]
-    assert obj["timing"]["timer"] == bench.CpuTimer.name
+    assert obj["timing"]["timer"] == timing.CpuTimer.name
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
@@ -620,7 +620,7 @@ def test_cli_bench_runs_rounds_on_the_cpu_and_saves_them(monkeypatch, tmp_path, 
 def test_cuda_timer_measures_gpu_time_in_proportion():
     """Spin kernels of 1e6 and 4e6 cycles: the CUDA timer's medians stand at 1 : 4 (within
     10 %), however slow the host; the clocks have a source."""
-    timer = bench.CudaTimer("cuda")
+    timer = timing.CudaTimer("cuda")
     fns = {"one": lambda: torch.cuda._sleep(1_000_000), "four": lambda: torch.cuda._sleep(4_000_000)}
     res = bench.time_rounds(fns, rounds=3, min_calls=5, min_ms=5, warmup_ms=5, timer=timer)
     ratio = bench.spread(bench.ratio_rounds(res.ms, "one", "four"))

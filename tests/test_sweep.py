@@ -257,7 +257,7 @@ def test_killed_sweep_resumes_with_only_the_missing_points(client, tmp_path, one
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     log = open(tmp_path / "sweep.log", "wb")
     # the CLI, with its own LocalCluster (client=None)
-    proc = subprocess.Popen([sys.executable, "-m", "fa_lab.studies.sweep", str(grid_file), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "fa_lab", "sweep", str(grid_file), "--out",
                              str(tmp_path), "--no-progress"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:

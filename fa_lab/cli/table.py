@@ -74,15 +74,13 @@ def format_fp8(table: pd.DataFrame) -> str:
 # ---- fa-lab table ---------------------------------------------------------------------------
 
 #: Seconds per B*H*S^2*D "unit" for one whole table on a CPU with the emulator (all its K
-#: scales and policies/variants), measured with the default K scales on 2 otherwise idle CPU
-#: cores, torch with 2 threads: bf16 8.9e-9 (19 s at the CPU size S=2048, 4.8 s at S=1024),
-#: fp8 3.1e-9 (3.3 s at S=2048). The cost grows as S^2 (fp8 at S=4096 kept the per-unit rate
-#: of S=2048). On cores shared with other work (load 5-8) the same runs took 1.5-3x longer,
-#: so the warning gives the range; lower with more cores, higher with the Triton interpreter.
+#: scales and policies/variants), on 2 idle cores (the rates' measurements:
+#: docs/performance.md). The cost grows as S^2; on cores shared with other work it grows by
+#: up to CPU_BUSY_FACTOR, so the warning gives the range.
 CPU_SECONDS_PER_UNIT = {"bf16": 9e-9, "fp8": 3e-9}
 #: a CPU run estimated above this many seconds warns even without --full
 CPU_WARN_S = 600
-#: the upper end of the warning's range: shared cores measured up to ~3x slower
+#: the upper end of the warning's range, for cores shared with other work
 CPU_BUSY_FACTOR = 3
 
 

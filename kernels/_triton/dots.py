@@ -13,8 +13,8 @@ the products are summed:
   with the model bit for bit at any size.
 - ``DOT_TENSOR_CORES`` (compiled, the default): the 16-bit tensor-core dot, fp32
   accumulation in the hardware's order, a few ulps off the exact sum. That can move a
-  borderline overflow (data/results/exact_dots_h200.json), so GPU tests that demand the
-  model's exact masks run under ``exact_dots()``.
+  borderline overflow across 2**128, so GPU tests that demand the model's exact masks run
+  under ``exact_dots()``.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def dot16(a, b, scratch, DOT_MODE: tl.constexpr):
     if DOT_MODE == 2:
         # A run-time zero accumulator (scratch_buffer's placeholder holds 0.0): with a
         # constant one, Triton folds ``O + dot(P, V)`` into dot(P, V, acc=O), which adds O
-        # inside the tensor core's sum and so moves non-finite outputs
-        # (data/results/agree_faithful_h200.json). One scalar load: a zero reduced from
+        # inside the tensor core's sum (a different rounding, so a different NaN mask at
+        # an overflow boundary). One scalar load: a zero reduced from
         # the operand (b * 0) would take two cross-warp reductions per dot, and is NaN
         # when b holds an inf.
         acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + tl.load(scratch)

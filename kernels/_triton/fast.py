@@ -299,12 +299,10 @@ def check_config(config, fp8: bool):
 BF16_HEAD_DIMS = (64, 128)
 BF16_DTYPES = (torch.bfloat16, torch.float16)
 FP32_MAX = 3.4028234663852886e38
-#: The tuner's list (Hopper) for the fast bf16/f16 Triton kernels; its picks are
-#: recorded in data/results/bench_h200_triton.json (autotune_timings; D64 also in
-#: bench_h200.json), the pinned timings behind the list in bench_configs_h200.json. A deeper pipeline (4 stages) suits long D128
-#: walks; 4 warps over 128 rows suits D64, where the accumulator is half as large (at
-#: D128 it spills). Lazy tunes with the row-sum filter only; Config(row_sum_filter=False)
-#: still selects the plain fast path.
+#: The tuner's list (Hopper) for the fast bf16/f16 Triton kernels (how it was chosen:
+#: docs/performance.md). A deeper pipeline suits long D128 walks; 4 warps over 128 rows
+#: suit D64 only, where the accumulator is half as large. Lazy tunes with the row-sum
+#: filter only; Config(row_sum_filter=False) still selects the plain fast path.
 BF16_CONFIGS = (
     Config(128, 128, 8, 2, False),
     Config(128, 64, 8, 3, False),

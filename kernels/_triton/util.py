@@ -40,7 +40,7 @@ def _interpret_call(self, *args, **kwargs):
     # A @triton.jit function (our device functions, tl.max, tl.sum, ...) called from an
     # interpreted kernel: run it through the interpreter too. The interpreter's own device
     # call re-patches triton.language on every call (most of the run time); patching each
-    # module once per session is enough, as the session restores everything at its end.
+    # module once per interpreter run is enough, as the run restores everything at its end.
     interp = _interpreted(self.fn)
     if _patch_lang is None or not hasattr(interp, "rewrite"):
         return interp(*args, **kwargs)
@@ -186,8 +186,8 @@ def check_launch(tensors, names, *, batch_heads, causal, recorder, interpret):
 
 def rows_per_program(interpret: bool, rows: int | None) -> int:
     """Query rows per faithful-kernel program: whole 32-row waves of one 256-row block.
-    Default: two waves compiled (data/results/probe_faithful_h200.json times the others), the
-    whole block interpreted (speed). Either is exact: a wave's vote reads only its rows."""
+    Default: two waves compiled, the whole block interpreted (the interpreter's cost is
+    per operation). Either is exact: a wave's vote reads only its rows."""
     from fa_lab.kernels._common.geometry import BLOCK_M, WAVE_ROWS
 
     if rows is None:

@@ -11,51 +11,12 @@ online-softmax step, eager, with no wave ballot. Per row, with c = f32(sm_scale 
   O    += pack(P) @ V                       bf16: TRUNCATED (low 16 bits dropped); f16: RNE
   out   = round(O * rcp(l)) to the input dtype; LSE = m * f32(sm_scale) + ln(l)
 
-Where docs/semantics.md §4 is silent, upstream (ROCm/FlyDSL ``main`` 11c4174d) decides; references are
-to kernels/attention/flash_attn_generic.py (``generic.py``), flash_attn_utils.py
-(``utils.py``) and flash_attn_interface.py (``interface.py``):
-
-* Constants: c_sm_scale = f32(1/sqrt(D)), c_sm_scale_log2e = f32(1/sqrt(D) * log2 e) with the
-  product taken in double and rounded once (utils.py l.2131-2142). Q is NOT pre-scaled or
-  rounded: scores are raw fp32 Q K^T.
-* Rows per program: ``interface._dense_generic_tile`` (l.80-90) picks BLOCK_M = 64 (two
-  waves, 64-column step) when B * H * ceil(Sq/128) is below the CU count (256 on MI355X),
-  else 256 when H >= 32 and B * Sq >= 4096, else 128; always 32 rows per wave. The outer
-  KV step is 128 (two 64-column subtiles) on the "auto" path for causal D = 128, else 64
-  (utils.py l.1266-1274). Neither changes a number: there is no ballot, and a subtile
-  that is fully masked for a row leaves it exactly as it was (corr = exp2(0) = 1, P = 0).
-  They decide how many subtiles a row visits (the trace's steps) and which padding rows
-  exist, so the model follows them: causal q-blocks stop at
-  ``kv_upper = min(max(0, q0 + BLOCK_M + Skv - Sq), Skv)`` (utils.py l.2202-2214), rounded
-  up to whole outer steps (generic.py l.317 and l.343).
-* Masks (utils.py ``apply_kv_mask`` l.2920-2960): causal blocks apply only the
-  bottom-right causal mask (it covers every padding column of a real row); non-causal
-  blocks mask columns >= Skv unless the launcher was built with ``skip_kv_pad_mask``,
-  which upstream selects for every non-causal dense call with Sq % 64 == 0
-  (generic.py ``_wrap_pad_mask_dispatch`` l.642-703; it tests Sq, not Skv). K/V rows past
-  Skv are then real reads: on the 64-step path they are clamped to row Skv - 1
-  (utils.py ``kv_row_clamp`` l.2224 used by ``coop_load_k``/``coop_load_v_global``), so a
-  cross-length call with Sq % 64 == 0 and Skv % 64 != 0 attends to the last key
-  ``64 * ceil(Skv/64) - Skv + 1`` times. The model reproduces this by default
-  (``skip_kv_pad_mask=None``: upstream's rule) and reports it here because it was read,
-  not observed on hardware; ``skip_kv_pad_mask=False`` gives the masked, correct path. On
-  the DMA path (128-step) rows past Skv read as zeros (bounded buffer resource,
-  utils.py ``init_dma`` l.2613-2636).
-* Softmax step: utils.py ``online_softmax_stats``/``online_softmax`` l.2968-3014 (the floor
-  is applied after the fmax with the running max; the exp2 argument is one fma), then
-  ``rescale_o_accs`` (l.3016, all D chunks on gfx950) before ``gemm2_pv`` (generic.py
-  l.423-487): O *= corr, then O += P V for the same subtile.
-* P pack: bf16 drops the low 16 bits (``_pack_bf16_pair``, v_perm_b32 selector 0x07060302,
-  utils.py l.3052-3074); f16 converts with round-to-nearest-even (``build_p_packs``
-  l.3043-3047).
-* Epilogue: ``rcp(l)`` guarded by ``l > 0`` only for causal builds (utils.py l.3186-3190;
-  non-causal rows always have l >= 1); the output is converted with RNE
-  (``cvt_pk_bf16_f32`` / f16 convert); LSE = m * f32(sm_scale) + ln(l) (``store_lse``
-  l.3144-3154), which is -inf when l == 0 (a fully masked causal row, m = -3e38).
-
-Not modelled: the kernel is built with denormals-are-zero and fast-math flags
-(generic.py l.527-534); fp32 values below 2**-126 are kept here, which changes nothing
-at the tolerance of any test (they sit 2**-103 below l >= 1 and the row's largest P).
+Launch shape, masks, the P pack and the epilogue follow upstream (ROCm/FlyDSL ``main``
+11c4174d, kernels/attention/flash_attn_generic.py); docs/semantics.md §4.1 gives, point by
+point, what upstream does and where. The model keeps one upstream quirk by default: a
+non-causal call with Sq % 64 == 0 is built without the padding-column mask, and its
+padding K/V rows are clamped copies of row Skv - 1 (``skip_kv_pad_mask``). Not modelled:
+the build's denormals-are-zero flag (values below 2**-126 are kept here).
 """
 
 from __future__ import annotations

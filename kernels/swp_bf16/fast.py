@@ -40,8 +40,8 @@ head dim 64 the Triton kernel stays the default: there it is the faster of the t
 Split-K (``num_kv_splits``, module ``splitk``) and packed batches (``forward_varlen``,
 module ``varlen``) are kernels of their own built from the same device pieces, which live
 in ``_triton.fast``: ``walk`` (a query block's walk over a KV column range, whose first
-tile sets the base), ``load_q``, ``normalise`` and ``lse``. Throughput, against eager and
-against the peers: data/results, the README and notebook 04.
+tile sets the base), ``load_q``, ``normalise`` and ``lse``. Throughput against eager and
+against the peers: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ KERNEL = "fast_bf16"
 HEAD_DIMS = common.BF16_HEAD_DIMS
 DTYPES = common.BF16_DTYPES
 
-#: What fa_lab.studies.bench.config_sweep times (pinned, one by one) on a new GPU. On an H200
-#: BLOCK_M 128 with 4 warps spills registers at D128 (it stays for D64), and BLOCK_N 128
-#: with 3 stages over-runs shared memory.
+#: What fa_lab.studies.bench.config_sweep times (pinned, one by one) on a new GPU: the
+#: tilings that fit an sm_90 program's registers and shared memory at D128 (BLOCK_M 128
+#: with 4 warps only at D64; BLOCK_N 128 with at most 2 stages).
 CANDIDATE_CONFIGS = (
     Config(128, 128, 8, 2, True),
     Config(128, 64, 8, 3, True),

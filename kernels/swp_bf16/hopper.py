@@ -38,7 +38,7 @@ and without a branch. O and l are then multiplied by ``corr`` (1 in a wave that 
 fire) as under eager: skipping that multiply would need a branch on a warpgroup-uniform
 value, which Gluon can only take after a reduction across the warps (shared memory and a
 barrier on the softmax's critical path), and that costs more than the multiply saves
-(data/results/hopper_rescale_cost_h200.json).
+(docs/performance.md).
 
 Dense batches only (no varlen or split-K: those stay on ``fast``). K and V are read
 through rank-3 TMA descriptors ([B, S, heads x D]), so a tile past a sequence's end reads
@@ -82,7 +82,7 @@ WG_ROWS = 64
 #: warpgroup); Triton's own partition barriers take the lowest ids.
 WAVE_BARRIER = 8
 #: Causal work items are ordered in groups of (B, head) pairs that hold about this many
-#: query blocks (about one program per multiprocessor of an H100/H200; see ``_tile_of``).
+#: query blocks (about one program per multiprocessor of a Hopper GPU; see ``_tile_of``).
 GROUP_ITEMS = 128
 #: Shared memory one program may use on sm_90 (227 KiB).
 SHARED_BYTES = 232448

@@ -64,13 +64,10 @@ CANDIDATE_CONFIGS = (
     Config(64, 128, 4, 2, True),
     Config(128, 128, 8, 3, False),
 )
-#: The tuner's list (Hopper; pinned timings of the candidates in
-#: data/results/bench_configs_h200.json, of the tilings around the first one in
-#: data/results/fp8_configs_h200.json, and of the register-capped two-stage launch, which
-#: fits three programs per multiprocessor instead of two, in
-#: data/results/fp8_occupancy_h200.json: it pays where each program walks few KV tiles, at
-#: short causal shapes, and costs where the walks are long). Lazy autotunes with and
-#: without the row-sum filter.
+#: The tuner's list (Hopper; how it was chosen: docs/performance.md). The register-capped
+#: two-stage launch fits three programs per multiprocessor instead of two: more programs
+#: in flight where each walks few KV tiles (short causal shapes), fewer prefetch stages
+#: where the walks are long. Lazy autotunes with and without the row-sum filter.
 CONFIGS = (
     Config(64, 128, 4, 3, True),
     Config(64, 128, 4, 2, True, maxnreg=168),

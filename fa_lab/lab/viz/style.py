@@ -47,7 +47,7 @@ IMPL_COLORS = {
 
 
 #: Marker symbols per policy, so that curves lying on top of each other stay apart
-#: (the fixed lazy and the eager rescale agree to 0.2 %).
+#: (the fixed lazy and the eager rescale agree closely).
 POLICY_SYMBOLS = {
     "eager": "circle", "lazy": "diamond", "monotonic": "diamond", "lazy_unfixed": "square",
     "unfixed": "square", "lazy_capped": "triangle-up", "bound 8": "triangle-down",

@@ -30,7 +30,8 @@ BF16_POLICIES = ("lazy_unfixed", "lazy", "eager")
 FP8_POLICIES = ("lazy_unfixed", "lazy_capped", "lazy", "eager")
 
 
-#: Sizes that redraw within 0.3 s on 2 CPU cores (see benchmarks/bench_widgets.py).
+#: The dashboards' default sizes on a CPU: chosen to redraw within the latency goal on
+#: 2 cores (benchmarks/bench_widgets.py measures it; docs/performance.md has the numbers).
 CPU_DEFAULTS = dict(S=1024, H=1, D=128)
 
 

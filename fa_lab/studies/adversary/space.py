@@ -54,7 +54,7 @@ MODS = {
 }
 
 
-#: Other spellings accepted for a modifier (the issue's ``--mods bias,alibi,sink``).
+#: Other spellings accepted for a modifier (``--mods bias,alibi,sink``).
 MOD_ALIASES = {"alibi": "alibi_slopes"}
 
 

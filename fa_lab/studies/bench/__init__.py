@@ -30,8 +30,8 @@ in the same round: A's speed over B's, > 1 when A is faster; so ``fast_lazy /
 fast_eager`` is eager's time over lazy's) and summarised by median and min-max over
 rounds (``RATIO_PAIRS``; the table's ``attrs["ratios"]`` and the JSON's ``ratios``).
 
-**Pairs** (``time_paired``). Under a power cap the SM clock swings by more than 10 %
-within a round, so two implementations timed a few hundred ms apart can meet different
+**Pairs** (``time_paired``). Under a power cap the SM clock moves within a round, by more
+than some pairs differ, so two implementations timed a few hundred ms apart can meet different
 clocks; for pairs whose difference is smaller than that (``PAIRED_RATIOS``: one kernel
 under two policies) the rounds are followed by as many rounds of those pairs timed
 call-alternated: A B A B ..., one call of each per cycle (B leading in rounds 2, 4, ...), each
@@ -61,11 +61,11 @@ against fp32 attention of their own quantised inputs (the kernel's error without
 quantisation's). The autotuner's pick is each fast row's ``config``.
 
 Suites (``SUITES``; ``fa-lab bench --suite dense,splitk,varlen``): ``dense`` is the above,
-at the shapes of ``SHAPES`` (issue 14's table: B2 S8192 H32 D128 non-causal and causal,
-B4 S4096 H32 Hkv8 (GQA) D128 causal, B4 S4096 H32 D64, B16 S1024 H16 D128 causal,
+at the shapes of ``SHAPES`` (B2 S8192 H32 D128 non-causal and causal, B4 S4096 H32 Hkv8
+(GQA) D128 causal, B4 S4096 H32 D64, B16 S1024 H16 D128 causal, B32 S512 H32 D128 causal,
 B1 S16384 H32 D128, and B1 S61380 H32 D128 causal).
 ``splitk`` is two decode-like long-KV shapes (B1 Sq512 Skv65536 D128, non-causal, H32 and
-H8: 128 and 32 programs of 128 query rows for an H200's 132 SMs) where the fast kernel
+H8: 128 and 32 programs of 128 query rows for a 132-SM Hopper GPU) where the fast kernel
 runs dense (``fast_lazy``) and with 2, 4, 8 KV splits (``fast_lazy_split<S>``), beside
 SDPA and flex.
 ``varlen`` is a packed batch of 8 sequences of 1k..8k tokens (``VARLEN_LENGTHS``, ~32k in

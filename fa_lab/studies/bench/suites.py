@@ -65,7 +65,7 @@ def varlen_shape(lengths, H: int, D: int, causal: bool) -> Shape:
     return Shape(len(lengths), max(lengths), H, D, causal, lengths=lengths)
 
 
-#: The dense suite: issue 14's shapes (long and short sequences, GQA, D64), then
+#: The dense suite: long and short sequences, GQA and D64, then
 #: S = 61,380 (not a multiple of 64; one of upstream's MI355X throughput claims) with
 #: B = 1, H = 32, causal: 0.5 GB per tensor, ~31 TFLOP.
 SHAPES = (
@@ -81,8 +81,9 @@ SHAPES = (
 
 
 #: Split-K's case: few query blocks, a long KV walk (Sq >= 384, as upstream's split-K needs).
-#: With 128-row blocks, H32 gives 128 programs (about one per H200 SM: dense already fills
-#: the GPU once), H8 gives 32 (a quarter of it: where splitting the walk should pay).
+#: With 128-row blocks, H32 gives 128 programs (about one per multiprocessor of a 132-SM
+#: Hopper GPU: dense already fills it once), H8 gives 32 (a quarter of it: where splitting
+#: the walk should pay).
 SPLITK_SHAPES = (Shape(1, 512, 32, 128, False, Skv=65536), Shape(1, 512, 8, 128, False, Skv=65536))
 
 
