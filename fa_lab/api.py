@@ -3,9 +3,10 @@
 The signature follows upstream's ``flydsl_flash_attn_func`` ([B, S, H, D] tensors, causal by
 default, softmax scale fixed at 1/sqrt(D), fp8 selected by float8_e4m3fn inputs), so a
 repro written against FlyDSL runs unchanged after
-``from fa_lab import flash_attn_func as flydsl_flash_attn_func``. ``check_call`` checks
-every argument once, before any work, into one ``dispatch.Call`` (errors name the
-argument); ``fa_lab.dispatch`` routes it and runs it.
+``from fa_lab import flash_attn_func as flydsl_flash_attn_func``. One path for every call:
+``check_call`` checks every argument once, before any work, into one ``dispatch.Call``
+(errors name the argument); ``dispatch.plan`` routes it to a family, resolves the policy
+for that family and checks what the backend can do; ``dispatch.run`` runs it.
 
 Forward only: these functions compute no gradients. A call in grad mode with an input
 that requires grad is refused rather than returning a tensor whose backward would be
@@ -33,7 +34,7 @@ FP8 = torch.float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
 
-__all__ = ["BACKENDS", "Call", "check_call", "flash_attn_func", "trace", "count_rescales",
+__all__ = ["BACKENDS", "Call", "check_call", "plan", "flash_attn_func", "trace", "count_rescales",
            "swa_attn_func"]
 
 
@@ -74,7 +75,8 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
                backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1,
                kernel=None, upstream=None) -> Call:
-    """Validate everything and resolve the policy into one ``dispatch.Call``; raises
+    """Validate every argument into one ``dispatch.Call`` (the rescale arguments as a
+    ``policies.Request``, resolved by ``dispatch.plan`` once the family is known); raises
     ValueError/TypeError naming the argument. Does no work on the tensors' data.
 
     The arguments are ``flash_attn_func``'s (see there)."""
@@ -141,21 +143,19 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
     version = upstream_versions.get(upstream)
-    # None: the upstream version's default (which the generic kernel may ignore, as
-    # upstream does); an explicit True/False is a request that routing must honour.
-    lazy_flag = True if dualwave_swp_lazy_rescale is None else dualwave_swp_lazy_rescale
-    if not isinstance(lazy_flag, bool):
+    # None: the upstream version's default (which the generic kernel ignores, as upstream
+    # does); an explicit True/False is a request that routing must honour.
+    if dualwave_swp_lazy_rescale is not None and not isinstance(dualwave_swp_lazy_rescale, bool):
         raise TypeError("dualwave_swp_lazy_rescale must be a bool, "
-                        f"got {type(lazy_flag).__name__}")
-    policy = policies.resolve(
-        fp8=fp8, seqlen_kv=Skv, rescale=rescale, dualwave_swp_lazy_rescale=lazy_flag,
-        rescale_threshold=rescale_threshold, rebase_bound=rebase_bound, p_headroom=p_headroom,
-        default=version.default_policy(fp8=fp8, lazy_flag=lazy_flag))
-    asked = (rescale is not None or rescale_threshold is not None or p_headroom is not None
-             or (dualwave_swp_lazy_rescale is not None and (not fp8 or version.fp8_reads_flag)))
-    return Call(q=q, k=k, v=v, causal=causal, policy=policy, fp8=fp8, descales=descales,
+                        f"got {type(dualwave_swp_lazy_rescale).__name__}")
+    if rescale is not None:
+        policies.as_policy(rescale)  # a name the registry lacks, or not a Policy: refused now
+    request = policies.Request(rescale=rescale, lazy_flag=dualwave_swp_lazy_rescale,
+                               rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
+                               p_headroom=p_headroom)
+    return Call(q=q, k=k, v=v, causal=causal, request=request, fp8=fp8, descales=descales,
                 fp8_saturate=fp8_saturate, backend=backend, mods=mods, head_dim=D, batch=B,
-                seqlen_q=Sq, packing=packing, policy_asked=asked, kernel_asked=kernel,
+                seqlen_q=Sq, seqlen_kv=Skv, packing=packing, kernel_asked=kernel,
                 upstream=version.name)
 
 
@@ -192,81 +192,111 @@ def warn_fp8_scale(call: Call) -> None:
                       "(docs/semantics.md §1.2)", RuntimeWarning, stacklevel=3)
 
 
-#: The keyword arguments every entry point passes on to ``check_call``.
+#: The keyword arguments every entry point passes on to ``check_call``, in its order.
 CALL_OPTIONS = tuple(p for p in inspect.signature(check_call).parameters if p not in ("q", "k", "v"))
 
 
-def _check_options(fn: str, options: dict) -> None:
-    unknown = [k for k in options if k not in CALL_OPTIONS]
-    if unknown:
-        raise TypeError(f"{fn}() got an unexpected keyword argument {unknown[0]!r}")
+def _options(local: dict) -> dict:
+    """An entry point's own arguments that ``check_call`` takes, by name."""
+    return {name: local[name] for name in CALL_OPTIONS if name in local}
 
 
-def flash_attn_func(q, k, v, *, return_lse=False, **options):
+def plan(q, k, v, **options) -> dispatch.Plan:
+    """``check_call`` then ``dispatch.plan``: the call checked, routed, its policy resolved
+    for the routed family and its backend chosen, with no work on the data. What
+    ``flash_attn_func`` would run (``plan(...).family``, ``.backend``, ``.call.policy``)."""
+    return dispatch.plan(check_call(q, k, v, **options))
+
+
+def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
+                    cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, num_kv_splits=1,
+                    dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None,
+                    v_descale=None, bias=None, alibi_slopes=None, sink=None, return_lse=False,
+                    rescale=None, rescale_threshold=None, rebase_bound=None, p_headroom=None,
+                    fp8_saturate=None, backend="auto", kernel=None, upstream=None):
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
-    ``q_descale``, ``k_descale``, ``v_descale``. Keyword arguments (all optional):
+    ``q_descale``, ``k_descale``, ``v_descale``.
 
-    ``causal`` (default True); ``num_kv_heads`` (checked against k's heads).
-    ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy, lazy_unfixed,
-    lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None takes the
-    upstream version's default, lazy or eager by ``dualwave_swp_lazy_rescale`` as upstream.
-    ``upstream``: the FlyDSL version whose defaults a bare call takes (``fa_lab.upstream``;
-    default ``"fixed"``, or what ``fa_lab.set_upstream`` chose).
-    ``rescale_threshold`` (log2 units; fp8 also ``"by_kv_len"``), ``rebase_bound``
-    (capped policies) and ``p_headroom`` (fp8: True for PR #1020's lift, or a number) tune
-    the policy. ``fp8_saturate`` (fp8; default True) picks the P cast: clamp to 448 or NaN.
+    Upstream FlyDSL's arguments, with its names: ``causal`` (default True; the causal
+    diagonal is bottom-right aligned); ``num_kv_heads`` (checked against k's heads);
+    ``dualwave_swp_lazy_rescale`` (None: the upstream version's default, lazy; an explicit
+    True/False is honoured); ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink``
+    [H] (bf16/f16) modify the scores as upstream's DUALWAVE_SWP path does (natural-log
+    units); ``num_kv_splits`` > 1 runs split-K with its combine pass. Varlen:
+    ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D], k and
+    v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths differ); a
+    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
+
+    fa_lab's own: ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy,
+    lazy_unfixed, lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None
+    takes the upstream version's default. ``rescale_threshold`` (log2 units; fp8 also
+    ``"by_kv_len"``), ``rebase_bound`` (capped policies) and ``p_headroom`` (fp8: True for
+    PR #1020's lift, or a number) tune it. A policy the routed kernel cannot run is not
+    applied: the call warns once and says which ``kernel=`` applies it. ``fp8_saturate``
+    (fp8; default True) picks the P cast: clamp to 448 or NaN. ``upstream``: the FlyDSL
+    version whose defaults a bare call takes (``fa_lab.upstream``; default ``"fixed"``, or
+    what ``fa_lab.set_upstream`` chose). ``kernel``: "swp_bf16", "swp_fp8" or "generic"
+    instead of upstream's routing.
     ``backend``: ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the
     faithful Triton ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors
     through Triton's interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so
     NaN onset can differ from the faithful path; GPU, or interpreted on CPU); ``"flydsl"``
     upstream's kernel on an MI355X; ``"auto"`` (default) the faithful ports for GPU tensors
-    and the model for CPU tensors. ``kernel``: force "swp_bf16", "swp_fp8" or "generic"
-    instead of upstream's routing.
-    ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink`` [H] (bf16/f16) modify
-    the scores as upstream's DUALWAVE_SWP path does (natural-log units);
-    ``num_kv_splits`` > 1 runs split-K with its combine pass.
-    Varlen: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D],
-    k and v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths
-    differ); a bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
+    and the model for CPU tensors.
+
     Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
     Forward only: refused in grad mode when an input requires grad.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    _check_options("flash_attn_func", options)
-    call = dataclasses.replace(check_call(q, k, v, **options), return_lse=return_lse)
+    call = dataclasses.replace(check_call(q, k, v, **_options(locals())), return_lse=return_lse)
     planned = dispatch.plan(call)
     warn_fp8_scale(call)
     out, lse = dispatch.run(planned)
     return (out, lse) if return_lse else out
 
 
-def count_rescales(q, k, v, **options) -> dict:
-    """Run ``flash_attn_func(q, k, v, **options)`` through the model and count its rescale
-    work over the main loop (see ``fa_lab.counters``); returns the counts and the output."""
+def count_rescales(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
+                   cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, num_kv_splits=1,
+                   dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None, v_descale=None,
+                   bias=None, alibi_slopes=None, sink=None, rescale=None, rescale_threshold=None,
+                   rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="emulator",
+                   kernel=None, upstream=None) -> dict:
+    """Run the call as ``flash_attn_func`` (same arguments) through the model and count its
+    rescale work over the main loop (see ``fa_lab.counters``); returns the counts and the
+    output. The counts come from the model of a dense bf16/f16 call: ``backend`` is
+    "emulator" (or "auto"), and any other is refused, as are fp8 inputs."""
     from fa_lab.counters import RescaleCounter
 
-    _check_options("count_rescales", options)
-    call = check_call(q, k, v, **options)
-    if call.fp8:
+    opts = {**_options(locals()), "backend": "emulator"}
+    planned = plan(q, k, v, **opts)
+    if backend not in ("emulator", "auto"):
+        check_call(q, k, v, **{**opts, "backend": backend})  # a bad backend name says so first
+        raise ValueError(f"count_rescales counts the model's loop: backend={backend!r} cannot "
+                         "count; use backend='emulator'")
+    if planned.call.fp8:
         raise ValueError("count_rescales counts the bf16/f16 kernel's loop; got float8_e4m3fn inputs")
-    counter = RescaleCounter(call.policy)
-    out, lse = dispatch.run(dispatch.plan(dataclasses.replace(call, backend="emulator")), counter)
+    counter = RescaleCounter(planned.call.policy)
+    out, lse = dispatch.run(planned, counter)
     return {**counter.summary(), "out": out, "lse": lse}
 
 
-def trace(q, k, v, *, rows, batch=0, head=0, **options) -> Trace:
-    """Run ``flash_attn_func(q, k, v, **options)`` and record, for the chosen lanes, every
-    step's running max, tile max, vote, wave decision, drag, correction, l and finiteness
-    (see ``fa_lab.trace.Trace``).
+def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
+          cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+          num_kv_splits=1, dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None,
+          v_descale=None, bias=None, alibi_slopes=None, sink=None, rescale=None,
+          rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
+          backend="auto", kernel=None, upstream=None) -> Trace:
+    """Run the call as ``flash_attn_func`` (same arguments; dense calls) and record, for the
+    chosen lanes, every step's running max, tile max, vote, wave decision, drag,
+    correction, l and finiteness (see ``fa_lab.trace.Trace``).
 
     ``rows`` (see ``fa_lab.trace.normalize_rows``): query rows of (``batch``, ``head``), as
     an int, a range or a list of ints; or a list of (batch, head, row) tuples, one lane each.
     """
-    _check_options("trace", options)
-    call = check_call(q, k, v, **options)
+    call = check_call(q, k, v, **_options(locals()))
     if call.packing is not None:
         raise ValueError("trace takes dense calls; trace one sequence of a varlen batch at a time")
     B, Sq, H, _ = q.shape

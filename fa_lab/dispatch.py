@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,9 @@ import torch
 from fa_lab import capabilities, kernels, routing, varlen
 from fa_lab.capabilities import Caps
 from fa_lab.kernels import FAMILIES
-from fa_lab.policies import Policy, as_policy, get
+from fa_lab import upstream as upstream_versions
+from fa_lab.kernels._common.geometry import BLOCK_M, tiles_for_block
+from fa_lab.policies import Policy, Request, as_policy, get
 
 BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
 
@@ -106,15 +109,16 @@ def supports(e: Entry, policy: Policy) -> bool:
 class Call:
     """A checked call: everything a backend receives, checked once (``api.check_call``).
 
-    ``mods``: the bias / alibi_slopes / sink / num_kv_splits that were given; ``packing``:
-    varlen boundaries (q, k, v then packed [total, H, D]); ``policy_asked``: the caller
-    named a rescale (routing must honour it); ``kernel_asked``: the kernel= given, if any."""
+    ``request``: the rescale arguments as given (``policies.Request``); ``policy``: the
+    policy resolved from them for the routed family (set by ``plan``); ``mods``: the bias /
+    alibi_slopes / sink / num_kv_splits that were given; ``packing``: varlen boundaries
+    (q, k, v then packed [total, H, D]); ``kernel_asked``: the kernel= given, if any."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     causal: bool
-    policy: Policy
+    request: Request
     fp8: bool
     descales: tuple[float, float, float] | None
     fp8_saturate: bool
@@ -123,11 +127,18 @@ class Call:
     head_dim: int
     batch: int
     seqlen_q: int
+    seqlen_kv: int
     packing: varlen.Packing | None = None
-    policy_asked: bool = False
     kernel_asked: str | None = None
     upstream: str = "fixed"
     return_lse: bool = False
+    policy: Policy | None = None
+
+    @property
+    def policy_asked(self) -> bool:
+        """The caller asked for a rescale (``Request.explicit``)."""
+        return self.request.explicit(fp8=self.fp8,
+                                     reads_flag=upstream_versions.get(self.upstream).fp8_reads_flag)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -154,7 +165,7 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     """The family ("swp_bf16", "swp_fp8" or "generic") that runs a dense call: upstream's
     routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or Policy)
     the routed kernel lacks selects DUALWAVE_SWP, and an explicit ``kernel`` wins but must
-    be able to do what was asked."""
+    be able to do what was asked (and the features asked for)."""
     routing.check_positive_int("batch", batch)
     routing.check_positive_int("seqlen_q", seqlen_q)
     routing.check_bool("fp8", fp8)
@@ -192,7 +203,8 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     routed = "swp_bf16" if routing.dense_routes_to_dualwave(
         batch, seqlen_q, has_bias, has_alibi, has_sink, head_dim=head_dim, arch=arch) else "generic"
     if not implements(routed):
-        # The eager-only generic kernel cannot honour a lazy policy: DUALWAVE_SWP can.
+        # The eager-only generic kernel cannot honour a lazy policy: DUALWAVE_SWP can
+        # (``plan`` warns that this departs from upstream's routing).
         if not routing.can_dualwave(head_dim, arch):
             raise ValueError(f"rescale={policy.name!r} needs the DUALWAVE_SWP kernel (D 64 or 128 "
                              f"on gfx950); got head_dim={head_dim}, arch={arch!r}, where only the "
@@ -219,14 +231,39 @@ def _resolve_backend(call: Call, family: str) -> str:
                         call.q.device.type == "cuda" and available())
 
 
-def plan(call: Call) -> Plan:
-    """Route, resolve the backend and check every capability; raises ValueError naming
-    what the chosen backend cannot do. Does no work on the tensors' data."""
-    family = choose_kernel(
-        batch=call.batch, seqlen_q=call.seqlen_q, fp8=call.fp8,
-        rescale=call.policy if call.policy_asked else None, kernel=call.kernel_asked,
-        has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
-        has_sink="sink" in call.mods, head_dim=call.head_dim)
+#: The (reason, family, policy) of every warning ``plan`` gave: each is given once.
+_WARNED: set = set()
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def route(call: Call) -> str:
+    """The family that runs ``call``: upstream's routing (``choose_kernel``), then fa_lab's
+    own rules for what upstream's kernels do not model (split-K and varlen are DUALWAVE_SWP
+    builds; the fast kernels implement DUALWAVE_SWP's semantics at every length)."""
+    version = upstream_versions.get(call.upstream)
+    wanted = None
+    if call.policy_asked:
+        wanted = call.request.wanted(version.default_policy(fp8=call.fp8,
+                                                            lazy_flag=call.request.lazy_flag is not False))
+    shape = dict(batch=call.batch, seqlen_q=call.seqlen_q, fp8=call.fp8,
+                 has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
+                 has_sink="sink" in call.mods, head_dim=call.head_dim)
+    family = choose_kernel(rescale=wanted, kernel=call.kernel_asked, **shape)
+    upstreams = choose_kernel(**shape) if call.kernel_asked is None else family
+    if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
+            and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
+        has = "a Python rule" if wanted.rule is not None else f"vote={wanted.vote!r}"
+        _warn_once(("rerouted", upstreams, wanted.name),
+                   f"{call.request.given()}: upstream runs this call (B={call.batch}, "
+                   f"Sq={call.seqlen_q}) on the {upstreams} kernel, which is eager and cannot "
+                   f"apply {wanted.name!r} ({has}); fa_lab runs it on {family} instead, where "
+                   f"it applies. Pass kernel={family!r} to ask for that explicitly (and no "
+                   "warning), or leave the rescale out to run what upstream runs")
     if "num_kv_splits" in call.mods and family == "generic":
         if call.kernel_asked == "generic":
             raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
@@ -238,9 +275,38 @@ def plan(call: Call) -> Plan:
         # the fast kernels implement DUALWAVE_SWP's semantics at every length (upstream's
         # short-sequence generic kernel has no fast counterpart); kernel="generic" refuses
         family = "swp_bf16"
-    if family == "generic" and not call.policy_asked:
-        # upstream hands the lazy flag to the DUALWAVE_SWP builders only
-        call = dataclasses.replace(call, policy=get("eager"))
+    return family
+
+
+def resolve_policy(call: Call, family: str) -> Policy:
+    """The policy ``family`` runs for ``call``: the one asked for, resolved against the call,
+    or the upstream version's default where the family runs it (else eager, as upstream
+    hands the lazy flag to DUALWAVE_SWP only). A policy asked for that DUALWAVE_SWP would
+    never consult (no KV tile of the call reaches its lazy loop) is run, and a warning
+    (once) says so."""
+    version = upstream_versions.get(call.upstream)
+    default = version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
+    if not call.policy_asked and not supports(TABLE[(family, "emulator")], default):
+        default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
+    policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default)
+    if (call.policy_asked and policy.lazy and family == "swp_bf16" and call.packing is None
+            and "num_kv_splits" not in call.mods):
+        n = max(tiles_for_block(q0, call.seqlen_q, call.seqlen_kv, call.causal)
+                for q0 in range(0, call.seqlen_q, BLOCK_M))
+        if n <= 4:
+            _warn_once(("never consulted", family, policy.name),
+                       f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP decides "
+                       f"lazily only on KV tiles 1 .. N-4 of each 256-row block, and Skv="
+                       f"{call.seqlen_kv} gives N = {n}, so every tile rescales eagerly")
+    return policy
+
+
+def plan(call: Call) -> Plan:
+    """Route (``route``), resolve the policy for that family (``resolve_policy``), then
+    pick the backend and check every capability; raises ValueError naming what the chosen
+    backend cannot do. Does no work on the tensors' data."""
+    family = route(call)
+    call = dataclasses.replace(call, policy=resolve_policy(call, family))
     backend = _resolve_backend(call, family)
     if backend == "flydsl":
         return Plan(call, family, backend, None)

@@ -264,6 +264,46 @@ def color(policy) -> str | None:
     return None if p is None else p.color
 
 
+@dataclass(frozen=True)
+class Request:
+    """A call's rescale arguments as given: the policy is resolved from them once the
+    kernel family is known (``fa_lab.dispatch.plan``). ``lazy_flag`` is
+    ``dualwave_swp_lazy_rescale`` (None: not given, the upstream version's default)."""
+
+    rescale: object = None
+    lazy_flag: bool | None = None
+    rescale_threshold: float | str | None = None
+    rebase_bound: float | None = None
+    p_headroom: bool | float | None = None
+
+    def explicit(self, *, fp8: bool, reads_flag: bool = True) -> bool:
+        """Whether the caller asked for a rescale (routing must honour it, or say why
+        not): a policy, a threshold or a headroom, or the lazy flag where the kernel
+        reads it (``reads_flag``: the version's fp8 kernel may ignore it)."""
+        return (self.rescale is not None or self.rescale_threshold is not None
+                or self.p_headroom is not None
+                or (self.lazy_flag is not None and (not fp8 or reads_flag)))
+
+    def wanted(self, default: Policy) -> Policy:
+        """The policy asked for, before it is resolved against a call."""
+        return default if self.rescale is None else as_policy(self.rescale)
+
+    def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy) -> Policy:
+        """The resolved policy for a call (``resolve``), ``default`` where none was named."""
+        return resolve(fp8=fp8, seqlen_kv=seqlen_kv, rescale=self.rescale,
+                       dualwave_swp_lazy_rescale=self.lazy_flag is not False,
+                       rescale_threshold=self.rescale_threshold, rebase_bound=self.rebase_bound,
+                       p_headroom=self.p_headroom, default=default)
+
+    def given(self) -> str:
+        """The arguments given, as the caller wrote them."""
+        names = ("rescale", "dualwave_swp_lazy_rescale", "rescale_threshold", "rebase_bound",
+                 "p_headroom")
+        vals = (getattr(self.rescale, "name", self.rescale), self.lazy_flag,
+                self.rescale_threshold, self.rebase_bound, self.p_headroom)
+        return ", ".join(f"{n}={v!r}" for n, v in zip(names, vals) if v is not None)
+
+
 def resolve(
     *,
     fp8: bool,

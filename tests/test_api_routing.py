@@ -1,4 +1,8 @@
-"""flash_attn_func routes as upstream does, and never drops what the caller asked for."""
+"""flash_attn_func routes as upstream does; a policy the routed kernel cannot run is not
+applied, with a warning (once) that says which kernel= applies it."""
+
+import re
+import warnings
 
 import pytest
 import torch
@@ -24,12 +28,48 @@ def test_short_sequences_run_the_generic_kernel(short):
     assert tr.kernel == "generic" and tr.policy.name == "eager"
 
 
-def test_explicit_lazy_request_selects_dualwave(short):
+def test_a_lazy_request_upstream_would_drop_runs_on_dualwave_and_says_so(short, monkeypatch):
+    """Upstream runs a short call on the eager generic kernel, which cannot apply a lazy
+    request: fa_lab runs it on DUALWAVE_SWP, where it applies, and warns once per policy,
+    naming the request and kernel="swp_bf16", which asks for it without a warning."""
     q, k, v = short
     want = swp_bf16.forward(q, k, v, causal=True, policy=get_policy("lazy"))[0]
     for kw in ({"rescale": "lazy"}, {"dualwave_swp_lazy_rescale": True}, {"rescale_threshold": 8.0}):
-        assert torch.equal(fa_lab.flash_attn_func(q, k, v, causal=True, **kw), want), kw
+        monkeypatch.setattr(fa_lab.dispatch, "_WARNED", set())
+        given = ", ".join(f"{a}={b!r}" for a, b in kw.items())
+        with pytest.warns(UserWarning, match=rf"{re.escape(given)}: upstream runs this call .*"
+                                             r"generic kernel.*kernel='swp_bf16'"):
+            assert torch.equal(fa_lab.flash_attn_func(q, k, v, causal=True, **kw), want), kw
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*upstream runs this call")
+            fa_lab.flash_attn_func(q, k, v, causal=True, **kw)  # once: the second is silent
+            # asked for explicitly: no warning of a departure from upstream
+            assert torch.equal(fa_lab.flash_attn_func(q, k, v, causal=True, kernel="swp_bf16", **kw), want)
     assert fa_lab.trace(q, k, v, rows=[5], rescale="lazy").kernel == "swp_bf16"
+
+
+def test_a_policy_with_no_lazy_step_to_decide_warns(monkeypatch):
+    """DUALWAVE_SWP decides lazily on KV tiles 1 .. N-4 only: at Skv <= 256 a policy is
+    never consulted (a rule is never called), and the call says so; from Skv = 320 it is."""
+    from fa_lab.numerics import fmax
+
+    monkeypatch.setattr(fa_lab.dispatch, "_WARNED", set())
+    calls = []
+
+    def rule(m, mt, threshold):
+        calls.append(1)
+        return fmax(m, mt)
+    mine = fa_lab.Policy.from_rule(rule, name="counting_rule")
+    for S, consulted in ((256, False), (320, True)):
+        q, k, v = bf16_inputs(1, S, 1, 64, 8.0)
+        calls.clear()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            fa_lab.flash_attn_func(q, k, v, causal=False, rescale=mine)
+        never = [w for w in said if "never consulted" in str(w.message)]
+        assert bool(calls) == consulted and bool(never) == (not consulted), S
+        if never:
+            assert "Skv=256 gives N = 4" in str(never[0].message)
 
 
 def test_long_sequences_run_dualwave():
@@ -70,7 +110,7 @@ def test_triton_backends_route_short_sequences_to_the_generic_port(short):
     # the generic kernel has a faithful Triton port: the Triton backends route as the model
     q, k, v = short
     for kw in ({}, {"kernel": "generic"}):
-        plan = fa_lab.dispatch.plan(fa_lab.api.check_call(q, k, v, backend="interpret", **kw))
+        plan = fa_lab.api.plan(q, k, v, backend="interpret", **kw)
         assert plan.family == "generic" and plan.call.policy.name == "eager"
         assert plan.entry is fa_lab.dispatch.TABLE[("generic", "interpret")]
 

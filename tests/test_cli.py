@@ -1,7 +1,7 @@
 """The CLI as a user meets it (issue 15, findings 3, 5, 7 and 8): a bad value exits 2 with
 one line naming the flag, never a traceback; GPU-only requests on a CPU say so plainly; a
 GPU-size run on a CPU warns with a rough time. Exit codes and messages come from real
-subprocesses (``python -m fa_lab.cli``) with CUDA hidden, so they read the same on any
+subprocesses (``python -m fa_lab``) with CUDA hidden, so they read the same on any
 machine; results go to a tmp dir through ``FA_LAB_RESULTS_DIR``."""
 
 import argparse
@@ -30,7 +30,7 @@ def _env(results_dir):
 
 
 def fa_lab(tmp_path, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "fa_lab.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fa_lab", *args], capture_output=True,
                           text=True, env=_env(tmp_path / "results"), cwd=tmp_path,
                           timeout=timeout)
 
@@ -99,7 +99,7 @@ def bad_runs(tmp_path_factory):
     for key, (argv, _, _) in BAD.items():
         d = base / key
         d.mkdir()
-        procs[key] = (d, subprocess.Popen([sys.executable, "-m", "fa_lab.cli", *argv],
+        procs[key] = (d, subprocess.Popen([sys.executable, "-m", "fa_lab", *argv],
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, env=_env(d / "results"), cwd=d))
     out = {}
@@ -138,7 +138,7 @@ def test_fp8_saturate_words_are_parsed_and_saved(tmp_path):
 def test_full_on_cpu_warns_with_a_rough_time(tmp_path):
     """The seed's full sizes on a CPU: the first thing on stderr is a warning that says it is
     a GPU-size run and roughly how long it will take (the run is stopped there)."""
-    p = subprocess.Popen([sys.executable, "-m", "fa_lab.cli", "table", "--full", "--no-save"],
+    p = subprocess.Popen([sys.executable, "-m", "fa_lab", "table", "--full", "--no-save"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env=_env(tmp_path / "results"), cwd=tmp_path)
     try:

@@ -189,7 +189,7 @@ def valid_calls(draw):
         kw["upstream"] = draw(st.sampled_from(sorted(fa_lab.upstream.VERSIONS)))
     # the policy and kernel the call resolves to (the upstream version's default policy
     # when rescale is None; upstream's routing picks the kernel)
-    planned = dispatch.plan(fa_lab.api.check_call(q, k, v, backend="emulator", **kw))
+    planned = fa_lab.api.plan(q, k, v, backend="emulator", **kw)
     pol, family = planned.call.policy, planned.family
     info = dict(dtype=dtype, D=D, H=H, Hkv=Hkv, B=B, causal=causal, varlen=varlen, lq=lq, lk=lk,
                 policy=pol, threshold=pol.threshold, mods=mods, layout=layout, Sq=Sq, Skv=Skv,
@@ -324,7 +324,7 @@ def test_valid_fp8_inputs_run_and_match_the_reference(call):
             q8.shape[0], q8.shape[2], q8.shape[1])
         ds = {n: float(kw[n]) for n in ("q_descale", "k_descale", "v_descale")}
         ref, ref_lse = reference.attention(q8, k8, v8, causal=kw["causal"], **ds)
-        pol = fa_lab.api.check_call(q8, k8, v8, **kw).policy
+        pol = fa_lab.api.plan(q8, k8, v8, **kw).call.policy
         # eager: P <= 2**lift; lazy (rebase to max): P <= 2**(thr + lift). Where that is at
         # most 448 no P is clamped, and the result is the softmax up to e4m3 rounding of P
         # (3 significant bits) and of V

@@ -340,9 +340,9 @@ def check_mods(policy, mods, *, threshold=None) -> tuple:
     """Refuse, before any work, what the search could not run: ``policy`` with
     ``threshold`` on the model of the kernel under attack (``KERNEL``, backend
     ``"emulator"``), then each score modifier of ``mods`` there, through the same checks a
-    call makes (``api.check_call``, ``dispatch.plan``, ``fa_lab.capabilities``).
+    call makes (``api.plan``: checks, routing, capabilities).
     A modifier's refusal is a ValueError naming ``mods``. Returns ``parse_mods(mods)``."""
-    from fa_lab import api, dispatch
+    from fa_lab import api
 
     mods = parse_mods(mods)
     Sq, Skv, D = 32, 320, 64
@@ -350,12 +350,12 @@ def check_mods(policy, mods, *, threshold=None) -> tuple:
     k = torch.zeros(1, Skv, 1, D, dtype=torch.bfloat16)
     kw = {"causal": False, "rescale": policy, "rescale_threshold": threshold,
           "backend": "emulator", "kernel": KERNEL}
-    dispatch.plan(api.check_call(q, k, k, **kw))
+    api.plan(q, k, k, **kw)
     probe = {"bias": torch.zeros(Sq, Skv, dtype=torch.bfloat16),
              "alibi_slopes": torch.zeros(1), "sink": torch.zeros(1)}
     for m in mods:
         try:
-            dispatch.plan(api.check_call(q, k, k, **kw, **{m: probe[m]}))
+            api.plan(q, k, k, **kw, **{m: probe[m]})
         except (ValueError, TypeError) as e:
             raise ValueError(f"mods: {m} cannot be searched: {e}") from None
     return mods

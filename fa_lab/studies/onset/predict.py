@@ -72,7 +72,7 @@ class Onset:
 
 def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom, descales,
            fp8_saturate, kernel=None, bias=None, alibi_slopes=None):
-    from fa_lab import api, dispatch
+    from fa_lab import api
 
     opts = {"causal": causal, "rescale": rescale, "rescale_threshold": rescale_threshold,
             "rebase_bound": rebase_bound, "p_headroom": p_headroom, "backend": "emulator",
@@ -80,12 +80,13 @@ def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom
     if q.dtype == torch.float8_e4m3fn:
         opts.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2],
                     fp8_saturate=fp8_saturate)
-    call = api.check_call(q, k, v, **opts)
+    planned = api.plan(q, k, v, **opts)
+    call = planned.call
     other = [f for f in call.features if f not in SCORE_MODS]
     if other or call.packing is not None:
         raise NotImplementedError(f"onset.predict models dense calls with at most "
                                   f"{' and '.join(SCORE_MODS)}; got {', '.join(call.features)}")
-    return call, dispatch.plan(call).family
+    return call, planned.family
 
 
 def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None,

@@ -15,7 +15,7 @@ others default to ``DEFAULTS``. A policy is a name, or any object that
 Everything is checked before any task starts, and a bad grid raises ``GridError`` (a
 ValueError) naming the axis: an unknown axis, an empty axis, a bad value, or a (policy,
 dtype, backend) that fa_lab refuses. The check is fa_lab's own, with no work done:
-``api.check_call`` on uninitialised CPU tensors of each distinct call, then
+``api.plan`` on uninitialised CPU tensors of each distinct call, then
 ``dispatch.plan`` (routing and the chosen kernel's capabilities: dtypes, head dims, the
 policy's vote and rebase, Python rules); ``triton`` points are planned as ``interpret``,
 the same kernels with the same capabilities on CPU tensors. A threshold on a policy that

@@ -273,7 +273,7 @@ def _call_kwargs(point: dict) -> dict:
 
 
 def _plan(point: dict, **shape):
-    """fa_lab's own check of the point's call, with no work done: ``api.check_call`` on
+    """fa_lab's own check of the point's call, with no work done: ``api.plan`` on
     uninitialised CPU tensors of the point's shape (it reads no data), then
     ``dispatch.plan`` (routing, backend, and every capability of the chosen kernel:
     dtypes, head dims, the policy's vote and rebase, Python rules). ``triton`` needs CUDA
@@ -286,12 +286,7 @@ def _plan(point: dict, **shape):
     desc = {"q_descale": 1.0, "k_descale": 1.0, "v_descale": 1.0} if point["dtype"] == "fp8" else {}
     kw = _call_kwargs(point)
     kw["backend"] = CPU_PROXY.get(kw["backend"], kw["backend"])
-    call = api.check_call(t, t, t, **desc, **kw)
-    try:
-        from fa_lab.dispatch import plan
-    except ImportError:  # an fa_lab without the dispatch table: check_call routes
-        return getattr(call, "kernel", None), call.policy
-    planned = plan(call)
+    planned = api.plan(t, t, t, **desc, **kw)
     return planned.family, planned.call.policy
 
 
