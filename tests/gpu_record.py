@@ -180,7 +180,7 @@ def _test_id(parts: list[str], name: str) -> str:
     return ".".join(parts) + "::" + name
 
 
-def run_phase(marker: str, workers: int, phase: int, python: str) -> dict:
+def run_phase(marker: str, workers: int, phase: int, python: str, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
@@ -189,7 +189,7 @@ def run_phase(marker: str, workers: int, phase: int, python: str) -> dict:
             cmd[3:3] = ["-n", str(workers)]
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()
-        code = subprocess.run(cmd, cwd=ROOT).returncode
+        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
         seconds = time.perf_counter() - t0
         rows = junit_rows(junit, phase) if junit.exists() else []
     # 5: pytest collected nothing for this marker, which is no failure
@@ -220,28 +220,43 @@ def _umask() -> int:
     return mask
 
 
-def ensure_importable(python: str) -> None:
-    """fa_lab (and fa_lab.kernels, which lives in kernels/) must import from this checkout:
-    a GPU machine without the package gets an editable install that fetches nothing."""
-    probe = [python, "-c", "import fa_lab.kernels, sys; print(fa_lab.__file__)"]
-    got = subprocess.run(probe, cwd=tempfile.gettempdir(), capture_output=True, text=True)
-    if got.returncode == 0 and Path(got.stdout.strip()).resolve().parent == ROOT / "fa_lab":
-        return
-    print("installing this checkout (pip install --no-deps --no-build-isolation -e .)", flush=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "-e", str(ROOT)], check=True)
+def importable_env(python: str) -> dict:
+    """The environment in which ``python`` imports fa_lab (and fa_lab.kernels, which lives in
+    kernels/) from this checkout. Where it already does (an editable install), the current
+    one; else a tree of links in a temporary folder, put first on PYTHONPATH: ``fa_lab/``
+    holding a link to each of the checkout's fa_lab entries and ``kernels`` as
+    ``fa_lab/kernels``. No package is built or installed, so a GPU machine with no network
+    and no build tools runs the checkout as it is."""
+    env = dict(os.environ)
+    probe = [python, "-c", "import fa_lab.kernels, fa_lab, pathlib; "
+             "print(pathlib.Path(fa_lab.__file__).resolve())"]
+    got = subprocess.run(probe, cwd=tempfile.gettempdir(), capture_output=True, text=True, env=env)
+    if got.returncode == 0 and Path(got.stdout.strip()).parent == ROOT / "fa_lab":
+        return env
+    links = Path(tempfile.mkdtemp(prefix="fa_lab-links-")) / "fa_lab"
+    links.mkdir()
+    for entry in (ROOT / "fa_lab").iterdir():
+        if entry.name != "kernels":
+            (links / entry.name).symlink_to(entry)
+    (links / "kernels").symlink_to(ROOT / "kernels")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(links.parent), env.get("PYTHONPATH")]))
+    got = subprocess.run(probe, cwd=tempfile.gettempdir(), capture_output=True, text=True, env=env)
+    if got.returncode != 0 or Path(got.stdout.strip()).parent != ROOT / "fa_lab":
+        raise SystemExit(f"fa_lab does not import from {ROOT} even through {links}: {got.stderr}")
+    print(f"fa_lab runs from {ROOT} through the links in {links.parent}", flush=True)
+    return env
 
 
 def record_run(record: Path, workers: int, python: str = sys.executable) -> dict:
     gpu = gpu_info()
-    ensure_importable(python)
+    env = importable_env(python)
     if workers > 1 and subprocess.run([python, "-c", "import xdist"]).returncode:
         print("pytest-xdist is not installed: the shared phase runs in one process", flush=True)
         workers = 1
     started = datetime.datetime.now(datetime.timezone.utc)
     hashes = trees()
     state = git_state()
-    phases = [run_phase(SHARED, workers, 1, python), run_phase(ALONE, 1, 2, python)]
+    phases = [run_phase(SHARED, workers, 1, python, env), run_phase(ALONE, 1, 2, python, env)]
     rows = [r for p in phases for r in p.pop("rows")]
     after = trees()
     out = {

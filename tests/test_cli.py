@@ -253,8 +253,8 @@ def test_both_tables_under_one_name_do_not_overwrite(tmp_path, monkeypatch):
     for kind in ("bf16", "fp8"):
         monkeypatch.setattr(ex, f"{kind}_table", lambda *a, **k: __import__("pandas").DataFrame(
             [{"k_scale": 1, "policy": "eager", "variant": "eager", "bound": None}]))
-    monkeypatch.setattr(cli, "format_bf16", lambda t: "")
-    monkeypatch.setattr(cli, "format_fp8", lambda t: "")
+    monkeypatch.setattr(cli.table, "format_bf16", lambda t: "")
+    monkeypatch.setattr(cli.table, "format_fp8", lambda t: "")
     assert cli.main(["table", "--name", "mine"]) == 0
     assert results.list(root=tmp_path) == ["mine_bf16", "mine_fp8"]
     assert json.loads((tmp_path / "mine_fp8.json").read_text())["params"]["fp8_saturate"] is None

@@ -124,3 +124,26 @@ def test_record_is_written_atomically_with_the_umask(tmp_path):
     out = tmp_path / "sub" / "r.json"
     assert json.loads(out.read_text()) == {"a": 1}
     assert out.stat().st_mode & 0o777 == 0o644 and list(out.parent.iterdir()) == [out]
+
+
+def test_a_checkout_that_is_not_installed_runs_through_links(tmp_path):
+    """A GPU machine gets the working tree with nothing installed: the runner makes fa_lab
+    (and fa_lab.kernels, from kernels/) import from that copy, not from any install."""
+    import shutil
+    import sys
+
+    for name in ("fa_lab", "kernels"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "gpu_record.py", tmp_path / "tests")
+    shutil.copy(ROOT / ".gitignore", tmp_path)
+    spec = importlib.util.spec_from_file_location("copy_gpu_record", tmp_path / "tests" / "gpu_record.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    env = copy.importable_env(sys.executable)
+    out = subprocess.run([sys.executable, "-c", "import fa_lab.kernels.swp_bf16.model as m, "
+                          "fa_lab.results as r, pathlib; print(pathlib.Path(m.__file__).resolve()); "
+                          "print(r.ROOT)"], env=env, capture_output=True, text=True, cwd=tmp_path.parent)
+    assert out.returncode == 0, out.stderr
+    model, root = out.stdout.split()
+    assert Path(model) == tmp_path / "kernels" / "swp_bf16" / "model.py" and Path(root) == tmp_path

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 import fa_lab
-from fa_lab.kernels import generic
+from fa_lab.kernels.generic import faithful as generic
 from fa_lab.kernels._triton import util as _triton_util
 from fa_lab.kernels.generic import model as model
 from fa_lab.trace import TraceRecorder

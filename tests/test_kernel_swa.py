@@ -16,7 +16,7 @@ import torch
 from _shared import assert_lse_close
 
 import fa_lab
-from fa_lab.kernels import swa
+from fa_lab.kernels.swa import faithful as swa
 from fa_lab.kernels.swa import model as model
 from fa_lab.trace import TraceRecorder
 from test_kernel_swp_bf16 import assert_same_masks, assert_traces_match

@@ -193,7 +193,7 @@ def test_a_policys_threshold_reaches_the_ballot_unless_one_is_passed(monkeypatch
     """The SWA kernel runs the policy's threshold, as every other kernel does; a
     ``threshold`` (``swa_attn_func``'s ``rescale_threshold``) replaces it. The model and
     its Triton port (interpreted) fire alike."""
-    from fa_lab.kernels import swa as port
+    from fa_lab.kernels.swa import faithful as port
 
     q, k, v = bf16_inputs(1, 512, 2, 128, 8.0, seed=2)
     rows = [(0, 0, r) for r in range(512)]
@@ -222,7 +222,7 @@ def test_a_policys_threshold_reaches_the_ballot_unless_one_is_passed(monkeypatch
 def test_a_p_headroom_is_refused_not_ignored(headroom):
     """The P headroom is the fp8 kernel's; the SWA model and its port refuse it alike
     (before, the model ran True and both ignored a number)."""
-    from fa_lab.kernels import swa as port
+    from fa_lab.kernels.swa import faithful as port
 
     q, k, v = bf16_inputs(1, 256, 2, 128, 8.0, seed=0)
     pol = Policy(p_headroom=headroom, name="lifted")
