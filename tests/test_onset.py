@@ -215,7 +215,7 @@ def test_bias_and_alibi_row_for_row():
             for level in ("tile", "exact"):
                 p = onset.predict(q, k, v, causal=c.causal, rescale=pol, level=level,
                                   kernel="swp_bf16", **mods)
-                assert torch.equal(p.bad, meas), (pol, level, A._short(c))
+                assert torch.equal(p.bad, meas), (pol, level, A.optimize._short(c))
             seen["bad"] += int(meas.sum())
             seen["prologue"] += int((p.step == 1).sum()) if not c.causal else 0
     assert seen["bad"] > 100 and seen["prologue"] > 0        # the cases are not all finite
