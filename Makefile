@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # Idle OpenMP threads spin by default: on a small shared machine that doubles wall time.
 # The browser test's timings go to a scratch file, so a test run leaves the checkout as it
-# found it; run tests/test_browser.py alone to record data/results/browser_redraw.json.
+# found it; run tests/lab/test_browser.py alone to record data/results/browser_redraw.json.
 test: setup
 	OMP_WAIT_POLICY=PASSIVE FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
 		$(PY) -m pytest -q tests
@@ -33,10 +33,12 @@ test: setup
 TRITON_FLOOR := 3.6.0
 FLOOR_VENV   ?= .venv-triton$(TRITON_FLOOR)
 FLOOR_STAMP  := $(FLOOR_VENV)/.fa_lab-installed
-FLOOR_TESTS  := tests/test_kernel_*.py tests/test_bench.py tests/test_api_routing.py \
-	tests/test_api_errors.py tests/test_policy_backends.py tests/test_edge_inputs.py \
-	tests/test_flydsl_compare.py tests/test_properties.py tests/test_policies.py \
-	tests/test_model_swp_features.py tests/test_sweep.py
+FLOOR_TESTS  := tests/kernels/_triton tests/kernels/test_fast_kernels.py \
+	tests/kernels/*/test_*_faithful*.py tests/kernels/*/test_*_fast*.py \
+	tests/kernels/swp_bf16/test_swp_bf16_hopper.py tests/kernels/swp_bf16/test_swp_bf16_model_features.py \
+	tests/studies/test_bench.py tests/studies/test_sweep.py tests/api/test_api_routing.py \
+	tests/api/test_api_errors.py tests/api/test_policy_backends.py tests/api/test_edge_inputs.py \
+	tests/api/test_flydsl_compare.py tests/api/test_api_properties.py tests/api/test_policies.py
 
 $(FLOOR_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
@@ -89,10 +91,10 @@ strip:
 		echo "make strip needs nbstripout: $(PY) -m pip install nbstripout" >&2; exit 1; }
 	$(PY) -m nbstripout --keep-id notebooks/*.ipynb
 
-# The dashboards in headless Chromium at 1600x1000 (tests/test_browser.py), saved to
+# The dashboards in headless Chromium at 1600x1000 (tests/lab/test_browser.py), saved to
 # docs/img/ for the README; needs Debian's chromium.
 screenshots: setup
-	FA_LAB_SCREENSHOT_DIR=docs/img OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests/test_browser.py
+	FA_LAB_SCREENSHOT_DIR=docs/img OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests/lab/test_browser.py
 
 clean:
 	rm -rf $(VENV) .venv-triton*/ .pytest_cache

@@ -6,7 +6,7 @@ Builds each dashboard at the given size, moves one control at a time through fre
 (so nothing comes from the cache) and prints the median / min / max redraw time: the
 compute callback plus the updates of the FigureWidgets on screen (the main figure and the
 open tab), which is what the kernel does for a user who lets go of a slider. The browser's
-share (messages, plotly's redraw) is measured by tests/test_browser.py. Beside it, one plain forward of the same inputs, measured in the
+share (messages, plotly's redraw) is measured by tests/lab/test_browser.py. Beside it, one plain forward of the same inputs, measured in the
 same run, so that the ratio stays meaningful on a loaded machine. The target: a median
 under 0.3 s on 2 CPU cores at the default size.
 

@@ -63,7 +63,7 @@ def main():
 
     # agreement: the shape where the GPU test failed, every policy, causal and not
     for causal in (False, True):
-        # the failing GPU test's inputs (tests/test_kernel_swp_bf16.py make_inputs): Sq != Skv, GQA
+        # the failing GPU test's inputs (tests/kernels/swp_bf16/test_swp_bf16_faithful.py make_inputs): Sq != Skv, GQA
         g = torch.Generator(device=dev).manual_seed(12)
         q = torch.randn(2, 2000, 8, 128, generator=g, device=dev).bfloat16()
         k = (torch.randn(2, 2300, 2, 128, generator=g, device=dev) * 48).bfloat16()

@@ -3,7 +3,7 @@
     from fa_lab.studies import adversary
     res = adversary.search("lazy_unfixed", budget_s=30, seed=0)
     res.found, res.shrunk.size, res.repro        # the smallest failing input and one line
-    adversary.save_regression(res, "tests/regressions/lazy_unfixed.npz")
+    adversary.save_regression(res, "tests/studies/regressions/lazy_unfixed.npz")
 
     fa-lab attack POLICY [--budget 60] [--space scores|values] [--mods bias,alibi,sink]
                          [--seed 0] [--json] [--baseline eager] [--random-starts]

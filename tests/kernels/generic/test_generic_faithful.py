@@ -23,8 +23,8 @@ from fa_lab.kernels.generic import faithful as generic
 from fa_lab.kernels._triton import util as _triton_util
 from fa_lab.kernels.generic import model as model
 from fa_lab.trace import TraceRecorder
-from test_kernel_swp_bf16 import assert_matches_model, assert_same_masks, make_inputs
-from test_model_generic import check_against_reference
+from _ports import assert_matches_model, assert_same_masks, make_inputs
+from _ports import check_generic_bounds
 
 INF = math.inf
 
@@ -94,7 +94,7 @@ def test_kernel_repeats_the_last_key_where_upstream_skips_the_pad_mask(dtype, D)
     assert_matches_model(masked, ref_masked, q, k, v, False)
     gap = (upstream[0].float() - masked[0].float()).abs().max().item()
     assert gap > 0.05  # the two builds are told apart
-    check_against_reference(q, k, v, False, *masked)  # the masked build is softmax
+    check_generic_bounds(q, k, v, False, *masked)  # the masked build is softmax
     # forcing the skip on a length upstream masks (Sq % 64 != 0) follows the model too
     q2 = q[:, :100]
     assert_matches_model(*both(q2, k, v, causal=False, skip_kv_pad_mask=True), q2, k, v, False)
@@ -177,7 +177,7 @@ def test_kernel_against_fp64_reference():
         for causal in (False, True):
             out, lse = generic.forward(q, k, v, causal=causal, skip_kv_pad_mask=False,
                                        interpret=True)
-            check_against_reference(q, k, v, causal, out, lse)
+            check_generic_bounds(q, k, v, causal, out, lse)
 
 
 def test_strided_inputs_equal_contiguous_ones():
@@ -210,7 +210,7 @@ def test_interpreted_fma_rounds_the_exact_value_where_fp64_would_round_twice(via
     fp64 sum rounds the wrong way, and on random operands; so is tl.fma where this
     interpreter rounds it once, and where it rounds twice it is not (why the kernels take
     the fp64 path there)."""
-    from test_numerics import FMA_DOUBLE_ROUNDING, tie_hitting_triples
+    from _fma import FMA_DOUBLE_ROUNDING, tie_hitting_triples
 
     g = torch.Generator().manual_seed(3)
     triples = FMA_DOUBLE_ROUNDING + tie_hitting_triples(30, seed=2)

@@ -16,42 +16,7 @@ from fa_lab.kernels.swp_bf16 import model as swp_bf16
 from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
-# P pack error, relative: bf16 truncation drops up to one bf16 ulp (2**-7 of the value);
-# f16 rounds to nearest (2**-11). The output is rounded to nearest once more.
-P_PACK_ERR = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-11}
-OUT_ROUND = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-F32_EPS = 2.0**-23
-
-
-def score_scale(q, k):
-    """Per (b, h, row): max |q . k| / sqrt(D) over all keys, in fp64 (the LSE's magnitude)."""
-    G = q.shape[2] // k.shape[2]
-    kk = k.double().repeat_interleave(G, dim=2)
-    return torch.einsum("bshd,bthd->bhst", q.double().abs(), kk.abs()).amax(-1) / math.sqrt(q.shape[-1])
-
-
-def check_against_reference(q, k, v, causal, out, lse):
-    """Bounds from the kernel's roundings. Output: the P pack (one-sided truncation for
-    bf16; f16 adds an absolute 2**-25 per underflowing P), the output rounding, and fp32
-    sums over at most Skv terms. LSE: Q is not rounded here, so only fp32 errors remain:
-    the scale constants and the exp2 argument (relative 2**-23 of the score magnitude)
-    and the sum of P (Skv * 2**-23)."""
-    skv = k.shape[1]
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, dtype=torch.float64)
-    assert torch.isfinite(out).all()
-    vmax = v.double().abs().max().item()
-    smax = score_scale(q, k).max().item() * math.log2(math.e)
-    tol = (P_PACK_ERR[q.dtype] + OUT_ROUND[q.dtype] + (skv + 4 * smax + 8) * F32_EPS) * vmax
-    if q.dtype == torch.float16:
-        tol += skv * 2.0**-25 * vmax
-    assert (out.double() - ref).abs().max().item() <= tol
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isinf(lse), ~fin) and (lse[~fin] == -math.inf).all()
-    if fin.any():
-        tol_lse = (4 * score_scale(q, k) * math.log2(math.e) + skv + 8) * F32_EPS
-        assert ((lse.double() - ref_lse).abs() <= tol_lse)[fin].all()
-    assert (out.double()[ref.abs().sum(-1) == 0] == 0).all()  # fully masked rows
-
+from _ports import F32_EPS, OUT_ROUND, P_PACK_ERR, check_generic_bounds
 
 @settings(max_examples=20, deadline=None)
 @given(
@@ -68,7 +33,7 @@ def test_matches_reference(sq, skv, hkv, group, d, causal, dtype, scale, seed):
     # the masked build; upstream's own dispatch differs only for Sq % 64 == 0, Skv % 64 != 0
     out, lse = generic.forward(q, k, v, causal=causal, skip_kv_pad_mask=False)
     assert out.dtype == dtype and out.shape == q.shape and lse.shape == (1, hkv * group, sq)
-    check_against_reference(q, k, v, causal, out, lse)
+    check_generic_bounds(q, k, v, causal, out, lse)
 
 
 def test_hand_case_uniform_scores():
@@ -157,7 +122,7 @@ def test_causal_rows_before_the_diagonal_are_zero_with_lse_minus_inf():
     out, lse = generic.forward(q, k, v, causal=True)
     assert (out[:, :200].float() == 0).all() and (lse[..., :200] == -math.inf).all()
     assert torch.isfinite(lse[..., 200:]).all()
-    check_against_reference(q, k, v, True, out, lse)
+    check_generic_bounds(q, k, v, True, out, lse)
 
 
 def test_upstream_pad_mask_dispatch_counts_the_last_key_again():
@@ -176,11 +141,11 @@ def test_upstream_pad_mask_dispatch_counts_the_last_key_again():
     upstream = generic.forward(q, k, v, causal=False)[0].double()
     assert (upstream - ref_rep).abs().max().item() <= tol
     masked, lse = generic.forward(q, k, v, causal=False, skip_kv_pad_mask=False)
-    check_against_reference(q, k, v, False, masked, lse)
+    check_generic_bounds(q, k, v, False, masked, lse)
     # Sq = 130 is not a multiple of 64: upstream masks, the default agrees with softmax
     q2 = torch.cat([q, q[:, :2]], 1)
     out2, lse2 = generic.forward(q2, k, v, causal=False)
-    check_against_reference(q2, k, v, False, out2, lse2)
+    check_generic_bounds(q2, k, v, False, out2, lse2)
 
 
 def test_launch_tile_rules():

@@ -115,7 +115,7 @@ def test_modifiers_rejected_on_fp8():
 
 
 def test_modifiers_run_on_the_triton_port(inputs):
-    # the faithful port takes them too (tests/test_kernel_swp_bf16_features.py checks it
+    # the faithful port takes them too (tests/kernels/swp_bf16/test_swp_bf16_faithful_features.py checks it
     # against the model); backend='triton' still needs GPU tensors
     (q, k, v), mods = inputs
     q, k, v = q[:, :256], k[:, :300], v[:, :300]

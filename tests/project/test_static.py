@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: what ``ruff check`` reads (the project's Python and its lessons)
 LINTED = ("fa_lab", "kernels", "tests", "benchmarks", "notebooks")
 #: files whose module attributes are followed: the benchmark scripts and the tests (the
 #: package's own modules use relative imports and run on the CPU)
-FOLLOWED = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tests").glob("*.py"))
+FOLLOWED = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
 _ModuleType = type(ast)
 #: A comment that marks an import of a module the file itself writes at run time.
 RUNTIME = "# made at run time"

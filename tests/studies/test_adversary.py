@@ -262,7 +262,7 @@ def test_cli_attack_json_carries_mods(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("policy", ["eager", "lazy", "fa4_row", "lazy_capped"])
 def test_fixed_policies_fall_to_left_padding_in_the_prologue(policy):
-    """What the mods search found against every fixed policy (tests/regressions/
+    """What the mods search found against every fixed policy (tests/studies/regressions/
     <policy>_mods.npz): a non-causal call whose bias masks the first 64 keys. The prologue's
     max is -inf (only causal builds floor it, as upstream's kernel), exp2(-inf + inf) is
     NaN, and every row is lost under every policy, eager included: the kernel's semantics,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpu_record", ROOT / "tests" / "gpu_record.py")
 gpu_record = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_record)
@@ -74,11 +74,11 @@ def test_tree_hash_refuses_a_directory_with_nothing_to_track(tmp_path):
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_numerics" name="test_a[cuda]" time="0.25"/>
-<testcase classname="tests.test_gpu_record.TestX" name="test_b" time="1.5">
+<testcase classname="tests.api.test_numerics" name="test_a[cuda]" time="0.25"/>
+<testcase classname="tests.project.test_gpu_record.TestX" name="test_b" time="1.5">
   <failure message="AssertionError: 2 != 3&#10;more">trace</failure></testcase>
-<testcase classname="tests.test_numerics" name="test_c" time="0"><skipped message="no"/></testcase>
-<testcase classname="tests.test_numerics" name="test_d" time="0.1"><error message="boom"/></testcase>
+<testcase classname="tests.api.test_numerics" name="test_c" time="0"><skipped message="no"/></testcase>
+<testcase classname="tests.api.test_numerics" name="test_d" time="0.1"><error message="boom"/></testcase>
 </testsuite></testsuites>"""
 
 
@@ -87,10 +87,10 @@ def test_junit_rows_name_tests_as_pytest_does(tmp_path):
     path.write_text(JUNIT)
     rows = gpu_record.junit_rows(path, phase=2)
     assert [(r["test"], r["outcome"], r["seconds"]) for r in rows] == [
-        ("tests/test_numerics.py::test_a[cuda]", "passed", 0.25),
-        ("tests/test_gpu_record.py::TestX::test_b", "failed", 1.5),
-        ("tests/test_numerics.py::test_c", "skipped", 0.0),
-        ("tests/test_numerics.py::test_d", "error", 0.1)]
+        ("tests/api/test_numerics.py::test_a[cuda]", "passed", 0.25),
+        ("tests/project/test_gpu_record.py::TestX::test_b", "failed", 1.5),
+        ("tests/api/test_numerics.py::test_c", "skipped", 0.0),
+        ("tests/api/test_numerics.py::test_d", "error", 0.1)]
     assert rows[1]["message"] == "AssertionError: 2 != 3" and all(r["phase"] == 2 for r in rows)
     assert gpu_record.summarize(rows) == {"error": 1, "failed": 1, "passed": 1, "skipped": 1}
 

@@ -551,7 +551,7 @@ for _name in ("q_descale", "k_descale", "v_descale"):
         _name, [0, 0.0, -1.0, NAN, INF, -INF, "1", True, None, [1.0], torch.ones(2),
                 torch.tensor(1), torch.zeros(()), torch.tensor(NAN)],
         exc_for=lambda x: (TypeError, ValueError)))
-# (past log2(448) p_headroom is refused or warned about: tests/test_edge_inputs.py)
+# (past log2(448) p_headroom is refused or warned about: tests/api/test_edge_inputs.py)
 mutation("p_headroom", "fp8")(_bad_value("p_headroom", [-1.0, -INF, NAN, INF, "1", [1.0], b"1"],
                                          exc_for=lambda x: (TypeError, ValueError)))
 mutation("fp8_saturate", "fp8")(_bad_value("fp8_saturate", [1, 0, "ture", "maybe", 1.0, np.bool_(False)],

@@ -17,7 +17,7 @@ import fa_lab
 from fa_lab.kernels.generic import faithful as generic
 from fa_lab.kernels.swa import faithful as swa
 from fa_lab.kernels._triton import dots as _dots
-from test_kernel_swp_bf16 import assert_same_masks, make_inputs
+from _ports import assert_same_masks, make_inputs
 from _shared import sm90_target
 
 

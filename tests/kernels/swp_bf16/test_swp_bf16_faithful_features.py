@@ -26,8 +26,8 @@ from fa_lab.kernels.swp_bf16 import faithful as swp_bf16
 from fa_lab.kernels.swp_bf16 import model as model
 from fa_lab.policies import Policy
 from fa_lab.policies import get as get_policy
-from test_kernel_swp_bf16 import (POLICIES, UNIT_ROUNDOFF, assert_same_masks,
-                                  assert_traces_match, make_inputs)
+from _ports import (POLICIES, UNIT_ROUNDOFF, assert_same_masks, assert_traces_match,
+                    make_inputs)
 
 BF = torch.bfloat16
 INF = math.inf
@@ -136,7 +136,7 @@ def test_score_mods_f16_head_dim_128_and_one_row():
 
 def test_eager_extras_against_fp64_reference():
     # Independent of the model: plain softmax attention in fp64 with the same bias, ALiBi
-    # and sink, run by the kernel with split-K. Error budget as tests/test_split_k.py: Q*c,
+    # and sink, run by the kernel with split-K. Error budget as tests/kernels/swp_bf16/test_swp_bf16_split_k.py: Q*c,
     # P and the output rounded to bf16, and each split's partial output once more.
     q, k, v = make_inputs(1, SQ_SPLIT, SKV_SPLIT, 2, 1, 64, 2.0, seed=25)
     kw = mods_for("all", SQ_SPLIT, SKV_SPLIT, 2)

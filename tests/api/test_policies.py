@@ -123,7 +123,7 @@ def test_register_gives_a_colour_and_refuses_clashes():
 # The built-ins spelled out as Python rules over one wave's rows [..., 32]: docs/semantics.md
 # §9's own ``make_rule`` (this also holds the document's example to the models).
 def _doc_make_rule():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "semantics.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "semantics.md").read_text()
     block = text.split("that reproduces the declarative fields:")[1].split("```python")[1].split("```")[0]
     ns = {}
     exec(compile(block, "docs/semantics.md §9", "exec"), ns)

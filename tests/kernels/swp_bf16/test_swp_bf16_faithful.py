@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 import triton
@@ -30,105 +29,7 @@ from fa_lab.policies import Policy
 from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
-POLICIES = ("eager", "lazy", "lazy_unfixed", "fa4_row")
-INF = math.inf
-# Unit roundoff of the P packs and of the output (round to nearest: half an ulp at 1.0).
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-
-
-def make_inputs(B, Sq, Skv, H, Hkv, D, k_scale, *, dtype=torch.bfloat16, seed=0, device="cpu"):
-    """q, v ~ N(0,1), k ~ N(0,1) * k_scale (the seed's recipe), any shapes."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, Sq, H, D, generator=g, device=device).to(dtype)
-    k = (torch.randn(B, Skv, Hkv, D, generator=g, device=device) * k_scale).to(dtype)
-    v = torch.randn(B, Skv, Hkv, D, generator=g, device=device).to(dtype)
-    return q, k, v
-
-
-def both(q, k, v, *, causal, policy, kernel_backend="interpret", **kw):
-    """(kernel out, kernel lse), (model out, model lse) on the same inputs. kernel= is
-    explicit: the api would route short eager calls to the generic kernel's model."""
-    kw = dict(causal=causal, rescale=policy, return_lse=True, kernel="swp_bf16", **kw)
-    return (fa_lab.flash_attn_func(q, k, v, backend=kernel_backend, **kw),
-            fa_lab.flash_attn_func(q, k, v, backend="emulator", **kw))
-
-
-def assert_same_masks(name, a, b):
-    a, b = a.float(), b.float()
-    for what, fn in (("NaN", torch.isnan), ("+inf", lambda x: x == INF), ("-inf", lambda x: x == -INF)):
-        ma, mb = fn(a), fn(b)
-        assert torch.equal(ma, mb), (f"{name}: {what} masks differ "
-                                     f"(kernel {int(ma.sum())}, model {int(mb.sum())}, "
-                                     f"{int((ma ^ mb).sum())} positions)")
-
-
-def output_tolerance(q, k, v, causal, out_model):
-    """Per element: 1e-3 of the model's largest |output|, plus what the two fp32
-    summation orders can legitimately change after rounding. The scores differ in their
-    last bits, so a P value next to a rounding boundary may round to the neighbouring
-    16-bit value (2u relative); all of them at once move the output by at most
-    2u * sum_j P_j |v_j| / l, the softmax-weighted |V| (an fp32 reference with |V|). The
-    final rounding may flip as well: 2u of the element's magnitude."""
-    u = UNIT_ROUNDOFF[out_model.dtype]
-    weighted_abs_v, _ = reference.attention(q, k, v.abs(), causal=causal)
-    b = out_model.double()
-    fin = torch.isfinite(b)
-    return 1e-3 * b[fin].abs().max() + 2 * u * (weighted_abs_v.double() + b.abs())
-
-
-def assert_matches_model(kernel, model, q, k, v, causal):
-    """Identical NaN/+inf/-inf masks on out and LSE; finite outputs within
-    ``output_tolerance``; LSE within 1e-5 of the largest finite |LSE| (fp32 order)."""
-    (out_k, lse_k), (out_m, lse_m) = kernel, model
-    assert out_k.dtype == out_m.dtype and out_k.shape == out_m.shape
-    assert lse_k.dtype == torch.float32 and lse_k.shape == lse_m.shape
-    assert_same_masks("out", out_k, out_m)
-    assert_same_masks("lse", lse_k, lse_m)
-    fin = torch.isfinite(out_m)
-    if fin.any():
-        err = (out_k.double() - out_m.double()).abs()
-        tol = output_tolerance(q, k, v, causal, out_m)
-        ratio = (err / tol)[fin].max().item()
-        assert ratio <= 1, f"out: |kernel - model| up to {ratio:.2f} x the tolerance"
-    fin = torch.isfinite(lse_m)
-    if fin.any():
-        err = (lse_k.double() - lse_m.double())[fin].abs().max()
-        assert err <= 1e-5 * lse_m[fin].abs().max() + 1e-6, f"lse: max |kernel - model| {err:.3g}"
-
-
-def assert_traces_match(tk, tm):
-    """Kernel trace == model trace tile for tile: booleans exact, values to fp32 order."""
-    sk, sm = tk.steps, tm.steps
-    assert list(sk.columns) == list(sm.columns) and len(sk) == len(sm) > 0
-    for c in ("lane", "step", "col0", "phase", "batch", "head", "row",
-              "vote", "fire", "dragged", "o_finite", "l_finite"):
-        assert (sk[c].values == sm[c].values).all(), f"trace column {c} differs"
-    # m and mt are maxima of scores summed in another order; corr and l are exp2 of
-    # differences of such values (rel. error ~ ulp(m) * ln 2), accumulated; below the
-    # smallest normal fp32 (2**-126) only an absolute comparison means anything.
-    tiny = 2.0**-126
-    for c, rtol, atol in (("m", 1e-6, 1e-4), ("mt", 1e-6, 1e-4), ("corr", 2e-4, tiny)):
-        np.testing.assert_allclose(sk[c].values, sm[c].values, rtol=rtol, atol=atol,
-                                   equal_nan=True, err_msg=f"trace column {c}")
-    # Where corr is subnormal (or 0 on one side), l = l_prev * corr is too: there the
-    # two may differ by up to l_prev * 2**-126 absolutely.
-    sub = (np.abs(sk["corr"].values) < tiny) | (np.abs(sm["corr"].values) < tiny)
-    lk, lm = sk["l"].values, sm["l"].values
-    np.testing.assert_allclose(lk[~sub], lm[~sub], rtol=2e-4, atol=tiny, equal_nan=True,
-                               err_msg="trace column l")
-    l_max = np.abs(lm[np.isfinite(lm)]).max()
-    # (a row that already overflowed: the same inf, or NaN, in both)
-    same = (lk[sub] == lm[sub]) | (np.isnan(lk[sub]) & np.isnan(lm[sub]))
-    with np.errstate(invalid="ignore"):  # inf - inf where the two agree
-        near = np.abs(lk[sub] - lm[sub]) <= tiny * l_max
-    assert (same | near).all(), \
-        "trace column l (after a subnormal corr)"
-    lanes_k, lanes_m = tk.lanes, tm.lanes
-    for c in ("batch", "head", "row", "first_nonfinite_step", "n_dragged", "out_finite"):
-        assert lanes_k[c].equals(lanes_m[c]), f"lanes column {c} differs"
-    np.testing.assert_allclose(lanes_k.lse.values, lanes_m.lse.values, rtol=1e-5, equal_nan=True)
-    assert_same_masks("trace out", tk.out, tm.out)
-
+from _ports import (INF, POLICIES, assert_matches_model, assert_traces_match, both, make_inputs, output_tolerance)
 
 # ----------------------------------------------------------------------------------
 # The kernel against the model, interpreted on CPU

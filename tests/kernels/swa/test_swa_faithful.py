@@ -19,7 +19,7 @@ import fa_lab
 from fa_lab.kernels.swa import faithful as swa
 from fa_lab.kernels.swa import model as model
 from fa_lab.trace import TraceRecorder
-from test_kernel_swp_bf16 import assert_same_masks, assert_traces_match
+from _ports import assert_same_masks, assert_traces_match
 
 INF = math.inf
 U = 2.0**-8  # bf16 unit roundoff
