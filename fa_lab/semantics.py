@@ -132,7 +132,8 @@ class Semantics:
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.block_n is not None:
             if isinstance(self.block_n, bool) or not isinstance(self.block_n, int):
-                raise TypeError(f"block_n must be None or an int, got {type(self.block_n).__name__}")
+                raise TypeError("block_n must be None or an int, got "
+                                f"{type(self.block_n).__name__}")
             if self.block_n < 1:
                 raise ValueError(f"block_n must be >= 1, got {self.block_n}")
 

@@ -71,7 +71,8 @@ def test_fa4_saturation_numbers():
         assert sum(int(r.saturated.sum()) for r in rec) == (key == "before")
     assert abs(448 / (256 + 2 ** 11.5) - exact) > abs(3072 / (256 + 2 ** 11.5) - exact)
     # #2694's fix (offset 4) gives the same number on this input as #2717's for e4m3
-    assert float(run("fa4_fp8_offset", "after")[0]) == pytest.approx(176 / (16 + 2 ** 7.5), rel=1e-6)
+    got = float(run("fa4_fp8_offset", "after")[0])
+    assert got == pytest.approx(176 / (16 + 2 ** 7.5), rel=1e-6)
 
 
 def _decode(n_keys, seed):

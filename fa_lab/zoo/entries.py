@@ -23,7 +23,7 @@ from ..semantics import FLT_MAX, Semantics
 from .model import LOG2_UNITS, forward
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Case:
     """One input: q [B, Sq, H, D], k and v [B, Skv, Hkv, D], a 2-D ``mask`` [Sq, Skv] (bool,
     True = visible, or additive natural-log with -inf = masked) or None, ``causal``,

@@ -125,8 +125,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     n_tiles = ((lens + bn - 1) // bn).clamp(min=1)
     T = int(n_tiles.max()) if B else 1
     R, ncols = -(-Sq // W) * W, T * bn
-    hidden = (lambda t: t) if sem.mask_domain == "scaled" else (lambda t: f32(t * c))
-    mask_s, init_s = hidden(sem.mask_value), hidden(sem.m_init)
+    to_scaled = (lambda t: t) if sem.mask_domain == "scaled" else (lambda t: f32(t * c))
+    mask_s, init_s = to_scaled(sem.mask_value), to_scaled(sem.m_init)
     fmt = sem.p_cast if sem.p_cast != "input" else _INPUT_FORMATS[q.dtype]
     thr, H_off = float(policy.threshold), float(policy.p_headroom)
 
@@ -150,7 +150,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         return (t == empty_at[0]) | (t == empty_at[1]) | (t == empty_at[2])
 
     def base(t):  # the max an exponent subtracts
-        return torch.where(empty(t), torch.zeros_like(t), t) if sem.empty_row_guard == "zero_base" else t
+        if sem.empty_row_guard != "zero_base":
+            return t
+        return torch.where(empty(t), torch.zeros_like(t), t)
 
     def clamp(d):
         return fmax(d, -math.inf) if sem.clamp_exp_diff else d
@@ -229,7 +231,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
 
-    out = (O * epilogue_scale(l, sem.epilogue_guard)[..., None])[:, :, :Sq].permute(0, 2, 1, 3).to(q.dtype).contiguous()
+    out = (O * epilogue_scale(l, sem.epilogue_guard)[..., None])[:, :, :Sq]
+    out = out.permute(0, 2, 1, 3).to(q.dtype).contiguous()  # one RNE rounding to q's dtype
     lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
     lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)[:, :, :Sq].contiguous()
     return out, lse
