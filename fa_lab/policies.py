@@ -14,8 +14,13 @@ A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md
   case the row keeps m (the seed's proposal).
 * ``threshold`` (log2 units; fp8 compares scaled differences), ``rebase_bound`` (capped
   only) and ``p_headroom`` (fp8 only: True for PR #1020's lift of P before its e4m3 cast,
-  or a number of log2 units).
+  or a number of log2 units; the online-softmax model adds it before whatever cast
+  ``semantics.p_cast`` names, as FlashAttention-4's ``max_offset``).
 * ``name``, ``description`` and ``color`` for tables, legends and dropdowns.
+* ``semantics``: the kernel semantics around the decision (``fa_lab.semantics``: masking,
+  empty rows, exponent clamps, the P cast, the epilogue, tiling). The defaults are
+  DUALWAVE_SWP's; only the online-softmax model (``fa_lab.zoo``) implements other values,
+  and ``refuse_semantics`` is how a kernel that does not refuses them by name.
 
 ``Policy.from_rule(rule, name=...)`` wraps a Python rule ``rule(m, mt, threshold) ->
 m_new`` over one wave's rows (``[..., 32]`` tensors); rows whose max changes rescale by
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fa_lab.numerics import E4M3_MAX
+from fa_lab.semantics import Semantics
 
 #: DUALWAVE_SWP_RESCALE_THRESHOLD upstream, in log2 units.
 DEFAULT_THRESHOLD = 8.0
@@ -101,8 +107,12 @@ class Policy:
     description: str = ""
     color: str | None = None
     rule: Callable | None = None
+    semantics: Semantics = Semantics()
 
     def __post_init__(self):
+        if not isinstance(self.semantics, Semantics):
+            raise TypeError(f"semantics must be a fa_lab.semantics.Semantics, got "
+                            f"{type(self.semantics).__name__}")
         if not isinstance(self.name, str) or not self.name.strip() or "," in self.name:
             raise ValueError(f"name must be a non-empty str without commas, got {self.name!r}")
         if not isinstance(self.description, str):
@@ -157,8 +167,15 @@ class Policy:
         return self.vote != "tile"
 
     @property
+    def semantic_fields(self) -> tuple[str, ...]:
+        """The ``semantics`` fields this policy sets away from their defaults: what a kernel
+        must implement, beyond vote/rebase/threshold, to run it."""
+        return self.semantics.changed()
+
+    @property
     def codes(self) -> Codes:
         """The kernels' encoding of a resolved declarative policy."""
+        refuse_semantics(self, kernel="the Triton kernels")
         if self.rule is not None:
             raise ValueError(f"policy {self.name!r} is a Python rule; it runs on the models only "
                              "(backend='emulator')")
@@ -176,6 +193,16 @@ class Policy:
         if not isinstance(self.p_headroom, bool) and self.p_headroom:
             parts.append(f"H={self.p_headroom:.3f}")
         return " ".join(parts)
+
+
+def refuse_semantics(policy: Policy, *, kernel: str, supported: tuple[str, ...] = ()) -> None:
+    """Raise ValueError naming every ``semantics`` field of ``policy`` that is not at its
+    default and not in ``supported``: ``kernel`` (a name for the message) cannot run it."""
+    missing = [f for f in policy.semantic_fields if f not in supported]
+    if missing:
+        raise ValueError(f"{kernel} cannot run policy {policy.name!r}: it sets semantics "
+                         f"field(s) {', '.join(missing)}, which only the online-softmax model "
+                         "(fa_lab.zoo.forward) implements")
 
 
 #: The registry, in display order: name -> Policy.
@@ -325,6 +352,7 @@ def resolve(
         policy = default if default is not None else get("lazy" if dualwave_swp_lazy_rescale else "eager")
     else:
         policy = as_policy(rescale)
+        refuse_semantics(policy, kernel="the FlyDSL kernels")
         if not dualwave_swp_lazy_rescale and policy.lazy:
             raise ValueError(f"rescale={policy.name!r} contradicts dualwave_swp_lazy_rescale=False")
 

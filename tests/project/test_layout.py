@@ -81,11 +81,12 @@ def test_no_import_cycles():
 LAYERS = (
     ("base", {"fa_lab.numerics", "fa_lab.checks", "fa_lab.policies", "fa_lab.upstream",
               "fa_lab.trace", "fa_lab.timing", "fa_lab.reference", "fa_lab.metrics",
-              "fa_lab.results", "fa_lab.capabilities", "fa_lab.varlen", "fa_lab.routing"}),
+              "fa_lab.results", "fa_lab.capabilities", "fa_lab.varlen", "fa_lab.routing",
+              "fa_lab.semantics"}),
     ("kernels", {"fa_lab.kernels"}),
     ("core", {"fa_lab.dispatch", "fa_lab.api", "fa_lab.compare", "fa_lab.flydsl",
               "fa_lab.counters"}),
-    ("studies", {"fa_lab.studies"}),
+    ("studies", {"fa_lab.studies", "fa_lab.zoo"}),
     ("lab", {"fa_lab.lab"}),
     ("top", {"fa_lab.cli", "fa_lab.__main__", "fa_lab"}),
 )

@@ -1,0 +1,151 @@
+"""Kernel semantics as data: what an online-softmax kernel does around its rescale.
+
+A ``Policy`` (``fa_lab.policies``) says how a row decides to keep or move its running max
+(``vote``, ``rebase``, ``threshold``) and how far P is lifted before its cast
+(``p_headroom``). ``Semantics``, which a ``Policy`` holds as ``policy.semantics``, says the
+rest: how masked scores, empty rows, exponent differences, the P cast and the epilogue
+behave. The online-softmax model (``fa_lab.zoo.model``) implements every field; the
+FlyDSL models implement the defaults only and refuse a policy that changes a field
+(``fa_lab.policies.refuse_semantics``). ``docs/semantics.md`` §10 defines each field.
+
+The defaults are what the lab's DUALWAVE_SWP kernels do, so every policy that existed
+before these fields behaves exactly as it did. Fields, in log2 units unless stated:
+
+* ``wave_rows`` (32): rows that share a ballot, for ``vote="wave"`` and ``o_gate="wave"``:
+  16, 32 or 64 consecutive query rows of one head.
+* ``o_gate`` (``"always"``): which rows multiply O by their rescale factor ``f``.
+  ``"always"`` every row, every tile (a row that kept its max has ``f = 1``);
+  ``"row"`` a row whose own ``f < 1`` (a NaN or ``f >= 1`` is not applied);
+  ``"wave"`` every row of a wave in which some row has ``f < 1`` (a warp ballot).
+  l is always multiplied by the row's own ``f``.
+* ``mask_value`` (-inf): the score a masked position gets; ``-inf`` or a finite negative
+  sentinel. ``m_init`` (-inf): a row's running max before its first tile.
+* ``mask_domain`` (``"scaled"``): where ``mask_value`` and ``m_init`` live. ``"scaled"``:
+  in the log2 units in which maxima are compared; ``"raw"``: on the raw logit q.k before the
+  softmax scale, so the model uses ``f32(value * c)`` with ``c = softmax_scale * log2 e``.
+* ``tile_max_floor`` (``"causal"``): when a tile's max is floored, ``fmax(mt, floor_value)``:
+  ``"never"``, ``"causal"`` (causal calls only) or ``"always"``; ``floor_value`` (-3e38,
+  finite, in log2 units).
+* ``empty_row_guard`` (``"none"``): what a row does while its max is *empty* (``-inf``,
+  ``mask_value`` or ``m_init``: no visible key has raised it). ``"none"``: nothing;
+  ``"zero_base"``: exponents use 0 in place of an empty max, so P of a masked score is
+  ``exp2(mask_value)`` and the factor ``exp2(m_old)`` (FA4's safe max, TensorRT-LLM's
+  ``CHECK_NEG_INF``); ``"skip"``: the row skips the tile (P = 0, m, l, O unchanged).
+* ``epilogue_guard`` (``"zero"``): the output scale of a row with ``l == 0``: ``"zero"``
+  ``rcp(l) if l > 0 else 0`` (a NaN l also gives 0); ``"one"`` 1 where ``l`` is 0 or NaN,
+  else ``1/l``; ``"none"`` ``1/l`` (0 * inf = NaN for an empty row).
+* ``clamp_exp_diff`` (False): ``fmax(diff, -inf)`` on every exponent difference before
+  ``exp2`` (the factor's ``m_old - m_new`` and P's ``x - m``): a NaN difference becomes
+  ``-inf``, its exp2 0.
+* ``p_cast`` (``"input"``): the format P is rounded to before the PV product: ``"input"``
+  (the inputs' dtype: none for fp32), ``"none"``, ``"bf16"``, ``"f16"``, ``"e4m3"``,
+  ``"e5m2"``; ``p_saturate`` (True): values past the format's largest finite value are
+  clamped to it (satfinite); False: they become inf (bf16, f16, e5m2) or NaN (e4m3).
+  l always sums the fp32 P, before the cast. The P offset is ``Policy.p_headroom``.
+* ``max_lag`` (False): a tile's P is computed against the running max from before that
+  tile, and the rescale that follows covers it; a row with an empty max uses the new one.
+* ``block_n`` (None): KV columns per online-softmax step; None: the kernel's own (64 in
+  the online model).
+* ``kv_order`` (``"ascending"``): the order of the KV tiles; ``"descending"`` visits the
+  last (partial) tile first, as FlashAttention's kernels do.
+* ``v_tail`` (``"zero"``): V rows past the sequence's end inside its last tile: ``"zero"``
+  (zero-filled loads) or ``"cache"`` (whatever the KV cache holds there: TMA loads whole
+  tiles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+#: The floor FlyDSL applies to a causal row's max (numerics.CAUSAL_FLOOR).
+DEFAULT_FLOOR = -3e38
+#: fp32's largest finite value: TensorRT-LLM's mask value and flashinfer's max floor.
+FLT_MAX = 3.4028234663852886e38
+
+WAVE_ROWS = (16, 32, 64)
+O_GATES = ("always", "row", "wave")
+MASK_DOMAINS = ("scaled", "raw")
+FLOORS = ("never", "causal", "always")
+EMPTY_ROW_GUARDS = ("none", "zero_base", "skip")
+EPILOGUE_GUARDS = ("zero", "one", "none")
+P_CASTS = ("input", "none", "bf16", "f16", "e4m3", "e5m2")
+KV_ORDERS = ("ascending", "descending")
+V_TAILS = ("zero", "cache")
+
+_CHOICES = {"o_gate": O_GATES, "mask_domain": MASK_DOMAINS, "tile_max_floor": FLOORS,
+            "empty_row_guard": EMPTY_ROW_GUARDS, "epilogue_guard": EPILOGUE_GUARDS,
+            "p_cast": P_CASTS, "kv_order": KV_ORDERS, "v_tail": V_TAILS}
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """The kernel semantics around a policy's rescale decision (module docstring)."""
+
+    wave_rows: int = 32
+    o_gate: str = "always"
+    mask_value: float = -math.inf
+    m_init: float = -math.inf
+    mask_domain: str = "scaled"
+    tile_max_floor: str = "causal"
+    floor_value: float = DEFAULT_FLOOR
+    empty_row_guard: str = "none"
+    epilogue_guard: str = "zero"
+    clamp_exp_diff: bool = False
+    p_cast: str = "input"
+    p_saturate: bool = True
+    max_lag: bool = False
+    block_n: int | None = None
+    kv_order: str = "ascending"
+    v_tail: str = "zero"
+
+    def __post_init__(self):
+        if isinstance(self.wave_rows, bool) or not isinstance(self.wave_rows, int):
+            raise TypeError(f"wave_rows must be an int, got {type(self.wave_rows).__name__}")
+        if self.wave_rows not in WAVE_ROWS:
+            raise ValueError(f"wave_rows must be one of {WAVE_ROWS}, got {self.wave_rows!r}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        for name in ("mask_value", "m_init"):
+            value = _real(name, getattr(self, name))
+            if math.isnan(value) or value >= 0:
+                raise ValueError(f"{name} must be -inf or a finite negative number, got {value!r}")
+        floor = _real("floor_value", self.floor_value)
+        if not math.isfinite(floor) or floor >= 0:
+            raise ValueError(f"floor_value must be a finite negative number, got {floor!r}")
+        if self.tile_max_floor == "never" and floor != DEFAULT_FLOOR:
+            raise ValueError("floor_value applies to tile_max_floor 'causal' or 'always', "
+                             "not 'never'")
+        for name in ("clamp_exp_diff", "p_saturate", "max_lag"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.block_n is not None:
+            if isinstance(self.block_n, bool) or not isinstance(self.block_n, int):
+                raise TypeError("block_n must be None or an int, got "
+                                f"{type(self.block_n).__name__}")
+            if self.block_n < 1:
+                raise ValueError(f"block_n must be >= 1, got {self.block_n}")
+
+    def changed(self) -> tuple[str, ...]:
+        """The names of the fields that differ from the defaults, in field order."""
+        return tuple(f.name for f in dataclasses.fields(self)
+                     if getattr(self, f.name) != f.default)
+
+    def describe(self) -> str:
+        """The changed fields as ``name=value`` pairs ("" for the defaults)."""
+        return " ".join(f"{n}={getattr(self, n)!r}" for n in self.changed())
+
+
+#: The defaults: DUALWAVE_SWP's semantics.
+DEFAULT = Semantics()

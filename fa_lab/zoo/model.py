@@ -1,0 +1,331 @@
+"""Exact model of a generic online-softmax forward, driven by a Policy and its Semantics.
+
+One model for the whole family of FlashAttention-style kernels whose failures the zoo
+collects: every row walks its KV tiles of ``block_n`` columns, one online-softmax step per
+tile, and each field of ``policy`` and ``policy.semantics`` (``fa_lab.semantics``,
+``docs/semantics.md`` §10) decides one thing in that step. All state is fp32; a rounding to
+a narrower type happens only where a field says so. One step, per row:
+
+    x   = where(visible, f32(S * c) + bias, mask_value)     S = q.k (fp64 dot, rounded once)
+    mt  = rowmax(x); floored: fmax(mt, floor_value)
+    move: vote "tile" every row; else vote = not (mt - m <= threshold), per row or ballot
+    m'  = where(move, fmax(m, mt) | mt | capped, m)           (policy.rebase)
+    f   = where(move, exp2(m - base(m')), 1)                  base: the empty-row guard
+    P   = exp2((x - base(m' or, lagging, m)) + p_headroom)     fp32; l sums this P
+    O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
+    out = O * epilogue(l);  lse = (m + log2 l - p_headroom) ln 2   (-inf where l == 0)
+
+Scores are kept in one domain, log2 units: ``c = f32(f32(softmax_scale) * f32(log2 e))``
+(``softmax_scale = LOG2_UNITS`` makes c exactly 1, so q.k are log2 units). Kernels that keep
+raw maxima and fold c into exp2 (FA4, flashinfer, FlyDSL fp8), or exponentiate in base e
+(TensorRT-LLM, PyTorch), differ from it by roundings only; their constants enter as the
+fields give them (``mask_domain``). Rows are padded to whole waves with Q = 0, as the
+FlyDSL kernels' padding rows are; they vote, and their outputs are dropped. Every row
+visits every tile of its sequence, at least one (a kernel loads a first tile before it
+tests the length).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from ..policies import BY_KV_LEN, Policy
+
+#: Columns per step when ``semantics.block_n`` is None.
+DEFAULT_BLOCK_N = 64
+#: The ``softmax_scale`` whose c is exactly 1: scores q.k are then in log2 units.
+LOG2_UNITS = math.log(2.0)
+
+#: Largest finite value of each P format, and the dtype that holds it.
+FORMAT_MAX = {"bf16": 3.3895313892515355e38, "f16": 65504.0, "e4m3": 448.0, "e5m2": 57344.0}
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "e5m2": torch.float8_e5m2}
+_INPUT_FORMATS = {torch.float32: "none", torch.bfloat16: "bf16", torch.float16: "f16"}
+#: e5m2's rounding boundary to inf: the midpoint of 57344 and 2**16 ties to the even inf.
+_E5M2_INF = 61440.0
+
+
+def cast_p(p: torch.Tensor, fmt: str, saturate: bool = True) -> torch.Tensor:
+    """P rounded to nearest even to ``fmt`` (an fp32 tensor holding its values).
+    ``saturate`` clamps to the format's largest finite value first (a satfinite convert);
+    without it values past the format become inf (bf16, f16, e5m2) or NaN (e4m3, which has
+    no inf). fp8 values are clamped before ``.to()``, never left to torch's own
+    out-of-range conversion; bf16 and f16 round past their top to inf as IEEE says."""
+    if fmt == "none":
+        return p
+    if fmt == "e4m3":
+        return e4m3(p, saturate)
+    lim, dtype = FORMAT_MAX[fmt], _DTYPES[fmt]
+    if not saturate and fmt != "e5m2":
+        return p.to(dtype).to(torch.float32)
+    y = p.clamp(-lim, lim).to(dtype).to(torch.float32)  # NaN passes a clamp
+    if saturate:
+        return y
+    return torch.where(p.abs() >= _E5M2_INF, p.sign() * math.inf, y)
+
+
+@dataclass
+class TileRecord:
+    """One step of the walk. ``tile`` [B]: the KV tile each batch entry visited (-1: none,
+    its sequence has fewer tiles); the rest are per row [B, H, Sq]: the max before and
+    after, the tile max, l after, the factor ``f`` (l's) and ``o_factor`` (what O was
+    multiplied by, after the O gate), whether the row moved its max or skipped the tile,
+    the largest P before its cast and how many P lay past the cast's largest value."""
+
+    step: int
+    tile: torch.Tensor
+    m_old: torch.Tensor
+    mt: torch.Tensor
+    m: torch.Tensor
+    l: torch.Tensor
+    factor: torch.Tensor
+    o_factor: torch.Tensor
+    moved: torch.Tensor
+    skipped: torch.Tensor
+    p_max: torch.Tensor
+    saturated: torch.Tensor
+
+
+def row_history(records: list[TileRecord], b: int = 0, h: int = 0, row: int = 0) -> list[dict]:
+    """One row's steps as plain numbers, for tables and figures."""
+    names = ("m_old", "mt", "m", "l", "factor", "o_factor", "p_max")
+    out = []
+    for r in records:
+        step = {"step": r.step, "tile": int(r.tile[b])}
+        step.update({n: float(getattr(r, n)[b, h, row]) for n in names})
+        step.update(moved=bool(r.moved[b, h, row]), skipped=bool(r.skipped[b, h, row]),
+                    saturated=int(r.saturated[b, h, row]))
+        out.append(step)
+    return out
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy,
+            causal: bool = False, mask: torch.Tensor | None = None, seqlen_kv=None,
+            softmax_scale: float | None = None, record: list | None = None):
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] (fp32, bf16 or f16; fp8 values may come as
+    fp32 tensors holding them). ``Skv`` may be 0. Returns (out [B, Sq, H, D] in q's dtype,
+    lse [B, H, Sq] fp32, natural log) under ``policy`` and its ``semantics``.
+
+    ``mask``: bool (True = visible) or float (natural-log units added to the scaled score;
+    -inf = masked), broadcastable to [B, H, Sq, Skv]. ``causal``: bottom-right aligned to
+    each sequence's length. ``seqlen_kv``: an int or B ints, each sequence's valid keys
+    (default Skv); columns past it are masked, and their V rows in the last tile are
+    ``semantics.v_tail``. ``softmax_scale`` defaults to 1/sqrt(D). ``record``: a list that
+    receives one ``TileRecord`` per step."""
+    B, Sq, H, D, Skv = _check(q, k, v, policy, causal, mask, softmax_scale, record)
+    sem = policy.semantics
+    dev = q.device
+    bn, W = sem.block_n or DEFAULT_BLOCK_N, sem.wave_rows
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+    c = f32(f32(scale) * f32(LOG2E))
+    lens = _lengths(seqlen_kv, B, Skv, dev)
+    n_tiles = ((lens + bn - 1) // bn).clamp(min=1)
+    T = int(n_tiles.max()) if B else 1
+    R, ncols = -(-Sq // W) * W, T * bn
+    to_scaled = (lambda t: t) if sem.mask_domain == "scaled" else (lambda t: f32(t * c))
+    mask_s, init_s = to_scaled(sem.mask_value), to_scaled(sem.m_init)
+    fmt = sem.p_cast if sem.p_cast != "input" else _INPUT_FORMATS[q.dtype]
+    thr, H_off = float(policy.threshold), float(policy.p_headroom)
+
+    # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
+    qh = torch.nn.functional.pad(q.float().permute(0, 2, 1, 3), (0, 0, 0, R - Sq))
+    cols_all = torch.arange(ncols, device=dev)
+
+    def kv(t):
+        t = t.float().repeat_interleave(H // t.shape[2], dim=2)
+        return torch.nn.functional.pad(t, (0, 0, 0, 0, 0, ncols - Skv))
+
+    kh, vh = kv(k), kv(v)
+    if sem.v_tail == "zero":
+        vh = vh.masked_fill((cols_all[None, :] >= lens[:, None])[..., None, None], 0.0)
+    vis_user, bias = _user_mask(mask, B, H, Sq, Skv, R, ncols, dev)
+
+    rows = torch.arange(R, device=dev)
+    empty_at = (-math.inf, mask_s, init_s)
+
+    def empty(t):
+        return (t == empty_at[0]) | (t == empty_at[1]) | (t == empty_at[2])
+
+    def base(t):  # the max an exponent subtracts
+        if sem.empty_row_guard != "zero_base":
+            return t
+        return torch.where(empty(t), torch.zeros_like(t), t)
+
+    def clamp(d):
+        return fmax(d, -math.inf) if sem.clamp_exp_diff else d
+
+    def waves(flags):
+        w = flags.reshape(B, H, R // W, W).any(-1, keepdim=True)
+        return w.expand(B, H, R // W, W).reshape(B, H, R)
+
+    m = torch.full((B, H, R), init_s, device=dev)
+    l = torch.zeros(B, H, R, device=dev)
+    O = torch.zeros(B, H, R, D, device=dev)
+    bidx = torch.arange(B, device=dev)[:, None]
+    for s in range(T):
+        active = s < n_tiles  # [B]
+        tile = torch.full_like(n_tiles, s) if sem.kv_order == "ascending" else n_tiles - 1 - s
+        tile = torch.where(active, tile, torch.zeros_like(tile))
+        cols = tile[:, None] * bn + torch.arange(bn, device=dev)  # [B, bn]
+        kt, vt = kh[bidx, cols].permute(0, 2, 1, 3), vh[bidx, cols].permute(0, 2, 1, 3)
+        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c  # [B, H, R, bn]
+        vis = (cols < lens[:, None])[:, None, None, :]
+        if causal:
+            diag = rows[None, :, None] + (lens - Sq)[:, None, None]  # [B, R, 1]
+            vis = vis & (cols[:, None, :] <= diag)[:, None]
+        if vis_user is not None:
+            idx = cols[:, None, None, :].expand(B, H, R, bn)
+            vis = vis & vis_user.gather(3, idx)
+            x = x + bias.gather(3, idx)
+        x = torch.where(vis, x, torch.full_like(x, mask_s))
+
+        mt = x.amax(-1)
+        if sem.tile_max_floor == "always" or (sem.tile_max_floor == "causal" and causal):
+            mt = fmax(mt, sem.floor_value)
+        d = mt - m
+        if policy.vote == "tile":
+            move = torch.ones_like(m, dtype=torch.bool)
+        else:
+            vote = ~le(d, thr)
+            move = vote if policy.vote == "row" else waves(vote)
+        if policy.rebase == "max":
+            target = fmax(m, mt)
+        elif policy.rebase == "tile":
+            target = mt
+        else:  # capped: a drop past the bound is skipped (a NaN drop too)
+            safe = d >= -policy.rebase_bound
+            target, move = torch.where(safe, mt, m), move & safe
+        m_new = torch.where(move, target, m)
+        skip = empty(m_new) if sem.empty_row_guard == "skip" else torch.zeros_like(move)
+        m_new, move = torch.where(skip, m, m_new), move & ~skip
+
+        f = torch.where(move, exp2(clamp(m - base(m_new))), torch.ones_like(m))
+        lag = ~empty(m) if sem.max_lag else torch.zeros_like(move)
+        p_base = torch.where(lag, base(m), base(m_new))
+        P = exp2(clamp(x - p_base[..., None]) + H_off)
+        P = P.masked_fill(skip[..., None], 0.0)
+        pv = (cast_p(P, fmt, sem.p_saturate).double() @ vt.double()).float()
+        pv = pv.masked_fill(skip[..., None], 0.0)  # a skipped tile's PV is not issued
+        psum = P.double().sum(-1).float()
+        if sem.o_gate == "always":
+            g = f
+        else:
+            want = f < 1
+            g = torch.where(want if sem.o_gate == "row" else waves(want), f, torch.ones_like(f))
+        O_new = torch.where(lag[..., None], (O + pv) * g[..., None], O * g[..., None] + pv)
+        l_new = torch.where(lag, (l + psum) * f, l * f + psum)
+
+        a = active[:, None, None]
+        if record is not None:
+            lim = FORMAT_MAX.get(fmt, math.inf)
+            cut = (slice(None), slice(None), slice(0, Sq))
+            record.append(TileRecord(
+                step=s, tile=torch.where(active, tile, torch.full_like(tile, -1)),
+                m_old=m[cut], mt=mt[cut], m=torch.where(a, m_new, m)[cut],
+                l=torch.where(a, l_new, l)[cut], factor=f[cut], o_factor=g[cut],
+                moved=(move & a)[cut], skipped=(skip & a)[cut], p_max=P.amax(-1)[cut],
+                saturated=(P > lim).sum(-1)[cut]))
+        m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
+        O = torch.where(a[..., None], O_new, O)
+
+    out = (O * epilogue_scale(l, sem.epilogue_guard)[..., None])[:, :, :Sq]
+    out = out.permute(0, 2, 1, 3).to(q.dtype).contiguous()  # one RNE rounding to q's dtype
+    lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
+    lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)[:, :, :Sq].contiguous()
+    return out, lse
+
+
+def epilogue_scale(l: torch.Tensor, guard: str) -> torch.Tensor:
+    """What O is multiplied by at the end (``semantics.epilogue_guard``): ``"zero"``
+    ``1/l if l > 0 else 0``; ``"one"`` 1 where l is 0 or NaN, else ``1/l``; ``"none"``
+    ``1/l``."""
+    if guard == "zero":
+        return guarded_rcp(l)
+    if guard == "one":
+        return torch.where((l == 0) | torch.isnan(l), torch.ones_like(l), 1.0 / l)
+    return 1.0 / l
+
+
+def _lengths(seqlen_kv, B: int, Skv: int, dev) -> torch.Tensor:
+    if seqlen_kv is None:
+        return torch.full((B,), Skv, dtype=torch.long, device=dev)
+    if isinstance(seqlen_kv, torch.Tensor):
+        seqlen_kv = seqlen_kv.tolist()
+    values = [seqlen_kv] * B if isinstance(seqlen_kv, int) and not isinstance(seqlen_kv, bool) \
+        else seqlen_kv
+    if not isinstance(values, (list, tuple)) or len(values) != B or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in values):
+        raise TypeError(f"seqlen_kv must be None, an int or {B} ints (one per batch entry), "
+                        f"got {seqlen_kv!r}")
+    if any(n < 0 or n > Skv for n in values):
+        raise ValueError(f"seqlen_kv must lie in [0, Skv={Skv}], got {list(values)}")
+    return torch.tensor(values, dtype=torch.long, device=dev)
+
+
+def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
+    """The user's mask padded to [B, H, R, ncols]: visibility (padding rows see every
+    column, padding columns none) and the finite additive part in log2 units."""
+    if mask is None:
+        return None, None
+    try:
+        full = torch.broadcast_to(mask, (B, H, Sq, Skv))
+    except RuntimeError as e:
+        raise ValueError(f"mask {tuple(mask.shape)} does not broadcast to [B, H, Sq, Skv] = "
+                         f"{[B, H, Sq, Skv]}") from e
+    vis = torch.zeros(B, H, R, ncols, dtype=torch.bool, device=dev)
+    vis[:, :, Sq:] = True
+    bias = torch.zeros(B, H, R, ncols, device=dev)
+    if mask.dtype == torch.bool:
+        vis[:, :, :Sq, :Skv] = full
+    else:
+        vis[:, :, :Sq, :Skv] = full != -math.inf
+        bias[:, :, :Sq, :Skv] = torch.where(full != -math.inf, full.float(), 0.0) * f32(LOG2E)
+    return vis, bias
+
+
+def _check(q, k, v, policy, causal, mask, softmax_scale, record):
+    """Every argument, before any work: TypeError/ValueError naming it."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [B, S, H, D], got shape {tuple(t.shape)}")
+        if t.dtype not in _INPUT_FORMATS:
+            raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    B, Sq, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k and v must be [B={B}, Skv, Hkv, D={D}], got {tuple(k.shape)}")
+    if k.shape[2] < 1 or H % k.shape[2]:
+        raise ValueError(f"H={H} must be a multiple of the KV heads Hkv={k.shape[2]}")
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
+    if policy.rule is not None:
+        raise ValueError(f"policy {policy.name!r} is a Python rule; the online-softmax model "
+                         "runs declarative policies (vote, rebase) only")
+    if policy.threshold == BY_KV_LEN or policy.p_headroom is True:
+        raise ValueError(f"policy {policy.name!r} is not resolved: give threshold and "
+                         "p_headroom as numbers")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be None or a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"mask must be bool or floating point, got {mask.dtype}")
+        if mask.is_floating_point() and bool((torch.isnan(mask) | (mask == math.inf)).any()):
+            raise ValueError("mask must not hold NaN or +inf (-inf masks a position)")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
+    if record is not None and not isinstance(record, list):
+        raise TypeError(f"record must be None or a list, got {type(record).__name__}")
+    return B, Sq, H, D, k.shape[1]

@@ -1,0 +1,96 @@
+"""Kernel semantics as data (fa_lab.semantics): defaults that leave every existing policy as
+it was, validation naming the field, and the refusal by name where a kernel lacks a field."""
+
+import dataclasses
+import math
+
+import pytest
+
+from fa_lab import Policy, policies as P
+from fa_lab.semantics import DEFAULT, DEFAULT_FLOOR, FLT_MAX, Semantics
+
+
+def test_defaults_change_nothing_for_existing_policies():
+    assert Semantics().changed() == () and DEFAULT == Semantics() and DEFAULT.describe() == ""
+    for p in P.registered():
+        assert p.semantics == DEFAULT and p.semantic_fields == ()
+    # equality and hashing still see only what a policy sets
+    assert Policy("wave", "max", name="lazy") == dataclasses.replace(P.get("lazy"), color=None,
+                                                                    description="")
+    assert len({P.get("lazy"), P.get("lazy")}) == 1
+    # the FlyDSL defaults, field by field (docs/semantics.md §1.2, §2)
+    assert (DEFAULT.wave_rows, DEFAULT.tile_max_floor, DEFAULT.floor_value) == (32, "causal", -3e38)
+    assert DEFAULT.mask_value == -math.inf and DEFAULT.m_init == -math.inf
+    assert (DEFAULT.epilogue_guard, DEFAULT.p_cast, DEFAULT.p_saturate) == ("zero", "input", True)
+
+
+def test_changed_lists_fields_in_order():
+    s = Semantics(v_tail="cache", wave_rows=64, mask_value=-FLT_MAX, clamp_exp_diff=True)
+    assert s.changed() == ("wave_rows", "mask_value", "clamp_exp_diff", "v_tail")
+    assert s.describe() == ("wave_rows=64 mask_value=-3.4028234663852886e+38 "
+                            "clamp_exp_diff=True v_tail='cache'")
+    pol = Policy("row", "max", name="x", semantics=s)
+    assert pol.semantic_fields == s.changed()
+    # a floor value equal to the default is not a change; another one is
+    assert Semantics(tile_max_floor="always").changed() == ("tile_max_floor",)
+    assert Semantics(tile_max_floor="always", floor_value=-FLT_MAX).changed() == (
+        "tile_max_floor", "floor_value")
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(wave_rows=48), ValueError, "wave_rows"),
+    (dict(wave_rows=32.0), TypeError, "wave_rows"),
+    (dict(wave_rows=True), TypeError, "wave_rows"),
+    (dict(o_gate="warp"), ValueError, "o_gate"),
+    (dict(o_gate=1), TypeError, "o_gate"),
+    (dict(mask_value=math.nan), ValueError, "mask_value"),
+    (dict(mask_value=0.0), ValueError, "mask_value"),
+    (dict(mask_value=math.inf), ValueError, "mask_value"),
+    (dict(mask_value="-inf"), TypeError, "mask_value"),
+    (dict(m_init=5.0), ValueError, "m_init"),
+    (dict(m_init=None), TypeError, "m_init"),
+    (dict(mask_domain="log2"), ValueError, "mask_domain"),
+    (dict(tile_max_floor="sometimes"), ValueError, "tile_max_floor"),
+    (dict(tile_max_floor=True), TypeError, "tile_max_floor"),
+    (dict(floor_value=-math.inf), ValueError, "floor_value"),
+    (dict(floor_value=1.0), ValueError, "floor_value"),
+    (dict(tile_max_floor="never", floor_value=-1e30), ValueError, "floor_value"),
+    (dict(empty_row_guard="zero"), ValueError, "empty_row_guard"),
+    (dict(epilogue_guard="nan"), ValueError, "epilogue_guard"),
+    (dict(clamp_exp_diff=1), TypeError, "clamp_exp_diff"),
+    (dict(p_cast="fp8"), ValueError, "p_cast"),
+    (dict(p_saturate="yes"), TypeError, "p_saturate"),
+    (dict(max_lag=0), TypeError, "max_lag"),
+    (dict(block_n=0), ValueError, "block_n"),
+    (dict(block_n=64.0), TypeError, "block_n"),
+    (dict(kv_order="reverse"), ValueError, "kv_order"),
+    (dict(v_tail="nan"), ValueError, "v_tail"),
+])
+def test_bad_semantics_name_the_field(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        Semantics(**kw)
+
+
+def test_a_policy_takes_only_a_semantics_value():
+    with pytest.raises(TypeError, match="semantics"):
+        Policy("wave", "max", name="x", semantics={"o_gate": "row"})
+    assert Semantics(floor_value=-1e30, tile_max_floor="always").floor_value == -1e30
+    assert Semantics(floor_value=DEFAULT_FLOOR, tile_max_floor="never").changed() == (
+        "tile_max_floor",)
+
+
+def test_kernels_without_a_field_refuse_it_by_name():
+    zoo = Policy("row", "max", threshold=4.0, name="zoo_pol",
+                 semantics=Semantics(o_gate="wave", p_cast="e4m3"))
+    with pytest.raises(ValueError, match=r"FlyDSL kernels cannot run policy 'zoo_pol'.*"
+                                         r"o_gate, p_cast.*fa_lab\.zoo\.forward"):
+        P.resolve(fp8=False, seqlen_kv=1024, rescale=zoo)
+    with pytest.raises(ValueError, match="Triton kernels cannot run .*o_gate, p_cast"):
+        zoo.codes  # noqa: B018
+    # a kernel that implements some fields names only the rest
+    with pytest.raises(ValueError, match=r"field\(s\) p_cast,"):
+        P.refuse_semantics(zoo, kernel="k", supported=("o_gate",))
+    P.refuse_semantics(zoo, kernel="k", supported=("o_gate", "p_cast"))
+    # default semantics pass everywhere, as before
+    assert P.resolve(fp8=False, seqlen_kv=1024, rescale="lazy") == P.get("lazy")
+    assert P.get("lazy").codes == P.Codes(1, 0, 8.0, 0.0, 0.0)
