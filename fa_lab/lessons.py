@@ -7,7 +7,8 @@ story rather than on a wall of helpers.
   ``l_lag_dip`` (where a trace's one-tile lag of l shows); ``largest_p_exact`` and
   ``largest_p_exact_rows`` (whether a row's largest score got P = 1 exactly);
   ``rows_rel_l2`` (rel-L2 over a set of rows); ``row_story`` (one row's base and l under
-  several policies: the tour's figure).
+  several policies: the tour's figure); ``threshold_figure`` (NaN and ballot rates against
+  the threshold: lesson 02's figure).
 * fp8 (lesson 03): ``Fp8Lesson`` holds the bug report's fp8 inputs at its KV length and
   runs or traces the fp8 kernel on them (``run_fp8`` / ``trace_fp8`` on any fp8 inputs);
   ``seed_fp8`` reads one figure of the bug report's table (data/seed/); ``mean_abs_dev`` is
@@ -237,6 +238,33 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
     fig.update_layout(title=title or f"row {row}: its base m and its l, tile by tile",
                       height=560, width=1000, margin=dict(t=60, b=40),
                       legend=dict(orientation="v", x=1.02, y=1))
+    return fig
+
+
+def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None):
+    """Where the threshold matters. Left: NaN % of the output against the threshold, one line
+    per K scale (``nan_pct``: index K scale, columns thresholds). Right: the share of loop
+    row-steps whose row voted, whose wave fired and which were dragged, against the threshold
+    (``rates``: index thresholds, those three columns in %), at ``k_scale``."""
+    from plotly.subplots import make_subplots
+
+    from . import viz
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "NaN % of the output, by K scale", "loop row-steps, %" +
+        ("" if k_scale is None else f" (K x{k_scale})")))
+    shades = ("#fcae91", "#fb6a4a", "#de2d26", "#a50f15", "#67000d")
+    for i, (K, row) in enumerate(nan_pct.iterrows()):
+        fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
+                        mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
+    for col, color in zip(rates.columns, (viz.EVENT_COLORS["vote"], viz.EVENT_COLORS["fire"],
+                                          viz.EVENT_COLORS["dragged"])):
+        fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
+                        mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
+    fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))
+    fig.update_yaxes(range=[-3, 103])
+    fig.update_layout(height=420, width=1000, margin=dict(t=50, b=40),
+                      legend=dict(x=1.02, y=1))
     return fig
 
 
