@@ -1,11 +1,18 @@
 """Setup shared by the lesson notebooks (``notebooks/``), so that each lesson opens on its
 story rather than on a wall of helpers.
 
-* ``setup(full)``: the device, whether the full (seed-sized) run applies, display options.
-* bf16 (lessons 00 and 02): ``with_m_before``, ``with_deficit``, ``row_fate_table``.
-* fp8 (lesson 03): ``Fp8Lesson`` holds the seed's fp8 inputs at its KV length and runs or
-  traces the fp8 kernel on them (``run_fp8`` / ``trace_fp8`` on any fp8 inputs);
-  ``seed_fp8`` reads one figure of the seed's table; ``mean_abs_dev`` is the seed's metric.
+* ``setup(full)``: the device, whether the full (bug-report-sized) run applies, display
+  options.
+* bf16 (lessons 00, 01 and 02): ``with_m_before``, ``with_deficit``, ``row_fate_table``;
+  ``l_lag_dip`` (where a trace's one-tile lag of l shows); ``largest_p_exact`` and
+  ``largest_p_exact_rows`` (whether a row's largest score got P = 1 exactly);
+  ``rows_rel_l2`` (rel-L2 over a set of rows); ``row_story`` (one row's base and l under
+  several policies: the tour's figure); ``threshold_figure`` (NaN and ballot rates against
+  the threshold: lesson 02's figure).
+* fp8 (lesson 03): ``Fp8Lesson`` holds the bug report's fp8 inputs at its KV length and
+  runs or traces the fp8 kernel on them (``run_fp8`` / ``trace_fp8`` on any fp8 inputs);
+  ``seed_fp8`` reads one figure of the bug report's table (data/seed/); ``mean_abs_dev`` is
+  the bug report's metric.
 * timings (lesson 04): ``round_verdict`` says what interleaved rounds support.
 
 Every function is plain: it computes, it does not print, and it can be called from a
@@ -29,7 +36,7 @@ SEMANTICS = "../docs/semantics.md"
 
 def setup(full: bool = False, *, device: str | None = None, precision: int = 4):
     """(device, big): the device the lesson runs on (a GPU when there is one) and whether
-    the full, seed-sized run applies (``full`` and a CUDA GPU). Warns when ``full`` is
+    the full, bug-report-sized run applies (``full`` and a CUDA GPU). Warns when ``full`` is
     asked for without a GPU. Sets pandas' display precision."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,10 +97,181 @@ def row_fate_table(out: torch.Tensor, lse: torch.Tensor) -> pd.DataFrame:
                                        "fate"])
 
 
+def largest_p_exact(trace) -> pd.Series:
+    """Per traced lane of a bf16 trace: whether the row's largest score got ``P = 1``
+    exactly, i.e. whether its base equalled its tile max at the first step where the row's
+    largest tile max arrived (``P = exp2(S - m)`` is then ``exp2(0)``, which bf16 stores
+    without error; a base below it gives a P in (1, 2**THR] that bf16 rounds)."""
+    if trace.kernel == "swp_fp8":
+        raise ValueError("largest_p_exact reads bf16 traces (the fp8 kernel scales P before "
+                         "its cast); got a swp_fp8 trace")
+    s = trace.steps
+    at = s.loc[s.groupby("lane").mt.idxmax()].set_index("lane")
+    return (at.m == at.mt).rename("largest P exactly 1")
+
+
+def largest_p_exact_rows(q, k, v, **options) -> torch.Tensor:
+    """``largest_p_exact`` for every query row of a bf16 call: traces all rows of ``q``
+    [B, S, H, D] under ``fa_lab.trace(q, k, v, **options)`` and returns a bool tensor
+    [B, S, H] on q's device."""
+    from fa_lab.api import trace
+
+    B, S, H, _ = q.shape
+    lanes = [(b, h, r) for b in range(B) for h in range(H) for r in range(S)]
+    exact = largest_p_exact(trace(q, k, v, rows=lanes, **options)).to_numpy().copy()
+    return torch.from_numpy(exact).view(B, H, S).permute(0, 2, 1).to(q.device)
+
+
+def rows_rel_l2(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor) -> float:
+    """rel-L2 of ``out`` against ``ref`` ([B, S, H, D]) over the rows where ``rows`` ([B, S,
+    H] bool) is true: ||out - ref|| / ||ref|| with both norms taken over those rows only."""
+    if rows.shape != out.shape[:-1] or rows.dtype != torch.bool:
+        raise ValueError(f"rows must be a bool tensor of shape {tuple(out.shape[:-1])}, got "
+                         f"{rows.dtype} {tuple(rows.shape)}")
+    d = (out.double() - ref.double())[rows]
+    return float(torch.linalg.vector_norm(d) / torch.linalg.vector_norm(ref.double()[rows]))
+
+
+def l_lag_dip(trace, lane: int) -> dict | None:
+    """Where the one-tile lag of l shows in a traced lane. A trace records l at step t
+    before tile t's P is added (it covers tiles 0 .. t-1), but against the base after step
+    t. So at a step where the base rises by x, log2(l) drops by about x, and one step later,
+    with tile t's keys in, it is back. Returns the rise step with the lowest log2(l): its
+    ``step``, the base's ``rise``, ``log2_l_before`` (step t - 1), ``log2_l`` (step t) and
+    ``log2_l_next`` (step t + 1); None when the base never rises with l finite there."""
+    d = trace.lane(lane)
+    per = float(trace.log2_per_unit)
+    m = d["m"].to_numpy(float) * per
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_l = np.log2(d["l"].to_numpy(float))
+    best = None
+    for t in range(1, len(d) - 1):
+        # l = 0 before the first P was added: log2(l) = -inf at step t - 1 is normal
+        ok = (np.isfinite(log_l[t:t + 2]).all() and log_l[t - 1] < math.inf
+              and np.isfinite(m[t - 1:t + 1]).all())
+        if ok and m[t] > m[t - 1] and (best is None or log_l[t] < best["log2_l"]):
+            best = {"step": int(d["step"][t]), "rise": float(m[t] - m[t - 1]),
+                    "log2_l_before": float(log_l[t - 1]), "log2_l": float(log_l[t]),
+                    "log2_l_next": float(log_l[t + 1])}
+    return best
+
+
+def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
+              title: str | None = None, pad: int = 4):
+    """One traced row under several policies (``{"lazy_unfixed": tr_u, "lazy": tr_f}``,
+    traces of the same rows), on two panels that share the KV step. Top: the row's largest
+    score so far (its largest tile max) and each policy's base m. Bottom: each policy's
+    log2(l) against fp32's limit at 2**128, with non-finite values as triangles at the top
+    edge and a dashed line where a policy's O or l first went non-finite. ``lag_note``
+    names the policy whose one-tile lag of l gets an arrow (``l_lag_dip``). The steps shown
+    run to ``pad`` past the latest first failure (all steps when the row stays finite)."""
+    from plotly.subplots import make_subplots
+
+    from fa_lab.lab import viz
+
+    if not isinstance(traces, dict) or not traces:
+        raise ValueError("traces must be a non-empty dict name -> Trace of the same rows")
+    first_tr = next(iter(traces.values()))
+    if len({tuple(t.lanes.row) for t in traces.values()}) != 1:
+        raise ValueError("traces must trace the same rows (their lanes differ)")
+    if lag_note is not None and lag_note not in traces:
+        raise ValueError(f"lag_note={lag_note!r} is not one of {list(traces)}")
+    window = viz.break_window(list(traces.values()), lane, pad=pad)
+    n = first_tr.n_steps
+    last = n - 1 if window is None else window[1]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        row_heights=[0.5, 0.5])
+    per = float(first_tr.log2_per_unit)
+    base = first_tr.lane(lane)
+    steps = base["step"].to_numpy()
+    keep = steps <= last
+    best = np.fmax.accumulate(base["mt"].to_numpy(float) * per)
+    # a wide grey band under the bases: a base that keeps up with it hides none of it
+    fig.add_scatter(x=steps[keep], y=best[keep], row=1, col=1, mode="lines",
+                    name="largest score so far", line=dict(color="#bbbbbb", width=7,
+                                                           shape="hv"))
+    top = viz.FP32_LOG2_MAX + 12
+    for name, tr in traces.items():
+        d = tr.lane(lane)
+        color = viz.policy_color(getattr(tr.policy, "name", name))
+        m = d["m"].to_numpy(float) * per
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_l = np.log2(d["l"].to_numpy(float))
+        fig.add_scatter(x=steps[keep], y=np.where(np.isfinite(m), m, np.nan)[keep], row=1, col=1,
+                        mode="lines+markers", name=f"base m, {name}", legendgroup=name,
+                        line=dict(color=color, width=2), marker=dict(size=4))
+        fig.add_scatter(x=steps[keep], y=np.where(np.isfinite(log_l), log_l, np.nan)[keep],
+                        row=2, col=1, mode="lines+markers", name=f"log2(l), {name}",
+                        legendgroup=name, line=dict(color=color, width=2, dash="dot"),
+                        marker=dict(size=4))
+        bad = keep & (np.isnan(log_l) | (log_l == math.inf))
+        fig.add_scatter(x=steps[bad], y=np.full(int(bad.sum()), top), row=2, col=1,
+                        mode="markers", name=f"l = inf or NaN, {name}", legendgroup=name,
+                        marker=dict(symbol="triangle-up", size=10, color=color))
+        first = tr.lanes.loc[lane, "first_nonfinite_step"]
+        if not pd.isna(first):
+            for r in (1, 2):
+                fig.add_vline(x=int(first), row=r, col=1, line=dict(color=color, dash="dash",
+                                                                    width=1.5))
+            fig.add_annotation(x=int(first), y=1.0, xref="x", yref="y domain", yanchor="bottom",
+                               xanchor="right", showarrow=False, font=dict(color=color),
+                               text=f"{name}: O or l not finite from step {int(first)} ")
+    fig.add_hline(y=viz.FP32_LOG2_MAX, row=2, col=1, line=dict(color="#444444", dash="dot",
+                                                               width=1))
+    fig.add_annotation(x=0, xref="x2 domain", y=viz.FP32_LOG2_MAX, yref="y2", xanchor="left",
+                       yanchor="bottom", showarrow=False, text="fp32 overflows above 2^128",
+                       font=dict(size=11, color="#444444"))
+    if lag_note is not None:
+        dip = l_lag_dip(traces[lag_note], lane)
+        if dip is not None and dip["step"] <= last:
+            fig.add_annotation(
+                x=dip["step"], y=dip["log2_l"], xref="x2", yref="y2", ax=-60, ay=0,
+                showarrow=True, arrowhead=2, xanchor="right", bgcolor="rgba(255,255,255,0.85)",
+                text=(f"{lag_note}: base rose {dip['rise']:.0f}; l lags one tile "
+                      f"(tile {dip['step']} joins it at step {dip['step'] + 1})"),
+                font=dict(size=11))
+    fig.update_yaxes(title_text="log2 units", row=1, col=1)
+    fig.update_yaxes(title_text="log2(l)", row=2, col=1)
+    fig.update_xaxes(range=[-0.5, last + 0.5])
+    fig.update_xaxes(title_text=viz.step_axis_title(first_tr), row=2, col=1)
+    row = int(first_tr.lanes.loc[lane, "row"])
+    fig.update_layout(title=title or f"row {row}: its base m and its l, tile by tile",
+                      height=560, width=1000, margin=dict(t=60, b=40),
+                      legend=dict(orientation="v", x=1.02, y=1))
+    return fig
+
+
+def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None):
+    """Where the threshold matters. Left: NaN % of the output against the threshold, one line
+    per K scale (``nan_pct``: index K scale, columns thresholds). Right: the share of loop
+    row-steps whose row voted, whose wave fired and which were dragged, against the threshold
+    (``rates``: index thresholds, those three columns in %), at ``k_scale``."""
+    from plotly.subplots import make_subplots
+
+    from fa_lab.lab import viz
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "NaN % of the output, by K scale", "loop row-steps, %" +
+        ("" if k_scale is None else f" (K x{k_scale})")))
+    shades = ("#fcae91", "#fb6a4a", "#de2d26", "#a50f15", "#67000d")
+    for i, (K, row) in enumerate(nan_pct.iterrows()):
+        fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
+                        mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
+    for col, color in zip(rates.columns, (viz.EVENT_COLORS["vote"], viz.EVENT_COLORS["fire"],
+                                          viz.EVENT_COLORS["dragged"])):
+        fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
+                        mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
+    fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))
+    fig.update_yaxes(range=[-3, 103])
+    fig.update_layout(height=420, width=1000, margin=dict(t=50, b=40),
+                      legend=dict(x=1.02, y=1))
+    return fig
+
+
 # ---- fp8 -------------------------------------------------------------------------------
 
 def mean_abs_dev(out: torch.Tensor) -> float:
-    """The seed's metric: mean |o - 1| over the elements that came back finite (V = ones);
+    """The bug report's metric: mean |o - 1| over the elements that came back finite (V = ones);
     NaN when none did."""
     d = (out.double() - 1).abs()
     ok = torch.isfinite(d)
@@ -101,7 +279,7 @@ def mean_abs_dev(out: torch.Tensor) -> float:
 
 
 def seed_fp8(policy: str, k_scale: int, field: str, bound: float | None = None):
-    """One figure of the seed's fp8 table (data/seed/pr1033_fp8.json)."""
+    """One figure of the bug report's fp8 table (data/seed/pr1033_fp8.json)."""
     from fa_lab.studies.experiments import seed_table
 
     for r in seed_table("fp8")["rows"]:
@@ -111,7 +289,7 @@ def seed_fp8(policy: str, k_scale: int, field: str, bound: float | None = None):
 
 
 def seed_fp8_elements() -> int:
-    """Output elements of the seed's fp8 run (B x S x H x D)."""
+    """Output elements of the bug report's fp8 run (B x S x H x D)."""
     from fa_lab.studies.experiments import seed_table
 
     setup_ = seed_table("fp8")["setup"]
@@ -138,7 +316,7 @@ def trace_fp8(inputs, descales, rows, **kw):
 
 
 class Fp8Lesson:
-    """The seed's fp8 problem (q = 0.1 N(0,1), k = 0.1 k_scale N(0,1), V = ones, per-tensor
+    """The bug report's fp8 problem (q = 0.1 N(0,1), k = 0.1 k_scale N(0,1), V = ones, per-tensor
     e4m3) at its KV length, keeping the first ``rows`` query rows of ``heads`` heads:
     query rows of different 256-row blocks never interact, so those rows come out exactly
     as in the full run. Inputs are generated on the CPU (the same numbers on any device)
