@@ -1,10 +1,10 @@
-# make setup | make test | make test-triton-floor | make test-gpu | make lab | make table | make strip | make screenshots
+# make setup | make test | make test-quick | make test-triton-floor | make test-gpu | make lab | make table | make strip | make screenshots
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test test-triton-floor test-gpu check-gpu-record lab table strip screenshots clean
+.PHONY: setup test test-quick test-triton-floor test-gpu check-gpu-record lab table strip screenshots clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ test: setup
 		$(PY) -m pytest -q tests
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
 	$(MAKE) test-triton-floor
+
+# The inner loop: every CPU test but those marked slow (tests over about a second on 2 cores).
+test-quick: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 # The oldest Triton that pyproject.toml admits (the lent H200's version) beside the newest
 # that .venv gets: the tests that compile kernels for sm_90 or run them on Triton's

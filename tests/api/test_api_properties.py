@@ -258,6 +258,7 @@ TOL = {BF: 1e-2, F16: 1.5e-3}
 LSE_TOL = 0.02
 
 
+@pytest.mark.slow
 @budget(120)
 @given(valid_calls())
 def test_valid_inputs_run_and_match_the_reference(call):
@@ -827,6 +828,7 @@ def bf16_mask_calls(draw):
     return q, k, v, kw
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("pair", PAIRS)
 @budget(20)

@@ -109,6 +109,7 @@ def bad_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", list(BAD))
 def test_bad_value_exits_2_with_one_line_naming_the_flag(bad_runs, key):
     d, r = bad_runs[key]
@@ -126,6 +127,7 @@ def test_name_outside_the_results_dir_writes_nothing(bad_runs):
 
 # ---- good values (subprocess): the bool parser's words reach the library ---------------------
 
+@pytest.mark.slow
 def test_fp8_saturate_words_are_parsed_and_saved(tmp_path):
     r = fa_lab(tmp_path, "table", "--which", "fp8", "--S", "256", "--H", "1", "--B", "1",
                "--fp8-saturate", "OFF", "--causal", "no", "--name", "sat_off")
@@ -135,6 +137,7 @@ def test_fp8_saturate_words_are_parsed_and_saved(tmp_path):
     assert "provenance" in obj and "warning" not in r.stderr  # a small CPU run: no warning
 
 
+@pytest.mark.slow
 def test_full_on_cpu_warns_with_a_rough_time(tmp_path):
     """The seed's full sizes on a CPU: the first thing on stderr is a warning that says it is
     a GPU-size run and roughly how long it will take (the run is stopped there)."""

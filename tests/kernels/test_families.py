@@ -3,6 +3,7 @@ adding a family is its folder and one line in ``kernels/__init__.py``."""
 
 from __future__ import annotations
 
+import pytest
 import filecmp
 import os
 import shutil
@@ -61,6 +62,7 @@ def forward(q, k, v, *, causal, policy, recorder=None):
 '''
 
 
+@pytest.mark.slow
 def test_a_new_family_is_a_folder_and_one_line(tmp_path):
     """A copy of kernels/ with one folder added and one line in ``_PACKAGES``: fa_lab routes
     ``kernel="toy"`` to it through dispatch, resolves the policy for it (eager: the toy

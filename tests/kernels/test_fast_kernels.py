@@ -547,6 +547,7 @@ def test_gpu_fp8_forward_given_a_transposed_v_equals_the_call_that_copies_it(cau
 
 # ---- backend="fast" through the public API ---------------------------------------------
 
+@pytest.mark.slow
 def test_api_fast_backend_runs_the_fast_kernels_interpreted():
     q, k, v = ex.bf16_inputs(1, 512, 2, 64, 1.0, seed=3)
     out, lse = fa_lab.flash_attn_func(q, k, v, causal=True, backend="fast", return_lse=True)

@@ -48,6 +48,8 @@ import pytest
 
 from fa_lab.results import atomic_write_json
 
+pytestmark = pytest.mark.slow  # a real JupyterLab in a real browser
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

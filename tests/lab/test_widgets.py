@@ -371,6 +371,7 @@ def _browser_move(d, control, value):
         w.value = value
 
 
+@pytest.mark.slow
 def test_a_move_from_the_browser_waits_for_the_main_figure_drawn():
     import asyncio
 

@@ -126,6 +126,7 @@ def test_record_is_written_atomically_with_the_umask(tmp_path):
     assert out.stat().st_mode & 0o777 == 0o644 and list(out.parent.iterdir()) == [out]
 
 
+@pytest.mark.slow
 def test_a_checkout_that_is_not_installed_runs_through_links(tmp_path):
     """A GPU machine gets the working tree with nothing installed: the runner makes fa_lab
     (and fa_lab.kernels, from kernels/) import from that copy, not from any install."""

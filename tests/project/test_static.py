@@ -254,11 +254,13 @@ def test_the_lint_finds_an_undefined_name_and_an_unused_import(tmp_path):
     assert "F401" in out and "F821" in out and "undefined_name" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FOLLOWED, ids=[f"{p.parent.name}/{p.name}" for p in FOLLOWED])
 def test_every_name_a_script_or_test_reads_exists(path):
     assert unresolved(path) == []
 
 
+@pytest.mark.slow
 def test_the_check_finds_missing_names_chains_and_unimported_submodules(tmp_path):
     import fa_lab.flydsl  # noqa: F401  (loaded here, as other tests load it: still not imported by the file)
 

@@ -308,6 +308,7 @@ def test_optimisers_climb_to_the_drag_failure_deterministically(optimizer):
     assert A.judge(a.first, "lazy_unfixed").failed and not A.judge(a.first, "lazy").failed
 
 
+@pytest.mark.slow
 def test_cma_is_the_default_and_deterministic_without_a_failure():
     runs = [A.search("lazy", structured=False, seed=s, max_evals=20, budget_s=60)
             for s in (5, 5, 6)]

@@ -168,6 +168,7 @@ class _Interpreted:
         return getattr(self.mod, name)
 
 
+@pytest.mark.slow
 def test_split_k_runners_on_the_interpreter(monkeypatch):
     monkeypatch.setattr(bench.impls, "_fast_module", _Interpreted)
     shape = bench.Shape(1, 384, 2, 64, False, Skv=900)
@@ -207,6 +208,7 @@ def test_cli_bench_checks_suites_before_any_work():
         cli.main(["bench", "--suite", "splitk", "--shapes", "2", "--no-save"])
 
 
+@pytest.mark.slow
 def test_run_times_split_k_and_varlen_beside_dense_end_to_end(monkeypatch, tmp_path):
     """``run`` on the CPU over a split-K and a varlen job with the kernels on the
     interpreter: one row per (shape, impl), rel-L2 against fp32 attention, the FLOP count
@@ -507,6 +509,7 @@ def test_fp8_rows_get_a_dequantised_reference():
     assert deq.shape == full.shape and 1e-4 < bench.impls._rel_l2(deq, full) < 0.1  # the quantisation
 
 
+@pytest.mark.slow
 def test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter(monkeypatch):
     """The real runners of the fast bf16 and fp8 kernels (Triton's CPU interpreter) at a
     GQA shape, in 2 rounds: bf16 rows close to fp32 attention, the fp8 row closer to the

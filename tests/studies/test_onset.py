@@ -193,6 +193,7 @@ def test_committed_validation():
     assert d["committed_grid"]["cells"] == 675 and d["committed_grid"]["max_gap_pp"] < 1.0
 
 
+@pytest.mark.slow
 def test_bias_and_alibi_row_for_row():
     """Bias (the adversary's masks with -inf entries, and dense) and ALiBi enter the scores
     as the model adds them: both levels agree with the model row for row, including the

@@ -26,6 +26,8 @@ from fa_lab.studies import experiments as ex
 from fa_lab import metrics, reference
 from fa_lab.studies import sweep
 
+pytestmark = pytest.mark.slow  # a real Dask LocalCluster per module
+
 
 @pytest.fixture(scope="module")
 def client():

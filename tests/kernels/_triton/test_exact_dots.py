@@ -105,6 +105,7 @@ def test_swp_bf16_scratch_dots_equal_the_interpreters_exact_dots(monkeypatch, po
     assert torch.isnan(want[0]).any() == (policy == "lazy_unfixed")
 
 
+@pytest.mark.slow
 def test_generic_and_swa_scratch_dots_equal_the_interpreters_exact_dots(monkeypatch):
     q, k, v = make_inputs(1, 256, 256, 2, 1, 128, 32.0, seed=22)  # (SWA: D 128)
     runs = ((generic, dict(causal=True)), (swa, dict(window_left=64, rescale="lazy_unfixed")))

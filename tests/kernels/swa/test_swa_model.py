@@ -189,6 +189,7 @@ def test_threshold_changes_the_ballot():
     assert fires[0.0] > fires[8.0]
 
 
+@pytest.mark.slow
 def test_a_policys_threshold_reaches_the_ballot_unless_one_is_passed(monkeypatch):
     """The SWA kernel runs the policy's threshold, as every other kernel does; a
     ``threshold`` (``swa_attn_func``'s ``rescale_threshold``) replaces it. The model and

@@ -176,6 +176,7 @@ def test_trace_matches_model_causal_ragged_gqa():
 # Launch shapes, strides, the interpreter plumbing
 # ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_rows_per_program_does_not_change_results():
     # The compiled kernel runs one wave per program, the interpreter a whole block: the
     # ballot only reads a wave's own rows, so results agree (checked here in the
@@ -228,6 +229,7 @@ def test_interpreter_leaves_triton_language_untouched():
             assert set(d1) == set(d0), f"{o}: {sorted(set(d1) - set(d0))[:5]} left behind"
 
 
+@pytest.mark.slow
 def test_works_under_triton_interpret_env():
     # TRITON_INTERPRET=1 before Triton is imported makes every @triton.jit an interpreted
     # function; the same entry point must still run (here in a fresh process).

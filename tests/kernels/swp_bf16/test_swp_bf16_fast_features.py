@@ -106,6 +106,7 @@ def test_empty_splits_contribute_nothing(gen):
     assert torch.equal(two[0], four[0]) and torch.equal(two[1], four[1])
 
 
+@pytest.mark.slow
 def test_split_k_policy_semantics():
     """Each split runs the policy from its own first tile: threshold 0 is still exactly
     eager; the unfixed rebase still drags rows to non-finite where lazy and eager do not."""

@@ -361,6 +361,7 @@ def test_strided_inputs_equal_contiguous_ones():
         assert torch.equal(x[1].view(torch.int32), c[1].view(torch.int32))
 
 
+@pytest.mark.slow
 def test_works_under_triton_interpret_env():
     # TRITON_INTERPRET=1 before Triton is imported makes every @triton.jit an interpreted
     # function; the same entry point must still run (here in a fresh process).
