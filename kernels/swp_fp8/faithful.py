@@ -62,18 +62,16 @@ _FP8 = torch.float8_e4m3fn
 # an overflow check per operation.
 
 @triton.jit
-def _round_e4m3(x, SATURATE: tl.constexpr):
+def _round_e4m3(x, saturate):
     """fp32 -> the nearest-even float8_e4m3fn value, as fp32 (subnormals down to 2**-9).
 
-    SATURATE clamps to +-448 (infinities included); otherwise |x| > 464 becomes NaN (464
-    ties to the even 448).
+    ``saturate`` (a run-time flag: one compiled kernel serves both casts) clamps to +-448
+    (infinities included); otherwise |x| > 464 becomes NaN (464 ties to the even 448).
     NaN stays NaN.
     """
     a = tl.abs(x)
-    if SATURATE:
-        a = tl.where(a < 448.0, a, 448.0)  # inf and NaN -> 448 here; NaN is restored below
-    else:
-        a = tl.where(a <= 464.0, a, 0.0)  # the NaN results are put back below
+    # saturating: inf and NaN -> 448 here; otherwise the NaN results are put back below
+    a = tl.where(saturate != 0, tl.where(a < 448.0, a, 448.0), tl.where(a <= 464.0, a, 0.0))
     bits = a.to(tl.int32, bitcast=True)
     # Normal e4m3 (a >= 2**-6): keep 3 of fp32's 23 mantissa bits, ties to even; a carry
     # into the exponent is the right answer.
@@ -89,8 +87,7 @@ def _round_e4m3(x, SATURATE: tl.constexpr):
     r = tl.where(bits >= 0x3C800000, normal.to(tl.float32, bitcast=True), sub)
     sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
     r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    if not SATURATE:
-        r = tl.where(tl.abs(x) > 464.0, float("nan"), r)
+    r = tl.where((saturate == 0) & (tl.abs(x) > 464.0), float("nan"), r)
     return tl.where(x != x, x, r)
 
 
@@ -104,12 +101,12 @@ def _load_e4m3(ptrs, mask):
     return tl.where(nan, float("nan"), raw.to(tl.float32))
 
 
-@triton.jit
-def _round_kernel(X, Y, n, SATURATE: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["saturate"])
+def _round_kernel(X, Y, n, saturate, BLOCK: tl.constexpr):
     """The P rounding elementwise (for tests and notebooks)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + offs, mask=offs < n, other=0.0)
-    tl.store(Y + offs, _round_e4m3(x, SATURATE), mask=offs < n)
+    tl.store(Y + offs, _round_e4m3(x, saturate), mask=offs < n)
 
 
 # ---- the forward kernel ------------------------------------------------------------------
@@ -135,7 +132,7 @@ def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, CAUSAL: tl.con
 
 
 @triton.jit
-def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, SATURATE: tl.constexpr,
+def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, saturate,
             FMA_VIA_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr):
     """One tile's contribution: P = exp2(fma(S, ls, bias)); returns (sum(P) in fp32,
@@ -148,10 +145,12 @@ def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, SATURATE: tl.c
     offs_d = tl.arange(0, HEAD_DIM)
     v = _load_e4m3(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
                    (cols < Skv)[:, None])
-    return p_sum, tl.dot(_round_e4m3(p, SATURATE), v, input_precision="ieee")
+    return p_sum, tl.dot(_round_e4m3(p, saturate), v, input_precision="ieee")
 
 
-@triton.jit
+# The policy's codes and the cast are not specialised (Triton would compile a kernel for
+# each value equal to 1): one compile serves every policy.
+@triton.jit(do_not_specialize=["vote_code", "rebase_code", "saturate"])
 def _fwd_kernel(
     Q, K, V, Out, Lse, NTiles, Slot, Trace,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -159,8 +158,8 @@ def _fwd_kernel(
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh, stride_od,
     H, GROUP, Sq, Skv, max_steps,
-    ls, threshold, neg_bound, headroom, v_descale, ln2, causal_floor,
-    CAUSAL: tl.constexpr, VOTE: tl.constexpr, REBASE: tl.constexpr, SATURATE: tl.constexpr,
+    ls, threshold, neg_bound, headroom, v_descale, ln2, causal_floor, vote_code, rebase_code,
+    saturate, CAUSAL: tl.constexpr,
     TRACE: tl.constexpr, FMA_VIA_FP64: tl.constexpr, N_FIELDS: tl.constexpr,
     BLOCK_M: tl.constexpr, WAVE: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr,
@@ -202,7 +201,9 @@ def _fwd_kernel(
         mt = _fmax(max_a, max_b)
         if CAUSAL:
             mt = _fmax(mt, causal_floor)
-        if VOTE == 0:  # vote "tile" (eager)
+        # The policy's codes are run-time values (uniform over the launch): one compiled
+        # kernel serves every policy, and the branches cost nothing the policy does not use.
+        if vote_code == 0:  # vote "tile" (eager)
             mn = _fmax(m, mt)
             corr = exp2_ieee((m - mn) * ls)
             vote = tl.full((BLOCK_M,), 0, tl.int1)
@@ -217,17 +218,17 @@ def _fwd_kernel(
             any_vote = tl.max(votes, axis=1) > 0
             fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
             dragged = fire & (mt < m)
-            if REBASE == 1:  # "tile": every moving row rebases to its own tile max
+            if rebase_code == 1:  # "tile": every moving row rebases to its own tile max
                 corr = exp2_ieee(-d)
                 mn = mt
-            elif REBASE == 2:  # "capped": skip downward rebases past the bound
+            elif rebase_code == 2:  # "capped": skip downward rebases past the bound
                 safe = d >= neg_bound  # NaN -> False
                 corr = exp2_ieee(-tl.where(safe, d, 0.0))
                 mn = tl.where(safe, mt, m)
             else:  # "max": monotonic
                 mn = _fmax(m, mt)
                 corr = exp2_ieee((m - mn) * ls)
-            if VOTE == 2:  # vote "row": each row for itself
+            if vote_code == 2:  # vote "row": each row for itself
                 apply = vote
             else:  # vote "wave": the ballot moves every row of the wave
                 apply = fire
@@ -238,11 +239,11 @@ def _fwd_kernel(
         m = mn
         bias = (0.0 - ls * m) + headroom  # the fma's addend, fp32
         sum_a, pv_a = _p_tile(s_a, ls, bias, v_base, stride_vs, stride_vd, col_a, Skv,
-                              SATURATE, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
+                              saturate, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
         l = l + sum_a
         O = O + pv_a
         sum_b, pv_b = _p_tile(s_b, ls, bias, v_base, stride_vs, stride_vd, col_b, Skv,
-                              SATURATE, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
+                              saturate, FMA_VIA_FP64, BLOCK_M, BLOCK_N, HEAD_DIM)
         l = l + sum_b
         O = O + pv_b
         if TRACE:  # one step per tile pair
@@ -277,7 +278,7 @@ def round_e4m3(x: torch.Tensor, saturate: bool = True, *, interpret: bool | None
     n, block = src.numel(), 1024
     if n:
         launch(_round_kernel, (triton.cdiv(n, block),), interpret,
-               src, out, n, SATURATE=saturate, BLOCK=block)
+               src, out, n, int(saturate), BLOCK=block)
     return out.reshape(x.shape)
 
 
@@ -329,8 +330,9 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
             *q8.stride(), *k8.stride(), *v8.stride(), *out.stride(),
             H, H // Hkv, Sq, Skv, plan.n_steps if plan else 1,
             log2_scale(qd, kd, D), f32(codes.threshold) if codes.lazy else 0.0,
-            -f32(codes.bound), f32(codes.headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR))
-    meta = dict(CAUSAL=causal, VOTE=codes.vote, REBASE=codes.rebase, SATURATE=saturate,
+            -f32(codes.bound), f32(codes.headroom), f32(vd), f32(LN2), f32(CAUSAL_FLOOR),
+            codes.vote, codes.rebase, int(saturate))
+    meta = dict(CAUSAL=causal,
                 TRACE=plan is not None,
                 FMA_VIA_FP64=fma_via_fp64(_fwd_kernel, interpret),
                 N_FIELDS=_N_FIELDS, BLOCK_M=rows, WAVE=WAVE_ROWS, BLOCK_N=BLOCK_N,

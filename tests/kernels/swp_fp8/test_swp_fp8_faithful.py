@@ -500,3 +500,29 @@ def test_gpu_seed_fp8_table_full_size():
             del kernel, model
         del tensors
         torch.cuda.empty_cache()
+
+
+@pytest.mark.slow
+def test_one_sm90_build_serves_every_policy_and_cast():
+    """The policy's codes and the cast are run-time values: the compiled kernel (built here
+    for sm_90 by Triton's back end and ptxas, which the interpreter cannot check) has them
+    as arguments, and a launch of any policy finds the same build."""
+    from _shared import sm90_target
+    from fa_lab.kernels._triton.fast import compile_only
+    from fa_lab.kernels.swp_fp8.faithful import _fwd_kernel
+
+    names = list(_fwd_kernel.arg_names)
+    pointers = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "Out": "*bf16", "Lse": "*fp32",
+                "NTiles": "*i32", "Slot": "*i32", "Trace": "*fp32"}
+    ints = [n for n in names if n.startswith("stride_")] + ["H", "GROUP", "Sq", "Skv", "max_steps",
+                                                            "vote_code", "rebase_code", "saturate"]
+    floats = ["ls", "threshold", "neg_bound", "headroom", "v_descale", "ln2", "causal_floor"]
+    constexprs = dict(CAUSAL=True, TRACE=False, FMA_VIA_FP64=False, N_FIELDS=1, BLOCK_M=32,
+                      WAVE=32, BLOCK_N=64, HEAD_DIM=128, ROWS_PER_BLOCK=256)
+    build = compile_only(_fwd_kernel, sm90_target(),
+                         types={**pointers, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}},
+                         constexprs=constexprs, num_warps=4, num_stages=1, enable_fp_fusion=False)
+    assert ".entry" in build.asm["ptx"] and build.asm["cubin"]
+    for name in ("vote_code", "rebase_code", "saturate"):  # never folded into a build
+        assert name in _fwd_kernel.do_not_specialize or \
+            names.index(name) in _fwd_kernel.do_not_specialize
