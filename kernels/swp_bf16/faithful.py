@@ -133,7 +133,10 @@ def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N
 
 
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
-@triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps", "num_splits"])
+# The policy's codes are run-time values, not specialised: one compiled kernel serves
+# every policy (Triton would build one per value, and one per argument equal to 1).
+@triton.jit(do_not_specialize=["H", "G", "Sq", "Skv", "n_trace_steps", "num_splits", "vote_code",
+                               "rebase_code"])
 def _swp_bf16_fwd(
     Q, K, V, Out, Lse, PartL, TraceSlot, TraceBuf, Bias, Alibi, Sink, CuSeqQ, CuSeqKv, Scratch,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -143,8 +146,8 @@ def _swp_bf16_fwd(
     stride_l_split, stride_lb, stride_lh,
     stride_bias_q, stride_bias_k, stride_alibi_b, stride_alibi_h,
     H, G, Sq, Skv, n_trace_steps, num_splits,
-    scale_log2, threshold, rebase_bound,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, VOTE: tl.constexpr, REBASE: tl.constexpr,
+    scale_log2, threshold, rebase_bound, vote_code, rebase_code,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
     IS_BF16: tl.constexpr,
     TRACE: tl.constexpr, ROWS: tl.constexpr, WAVE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
@@ -237,7 +240,7 @@ def _swp_bf16_fwd(
                          stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
                          CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
-        if VOTE == 0:  # vote "tile" (eager): every row to fmax(m, mt)
+        if vote_code == 0:  # vote "tile" (eager): every row to fmax(m, mt)
             target = fmax(m, mt)
             corr = exp2_ieee(m - target)
             vote = no
@@ -246,17 +249,17 @@ def _swp_bf16_fwd(
             vote_i = tl.where(mt - m <= threshold, 0, 1)  # NaN difference votes
             fire = wave_ballot(vote_i, ROWS, WAVE)
             vote = vote_i > 0
-            if VOTE == 2:  # vote "row" (FlashAttention-4): each row decides for itself
+            if vote_code == 2:  # vote "row" (FlashAttention-4): each row decides for itself
                 apply = vote
             else:  # vote "wave" (FlyDSL): the wave's ballot moves every row of the wave
                 apply = fire
-            if REBASE == 2:  # "capped": own tile max unless more than the bound below m
+            if rebase_code == 2:  # "capped": own tile max unless more than the bound below m
                 d = mt - m
                 safe = d >= -rebase_bound  # NaN: not safe
                 target = tl.where(safe, mt, m)
                 moved = exp2_ieee(-tl.where(safe, d, 0.0))
             else:
-                if REBASE == 1:  # "tile": the row's own tile max (the unfixed body)
+                if rebase_code == 1:  # "tile": the row's own tile max (the unfixed body)
                     target = mt
                 else:  # "max": fmax(m, mt), never down (PR #1033)
                     target = fmax(m, mt)
@@ -399,8 +402,8 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
             *bias_strides, *alibi_strides,
             H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
-            softmax_scale_log2(D), f32(codes.threshold), f32(codes.bound),
-            HEAD_DIM=D, CAUSAL=causal, VOTE=codes.vote, REBASE=codes.rebase,
+            softmax_scale_log2(D), f32(codes.threshold), f32(codes.bound), codes.vote, codes.rebase,
+            HEAD_DIM=D, CAUSAL=causal,
             IS_BF16=q.dtype == torch.bfloat16, TRACE=trace is not None, ROWS=rows, WAVE=WAVE_ROWS,
             BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=_N_FIELDS,
             FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),

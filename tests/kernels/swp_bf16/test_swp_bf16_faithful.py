@@ -424,3 +424,36 @@ def test_gpu_tensor_cores_stay_near_the_model(causal):
         fin = torch.isfinite(out_t) & torch.isfinite(out_m)
         tol = output_tolerance(q, k, v, causal, out_m)
         assert ((out_t.double() - out_m.double()).abs() <= tol)[fin].all(), policy
+
+
+@pytest.mark.slow
+def test_one_sm90_build_serves_every_policy():
+    """The policy's codes are run-time values: the compiled kernel (built here for sm_90 by
+    Triton's back end and ptxas, which the interpreter cannot check: a branch's values must
+    agree in type) takes them as arguments, never specialised."""
+    from _shared import sm90_target
+    from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS
+    from fa_lab.kernels._triton.dots import DOT_TENSOR_CORES
+    from fa_lab.kernels._triton.fast import compile_only
+    from fa_lab.kernels.swp_bf16.faithful import _swp_bf16_fwd
+
+    names = list(_swp_bf16_fwd.arg_names)
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32",
+                "PartL": "*fp32", "TraceSlot": "*i32", "TraceBuf": "*fp32", "Bias": "*fp32",
+                "Alibi": "*fp32", "Sink": "*fp32", "CuSeqQ": "*i32", "CuSeqKv": "*i32",
+                "Scratch": "*fp32"}
+    ints = [n for n in names if n.startswith("stride_")] + [
+        "H", "G", "Sq", "Skv", "n_trace_steps", "num_splits", "vote_code", "rebase_code"]
+    floats = ["scale_log2", "threshold", "rebase_bound"]
+    constexprs = dict(HEAD_DIM=128, CAUSAL=True, IS_BF16=True, TRACE=False, ROWS=64, WAVE=WAVE_ROWS,
+                      BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=1, FLOOR=-3e38,
+                      LN2_F32=0.6931471805599453, LOG2E_F32=1.4426950408889634, HAS_BIAS=False,
+                      HAS_ALIBI=False, HAS_SINK=False, SPLIT=False, VARLEN=False,
+                      DOT_MODE=DOT_TENSOR_CORES, SCRATCH_FLOATS=1)
+    build = compile_only(_swp_bf16_fwd, sm90_target(),
+                         types={**pointers, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}},
+                         constexprs=constexprs, num_warps=4, enable_fp_fusion=False)
+    assert ".entry" in build.asm["ptx"] and build.asm["cubin"]
+    for name in ("vote_code", "rebase_code"):
+        assert name in _swp_bf16_fwd.do_not_specialize or \
+            names.index(name) in _swp_bf16_fwd.do_not_specialize
