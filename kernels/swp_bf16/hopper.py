@@ -91,7 +91,41 @@ SHARED_BYTES = 232448
 def available(device=None) -> bool:
     """True where this kernel can run: ``device`` (default: the current CUDA device) is a
     Hopper GPU."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+    if not torch.cuda.is_available():
+        return False
+    index = torch.cuda.current_device() if device is None else torch.device(device).index
+    return _capability(torch.cuda.current_device() if index is None else index)[0] == 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_COUNTERS: dict = {}
+#: One-program-per-item launches never read the counters: one buffer per device serves them.
+_NO_COUNTER: dict = {}
+
+
+def _unread_counter(device: torch.device) -> torch.Tensor:
+    if device.index not in _NO_COUNTER:
+        _NO_COUNTER[device.index] = torch.empty(2, device=device, dtype=torch.int32)
+    return _NO_COUNTER[device.index]
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The persistent grid's two work counters on ``device``, zeroed once: the kernel
+    leaves them at zero, so every launch on the device's streams takes them in turn (launches
+    on one stream run one after another)."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(2, device=device, dtype=torch.int32)
+    return _COUNTERS[key]
 
 
 _BLOCK_M = gl.constexpr(BLOCK_M)
@@ -530,7 +564,7 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
     scale_log2, threshold, _, rebase = common.policy_args(policy, D)
     # the persistent grid's work counters (the kernel leaves them at zero, so these args
     # can be launched again); one-program-per-item launches never read them
-    counter = (torch.zeros if config.persistent else torch.empty)(2, device=q.device, dtype=torch.int32)
+    counter = _counter(q.device) if config.persistent else _unread_counter(q.device)
     n_m = triton.cdiv(Sq, BLOCK_M)
     heads_per_group = min(B * H, triton.cdiv(GROUP_ITEMS, n_m)) if causal else 1
     args = (*descs, lse, counter, B * H, H, heads_per_group, H // Hkv, Sq, Skv, scale_log2,
@@ -543,12 +577,15 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
 
 
 def _run(device, grid, args, meta):
-    with torch.cuda.device(device):
+    if device.index is None or device.index == torch.cuda.current_device():
         _attn_fwd[grid](*args, **meta, num_warps=4)  # 4: the default partition, consumer 0
+    else:
+        with torch.cuda.device(device):
+            _attn_fwd[grid](*args, **meta, num_warps=4)
 
 
 def _launch(q, k, v, causal, policy, config):
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
     grid, args, meta, out, lse = launch_args(q, k, v, causal, policy, config, num_sms)
     _run(q.device, grid, args, meta)
     return out, lse
