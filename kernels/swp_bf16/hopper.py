@@ -113,6 +113,8 @@ _NO_COUNTER: dict = {}
 
 
 def _unread_counter(device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":  # arguments built on the CPU (tests, compiles): a fresh pair
+        return torch.empty(2, device=device, dtype=torch.int32)
     if device.index not in _NO_COUNTER:
         _NO_COUNTER[device.index] = torch.empty(2, device=device, dtype=torch.int32)
     return _NO_COUNTER[device.index]
@@ -122,6 +124,8 @@ def _counter(device: torch.device) -> torch.Tensor:
     """The persistent grid's two work counters on ``device``, zeroed once: the kernel
     leaves them at zero, so every launch on the device's streams takes them in turn (launches
     on one stream run one after another)."""
+    if device.type != "cuda":  # arguments built on the CPU (tests, compiles): a fresh pair
+        return torch.zeros(2, device=device, dtype=torch.int32)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(2, device=device, dtype=torch.int32)
