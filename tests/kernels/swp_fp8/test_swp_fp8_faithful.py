@@ -27,6 +27,8 @@ from fa_lab.policies import Policy
 from fa_lab.policies import get as get_policy
 from fa_lab.trace import TraceRecorder
 
+from _ports import assert_same_masks
+
 INF = math.inf
 FP8 = torch.float8_e4m3fn
 # One bf16 rounding step relative to the element's binade: two correct results whose fp32
@@ -56,14 +58,6 @@ def both(tensors, descales, kernel_backend="interpret", **kw):
     kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, **kw)
     return (fa_lab.flash_attn_func(q8, k8, v8, backend=kernel_backend, **kw),
             fa_lab.flash_attn_func(q8, k8, v8, backend="emulator", **kw))
-
-
-def assert_same_masks(name, a, b):
-    a, b = a.float(), b.float()
-    for what, fn in (("NaN", torch.isnan), ("+inf", lambda x: x == INF), ("-inf", lambda x: x == -INF)):
-        ma, mb = fn(a), fn(b)
-        assert torch.equal(ma, mb), (f"{name}: {what} masks differ (kernel {int(ma.sum())}, "
-                                     f"model {int(mb.sum())}, {int((ma ^ mb).sum())} positions)")
 
 
 def assert_matches_model(kernel, model):
