@@ -297,6 +297,20 @@ def test_choosing_a_policy_moves_the_controls_to_its_own_settings(cap24):
         "threshold"].value == 6.0
 
 
+def test_a_rule_that_raises_shows_in_the_summary():
+    def boom(m, mt, thr):
+        raise ArithmeticError("boom")
+
+    policies.register(Policy.from_rule(boom, name="boom"))
+    try:
+        d = widgets.fp8_dashboard(S=256, H=1, policy="lazy", row=0)
+        d.controls["policy"].value = "boom"
+        assert d.errors == 1 and "fa-lab-error" in d.summary.value
+        assert "policy &#x27;boom&#x27;: its rule raised ArithmeticError" in d.summary.value
+    finally:
+        policies.unregister("boom")
+
+
 def test_first_bad_row_is_none_when_every_row_is_finite():
     assert widgets.first_bad_row(8, S=S, H=H) is None
     q, k, v = experiments.bf16_inputs(1, S, H, 128, 64)

@@ -13,11 +13,17 @@ import plotly.graph_objects as go
 import torch
 
 from fa_lab import policies
+from fa_lab.kernels._common.models import RuleError
 from .views import (CPU_DEFAULTS, FIGURE_WIDTH, FP8_CPU_DEFAULTS, HEAT_VALUES, LEFT_WIDTH,
                     TAB_HEIGHT, _bf16_threshold, _choice, _int, _lazy, compute_compare_view,
                     compute_fp8_view, compute_rescale_view, view_threshold)
 from .transport import (DRAWN_WAIT_S, DashboardFigure, FIGURE_SIZES, LANE_TABS, _gc_paused,
                         _running_loop, assign_figure)
+
+
+#: The errors a redraw shows in the summary instead of raising: a bad value, and a user
+#: policy's rule that raised.
+_SHOWN = (ValueError, TypeError, RuleError)
 
 
 class Dashboard:
@@ -34,7 +40,8 @@ class Dashboard:
     value}``: when it moves, those controls take those values first (one redraw for all;
     a new policy brings its own threshold, bound and headroom). ``convert`` maps a control
     to ``f(control value) -> compute's argument``, for a control whose values are not the
-    argument's own. A bad value shows its error in the summary instead of a figure.
+    argument's own. A bad value (or a user rule that raises) shows its error in the summary
+    instead of a figure.
     Building a dashboard ends with one full garbage collection (see ``__init__``).
     """
 
@@ -160,7 +167,7 @@ class Dashboard:
                                      **({"all_policies": False} if self.figures_first else {}))
                 self._show(first)
                 self._draw(first["figures"])
-        except (ValueError, TypeError) as e:
+        except _SHOWN as e:
             return self._error(e)
         self.figures_seconds = time.perf_counter() - t0
 
@@ -205,7 +212,7 @@ class Dashboard:
                 with _gc_paused():
                     self._draw(first["make_figures"]((tab,)))
             view = self.compute(**vals, figures=()) if self.figures_first else first
-        except (ValueError, TypeError) as e:
+        except _SHOWN as e:
             return self._error(e)
         if generation != self._generation:
             return math.nan
