@@ -23,7 +23,8 @@ import warnings
 import torch
 
 from fa_lab import dispatch, policies, upstream as upstream_versions, varlen
-from fa_lab.checks import check_descale, check_int, check_mod, check_qkv
+from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
+                           layout_problem, warn_layout)
 from fa_lab.dispatch import BACKENDS, Call
 from fa_lab.kernels.swp_fp8 import model as swp_fp8
 from fa_lab.kernels._common.geometry import BLOCK_N
@@ -69,6 +70,28 @@ def _check_mods(q, fp8, B, Sq, H, Skv, packing, bias, alibi_slopes, sink) -> dic
     return mods
 
 
+def _check_dense_qkv(q, k, v):
+    """``check_qkv`` for dense q, k, v, then ``warn_layout``; an error on shapes that look
+    like another layout says so (``layout_problem``)."""
+    try:
+        sizes = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
+    except ValueError as e:
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+            raise
+        problem = layout_problem(q.shape, k.shape)
+        if problem is None:
+            try:   # shapes that make a call once read as [B, H, S, D]
+                check_qkv(*(t.transpose(1, 2) for t in (q, k, v)),
+                          dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
+            except (ValueError, TypeError):
+                raise e from None
+            problem = (f"read as [B, H, S, D] (SDPA's layout), q {list(q.shape)} and k "
+                       f"{list(k.shape)} would make a valid call")
+        raise ValueError(f"{e}; {layout_hint(problem)}") from None
+    warn_layout(q, k)
+    return sizes
+
+
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, q_descale=None,
                k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=None, rescale=None,
@@ -94,8 +117,9 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         _, _, H, D, _, Hkv = check_qkv(q[None], k[None], v[None], dtypes=(*HALF_DTYPES, FP8),
                                        head_dims=HEAD_DIMS)
         Skv = packing.max_seqlen_kv
+        warn_layout(q[None], k[None])
     else:
-        B, Sq, H, D, Skv, Hkv = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
+        B, Sq, H, D, Skv, Hkv = _check_dense_qkv(q, k, v)
     check_forward_only(q, k, v, bias, alibi_slopes, sink)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -217,7 +241,8 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     """Forward attention with the gfx950 kernels' semantics.
 
     q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
-    ``q_descale``, ``k_descale``, ``v_descale``.
+    ``q_descale``, ``k_descale``, ``v_descale``. Shapes that look like another layout
+    (SDPA's [B, H, S, D]: ``checks.layout_problem``) run as given, with a UserWarning.
 
     Upstream FlyDSL's arguments, with its names: ``causal`` (default True; the causal
     diagonal is bottom-right aligned); ``num_kv_heads`` (checked against k's heads);
@@ -335,6 +360,7 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
                          "does not route to it); use 'emulator', 'triton', 'interpret' or 'auto'")
     check_forward_only(q, k, v)
     policy = swa.check_args(q, k, v, window_left, window_right, causal, rescale_threshold, rescale)
+    warn_layout(q, k)
     if backend == "auto":
         ported = q.device.type == "cuda"
         if ported:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 import operator
+import sys
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -116,3 +119,60 @@ def check_mod(name, x, shapes, dtype, device) -> None:
         raise ValueError(f"{name} has shape {list(x.shape)}; expected {want}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but q is on {device}")
+
+
+#: More heads than any attention model has: a longer head axis (dim 2) is a sequence.
+MAX_HEADS = 256
+
+#: From this many, a head axis longer than the sequence axis in q and k alike reads as a
+#: sequence (SDPA's [B, H, S, D]); below it, short sequences over many heads stay quiet.
+SDPA_MIN_LEN = 64
+
+
+def layout_problem(q_shape, k_shape) -> str | None:
+    """Why q [B, S, H, D] and k (v alike) of these shapes look like another layout, or
+    None. Two signs, each a shape no legitimate call has:
+
+    * a head axis (dim 2) longer than ``MAX_HEADS``;
+    * SDPA's [B, H, S, D] read as [B, S, H, D]: dim 1 alike in q and k (SDPA's heads,
+      read as the two sequence lengths) and shorter than dim 2, alike in q and k and at
+      least ``SDPA_MIN_LEN`` (SDPA's sequence, read as the heads). A true call with equal
+      lengths and equal head counts has more heads than tokens only for a handful of
+      tokens, or with an odd model; GQA (fewer kv heads) and decoding (one query over a
+      long KV) never match.
+    """
+    q_shape, k_shape = tuple(q_shape), tuple(k_shape)
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        return None
+    (_, Sq, H, _), (_, Skv, Hkv, _) = q_shape, k_shape
+    if max(H, Hkv) > MAX_HEADS:
+        return (f"read as [B, S, H, D], q {list(q_shape)} and k {list(k_shape)} have "
+                f"{max(H, Hkv)} heads (dim 2), more than any model's {MAX_HEADS}")
+    if Sq == Skv < H == Hkv and H >= SDPA_MIN_LEN:
+        return (f"read as [B, S, H, D], q {list(q_shape)} and k {list(k_shape)} have "
+                f"{H} heads over {Sq} tokens: dim 1 short and equal in q and k, dim 2 long, "
+                "as SDPA's [B, H, S, D]")
+    return None
+
+
+def layout_hint(problem: str) -> str:
+    return (f"{problem}. fa_lab takes [B, S, H, D] (sequence in dim 1, heads in dim 2), as "
+            "FlyDSL; for tensors in [B, H, S, D] pass q.transpose(1, 2), k.transpose(1, 2) and "
+            "v.transpose(1, 2)")
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of ``warnings.warn`` that names the first frame outside fa_lab."""
+    package = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(2), 2
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_layout(q, k) -> None:
+    """Warn (UserWarning, at the caller's line) where q and k look like another layout
+    than [B, S, H, D] (``layout_problem``): the call runs as given."""
+    problem = layout_problem(q.shape, k.shape)
+    if problem is not None:
+        warnings.warn(layout_hint(problem), UserWarning, stacklevel=_caller_stacklevel())

@@ -3,12 +3,13 @@
 The question a kernel engineer asks of a model and a kernel (or two kernels) on the same
 inputs: do they fail at the same places, and how close are they elsewhere?
 
-    c = fa_lab.compare(q, k, v, a="emulator", b="flydsl", causal=False, rescale="lazy")
+    c = fa_lab.compare(q, k, v, causal=False, rescale="lazy")
     print(c)            # non-finite masks side by side, rel-L2 where both are finite
     assert c.same_masks
 
-Any two of ``flash_attn_func``'s backends work (``emulator`` vs ``interpret`` on a CPU,
-``emulator`` vs ``triton`` on an NVIDIA GPU, ``emulator`` vs ``flydsl`` on an MI355X).
+Any two of ``flash_attn_func``'s backends work. By default the model (``emulator``) is
+compared with the other backend these tensors run on here (``default_b``): ``interpret``
+on a CPU, ``flydsl`` on an MI355X with FlyDSL installed, ``triton`` on another GPU.
 """
 
 from __future__ import annotations
@@ -99,38 +100,82 @@ def tensor_diff(name: str, a: torch.Tensor, b: torch.Tensor) -> TensorDiff:
     return TensorDiff(name, a.numel(), tuple(masks), n, rel, max_abs)
 
 
-def _preflight(backend: str, q) -> None:
-    """Raise now what ``backend`` would raise about where it runs."""
-    if not isinstance(q, torch.Tensor) or q.device.type == "meta":
-        return  # flash_attn_func names the bad argument
+def _device_refusal(backend: str, device: torch.device) -> None:
+    """Raise now what ``backend`` would raise about where it runs: tensors on ``device``,
+    FlyDSL importable, Triton new enough."""
+    from fa_lab.kernels import unavailable
+
     if backend == "flydsl":
         from fa_lab import flydsl
-        flydsl.check_device(q.device)
+        flydsl.check_device(device)
         flydsl.upstream_function()
-    elif backend == "triton" and q.device.type != "cuda":
-        raise ValueError(f"backend 'triton' needs GPU tensors, got tensors on {q.device}")
-    elif backend == "interpret" and q.device.type != "cpu":
-        raise ValueError(f"backend 'interpret' runs on CPU tensors, got tensors on {q.device}")
+    elif backend == "triton" and device.type != "cuda":
+        raise ValueError(f"backend 'triton' needs GPU tensors, got tensors on {device}")
+    elif backend == "interpret" and device.type != "cpu":
+        raise ValueError(f"backend 'interpret' runs on CPU tensors, got tensors on {device}")
+    if backend in ("interpret", "triton", "fast") and unavailable():
+        raise ValueError(f"backend {backend!r} cannot run here: {unavailable()}")
 
 
-def compare(q, k, v, *, a: str = "emulator", b: str = "flydsl", lse: bool = True,
+def _real_tensor(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type != "meta"
+
+
+def _runs_here(backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot run tensors on ``device`` here, or None."""
+    try:
+        _device_refusal(backend, device)
+    except Exception as e:  # noqa: BLE001 - the reason is the answer
+        return str(e)
+    return None
+
+
+def default_b(device, a: str = "emulator") -> str:
+    """The backend ``compare`` sets beside ``a`` when ``b`` is not given: the first of
+    these that runs tensors on ``device`` here and is not ``a``. CPU: ``interpret`` (the
+    Triton ports under Triton's interpreter), then ``emulator``; GPU: ``flydsl`` (an
+    MI355X with FlyDSL importable), ``triton``, then ``emulator``. ValueError saying why
+    each fell through when none does."""
+    device = torch.device(device)
+    order = ("interpret", "emulator") if device.type == "cpu" else ("flydsl", "triton", "emulator")
+    why = []
+    for backend in order:
+        if backend == a:
+            continue
+        reason = _runs_here(backend, device)
+        if reason is None:
+            return backend
+        why.append(f"{backend!r}: {reason}")
+    raise ValueError(f"b=None: no backend beside a={a!r} runs tensors on {device} here ("
+                     + "; ".join(why) + "); pass b= a backend this machine runs")
+
+
+def compare(q, k, v, *, a: str = "emulator", b: str | None = None, lse: bool = True,
             **kwargs) -> Comparison:
     """Run ``flash_attn_func(q, k, v, backend=a, **kwargs)`` and the same with
-    ``backend=b``; compare out (and LSE when ``lse``). Whether both backends can run here
-    is checked before either runs, so a missing FlyDSL or GPU costs no model time."""
+    ``backend=b``; compare out (and LSE when ``lse``). ``b=None``: the other backend these
+    tensors run on here (``default_b``; on CPU tensors with Triton installed, the
+    interpreted Triton ports). Whether both backends can run here is checked before
+    either runs, so a missing FlyDSL or GPU costs no model time."""
     from fa_lab.api import BACKENDS, flash_attn_func
 
-    for name, backend in (("a", a), ("b", b)):
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ValueError(f"{name}={backend!r}; choose one of {BACKENDS}")
-    if a == b:
-        raise ValueError(f"a and b are both {a!r}; compare two different backends")
+    if not isinstance(a, str) or a not in BACKENDS:
+        raise ValueError(f"a={a!r}; choose one of {BACKENDS}")
     if not isinstance(lse, bool):
         raise TypeError(f"lse must be a bool, got {type(lse).__name__}")
     if "backend" in kwargs or "return_lse" in kwargs:
         raise TypeError("compare sets backend (a, b) and return_lse (lse) itself")
-    for backend in (a, b):
-        _preflight(backend, q)
+    if b is None:
+        if not _real_tensor(q):     # flash_attn_func names the bad argument
+            flash_attn_func(q, k, v, backend=a, **kwargs)
+        b = default_b(q.device, a)
+    if not isinstance(b, str) or b not in BACKENDS:
+        raise ValueError(f"b={b!r}; choose one of {BACKENDS}")
+    if a == b:
+        raise ValueError(f"a and b are both {a!r}; compare two different backends")
+    if _real_tensor(q):
+        for backend in (a, b):
+            _device_refusal(backend, q.device)
     res_a = flash_attn_func(q, k, v, backend=a, return_lse=lse, **kwargs)
     res_b = flash_attn_func(q, k, v, backend=b, return_lse=lse, **kwargs)
     out_a, lse_a = res_a if lse else (res_a, None)

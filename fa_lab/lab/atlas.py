@@ -149,7 +149,7 @@ class Cell:
         fits = own.get("S", math.inf) <= max_S
         args = {"k_scale": int(self.k_scale) if self.dtype == "bf16" else float(self.k_scale),
                 "policy": self.policy,
-                "threshold": 8.0 if self.threshold is None else float(self.threshold),
+                "threshold": None if self.threshold is None else float(self.threshold),
                 "causal": bool(self.measured.get("causal", False)),
                 "seed": int(self.measured.get("seed", 0)),
                 "S": int(own["S"]) if S is None and fits else int(max_S if S is None else S),

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from fa_lab import metrics, reference, results
 from fa_lab.api import flash_attn_func
+from fa_lab.checks import check_int
 from fa_lab.numerics import E4M3_MAX, e4m3
 from fa_lab.policies import get as get_policy
 
@@ -63,7 +64,7 @@ def seed_table(name: str) -> dict:
 
 def _generator(device, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
-    g.manual_seed(seed)
+    g.manual_seed(check_int("seed", seed, lo=0))
     return g
 
 
@@ -131,7 +132,8 @@ def bf16_table(k_scales=BF16_K_SCALES, *, B=1, S=2048, H=4, D=128, causal=False,
                progress=True) -> pd.DataFrame:
     """One row per (K scale, policy): rel_l2 against fp32, NaN/inf fractions and rows, and
     the LSE read-out on the NaN rows."""
-    _check_sizes(B=B, S=S, H=H, D=D, seed=seed + 1)
+    _check_sizes(B=B, S=S, H=H, D=D)
+    check_int("seed", seed, lo=0)
     if not k_scales:
         raise ValueError("k_scales is empty")
     rows = []
@@ -155,7 +157,10 @@ def fp8_table(k_scales=FP8_K_SCALES, *, B=1, S=2048, H=2, causal=False, seed=0, 
               variants=FP8_VARIANTS, threshold=None, p_headroom=None, saturate=None,
               backend="auto", progress=True) -> pd.DataFrame:
     """One row per (k scale, variant): mean |o - 1| over finite elements and NaN counts."""
-    _check_sizes(B=B, S=S, H=H, seed=seed + 1)
+    _check_sizes(B=B, S=S, H=H)
+    check_int("seed", seed, lo=0)
+    if not k_scales:
+        raise ValueError("k_scales is empty")
     rows = []
     bar = tqdm(total=len(k_scales) * len(variants), desc="fp8 table", disable=not progress)
     for K in k_scales:

@@ -10,6 +10,8 @@ exactly as a built-in one does.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -62,27 +64,127 @@ class Decision:
     dragged: torch.Tensor | None = None
 
 
-def _run_rule(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None):
+class RuleError(RuntimeError):
+    """A policy's Python rule raised: the message names the policy and where (the loop
+    step, the rows, the batch and head); the rule's own exception is its ``__cause__``."""
+
+
+#: At most this many single-wave calls look for the wave a raising rule fails on.
+_LOCATE_CALLS = 4096
+
+
+def _wave_site(waves: tuple, idx: tuple, rows, lane: int | None = None) -> str:
+    """Where wave ``idx`` of a ``waves``-shaped decision lies (or its row ``lane``): its
+    query rows (``rows``: the query row of each position of the last dimension, if known)
+    and, in the models' [B, Hkv, G, rows] layout, its batch and query head."""
+    *lead, w = idx
+    lo, hi = w * WAVE_ROWS, (w + 1) * WAVE_ROWS - 1
+    if lane is not None:
+        lo = hi = lo + lane
+    if rows is not None:
+        lo, hi = int(rows[lo]), int(rows[hi])
+    span = (f"query row {lo}" if lo == hi else f"query rows {lo}-{hi}") + (
+        "" if rows is not None else " of the call")
+    if len(lead) == 3:
+        b, hkv, g = lead
+        return f"{span} of batch {b}, head {hkv * waves[2] + g}"
+    return span + (f" at index {tuple(lead)}" if lead else "")
+
+
+def _locate_raise(rule, mw, mtw, threshold):
+    """The first wave (an index of ``mw.shape[:-1]``) on which ``rule`` raises when called
+    on that wave alone, or None (it raises only on the whole step, or too many waves)."""
+    lead = mw.shape[:-1]
+    if math.prod(lead) > _LOCATE_CALLS:
+        return None
+    for idx in itertools.product(*(range(n) for n in lead)):
+        sl = tuple(slice(i, i + 1) for i in idx)
+        try:
+            rule(mw[sl], mtw[sl], threshold)
+        except Exception:
+            return idx
+    return None
+
+
+def _check_answer(policy: Policy, answer, mw: torch.Tensor, mtw: torch.Tensor, at: str, rows):
+    """Refuse, naming the policy, an answer that is not a tensor like m (shape, dtype,
+    device) or that is non-finite where the rule made it so. A non-finite m_new is taken
+    only as a pass-through of the row's own non-finite input: NaN where m or mt is NaN (the
+    scores were NaN); the row's mt where mt is not finite (a masked tile: rebasing to it is
+    what the unfixed rule does); the row's m where mt is not finite either (no score seen
+    yet). Any other NaN or infinity is refused, keeping m = -inf past a tile with a finite
+    max included: that base makes every P of the row infinite, and its output NaN or zero
+    without a word."""
+    who = f"policy {policy.name!r}: its rule returned"
+    want = f"a {mw.dtype} tensor shaped like m, {tuple(mw.shape)}, on {mw.device}"
+    if not isinstance(answer, torch.Tensor):
+        raise ValueError(f"{who} a {type(answer).__name__} {at}; expected {want}")
+    if tuple(answer.shape) != tuple(mw.shape):
+        raise ValueError(f"{who} shape {tuple(answer.shape)} {at}; expected {want}")
+    if answer.dtype != mw.dtype:
+        raise ValueError(f"{who} dtype {answer.dtype} {at}; expected {want} (the rule's m and "
+                         f"mt are {mw.dtype}: a cast would change m_new)")
+    if answer.device != mw.device:
+        raise ValueError(f"{who} a tensor on {answer.device} {at}; expected {want}")
+    passed = ((answer == mtw) | ((answer == mw) & ~torch.isfinite(mtw))
+              | (torch.isnan(answer) & (torch.isnan(mw) | torch.isnan(mtw))))
+    made = ~torch.isfinite(answer) & ~passed
+    if bool(made.any()):
+        idx = tuple(int(i) for i in made.nonzero()[0])
+        n = int(made.sum())
+        raise ValueError(
+            f"{who} m_new = {float(answer[idx])} for "
+            f"{_wave_site(tuple(mw.shape), idx[:-1], rows, idx[-1])} {at}, where m = "
+            f"{float(mw[idx])} and mt = "
+            f"{float(mtw[idx])}" + (f", and {n - 1} more such value(s)" if n > 1 else "")
+            + "; a rule's m_new must be finite, except that it may pass the row's own "
+            "non-finite value through: NaN where m or mt is NaN, mt where mt is not finite, "
+            "m where mt is not finite either")
+
+
+def _run_rule(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None,
+              at: str | None = None, rows=None):
     """The rule's decision as (apply, target): the rule sees one wave's rows at a time in
     log2 units (fp8: m * ls and mt * ls); a row applies where its answer differs from m.
     A target that is one of the rule's inputs maps back to that input exactly, so a
-    rule that selects (fmax, where) rescales exactly as the built-in it spells out."""
+    rule that selects (fmax, where) rescales exactly as the built-in it spells out.
+
+    ``at`` (the loop step, in words) and ``rows`` (the query row of each position of the
+    last dimension) say where, in the errors: a rule that raises is re-raised as a
+    ``RuleError`` naming the policy, the step and the rows, chained from its exception; to
+    name the wave, batch and head, the rule is then called again on each wave alone, and
+    the first wave it raises on is named. An answer of the wrong type, shape, dtype or
+    device, or non-finite where the rule made it so (``_check_answer``), is a ValueError."""
     shape = m.shape
     waves = (*shape[:-1], shape[-1] // WAVE_ROWS, WAVE_ROWS)
     ms, mts = (m, mt) if scale is None else (m * scale, mt * scale)
-    answer = policy.rule(ms.reshape(waves), mts.reshape(waves), float(policy.threshold))
-    if not isinstance(answer, torch.Tensor) or answer.shape != waves:
-        got = tuple(answer.shape) if isinstance(answer, torch.Tensor) else type(answer).__name__
-        raise ValueError(f"policy {policy.name!r}: its rule must return a tensor shaped like m "
-                         f"{waves}, got {got}")
-    answer = answer.to(m.dtype).reshape(shape)
+    mw, mtw = ms.reshape(waves), mts.reshape(waves)
+    at = f"at {at}" if at else "at a loop step"
+    threshold = float(policy.threshold)
+    try:
+        answer = policy.rule(mw, mtw, threshold)
+    except Exception as e:
+        idx = _locate_raise(policy.rule, mw, mtw, threshold)
+        if idx is not None:
+            site = (f"{_wave_site(waves, idx, rows)} (called again on each 32-row wave alone, "
+                    "it raised first there)")
+        else:
+            lo, hi = ((int(rows.min()), int(rows.max())) if rows is not None
+                      else (0, shape[-1] - 1))
+            site = (f"query rows {lo}-{hi} of every batch and head at once (m shaped "
+                    f"{tuple(waves)}; on no one wave alone)")
+        raise RuleError(f"policy {policy.name!r}: its rule raised {type(e).__name__} {at}, on "
+                        f"{site}: {e}") from e
+    _check_answer(policy, answer, mw, mtw, at, rows)
+    answer = answer.reshape(shape)
     apply = ~(answer == ms)
     if scale is None:
         return apply, answer
     return apply, torch.where(answer == mts, mt, answer / scale)
 
 
-def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None = None) -> Decision:
+def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None = None, *,
+           at: str | None = None, rows: torch.Tensor | None = None) -> Decision:
     """The decision at one loop step for running maxima ``m`` and tile maxima ``mt``
     ([..., R] with whole 32-row waves in the last dimension). ``scale`` (fp8: ls) turns
     score differences into log2 units; None for scores already in log2 units.
@@ -92,13 +194,13 @@ def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | Non
     voted, "row" only the rows that voted; a moving row takes fmax(m, mt) ("max"), mt
     ("tile"), or mt unless that is more than rebase_bound below m ("capped"). A rule's
     rows move where its m_new differs from m (see ``_run_rule``); its vote and fire record
-    those rows."""
+    those rows. ``at`` and ``rows`` say where the step is, for a rule's errors."""
 
     def scaled(x):
         return x if scale is None else x * scale
 
     if policy.rule is not None:
-        apply, target = _run_rule(policy, m, mt, scale)
+        apply, target = _run_rule(policy, m, mt, scale, at, rows)
         vote, fire = apply, wave_any(apply)
     elif policy.vote == "tile":
         target = fmax(m, mt)

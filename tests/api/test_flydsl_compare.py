@@ -162,4 +162,47 @@ def test_compare_bad_arguments():
     with pytest.raises(ValueError, match="'triton' needs GPU tensors"):
         fa_lab.compare(q, k, v, a="emulator", b="triton")
     with pytest.raises(flydsl.BackendUnavailable):
-        fa_lab.compare(q, k, v)  # b="flydsl" on a CPU: before the model runs
+        fa_lab.compare(q, k, v, b="flydsl")  # on a CPU: before the model runs
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        fa_lab.compare(q.tolist(), k, v)     # b=None: the bad argument named, not b
+
+
+def test_compare_defaults_to_two_backends_this_machine_runs():
+    """CPU tensors: the model and the interpreted Triton ports (Triton is a dev
+    dependency, so it is here), with the numbers of the explicit call."""
+    q, k, v = small(k_scale=8.0)
+    c = fa_lab.compare(q, k, v, causal=False, rescale="lazy_unfixed", kernel="swp_bf16")
+    assert (c.a, c.b) == ("emulator", "interpret")
+    want = fa_lab.compare(q, k, v, a="emulator", b="interpret", causal=False,
+                          rescale="lazy_unfixed", kernel="swp_bf16")
+    assert str(c) == str(want)
+    # beside a = "interpret" the other CPU backend is the model
+    assert fa_lab.compare(q, k, v, a="interpret", causal=False).b == "emulator"
+
+
+def test_compare_default_says_why_nothing_runs_beside_a(monkeypatch, no_model):
+    import fa_lab.kernels
+    from fa_lab.compare import default_b
+
+    monkeypatch.setattr(fa_lab.kernels, "unavailable", lambda: "Triton is not installed (pip ...)")
+    q, k, v = small()
+    with pytest.raises(ValueError, match=r"^b=None: no backend beside a='emulator' runs tensors "
+                       r"on cpu here \('interpret': backend 'interpret' cannot run here: "
+                       r"Triton is not installed"):
+        fa_lab.compare(q, k, v)
+    assert default_b("cpu", "interpret") == "emulator"
+
+
+def test_compare_default_on_a_gpu(monkeypatch):
+    """No GPU here: the choice among GPU backends, with what each needs faked."""
+    import fa_lab.kernels
+    from fa_lab.compare import default_b
+
+    monkeypatch.setattr(fa_lab.kernels, "unavailable", lambda: None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    assert default_b("cuda") == "triton"                  # CUDA: no FlyDSL, the Triton ports
+    monkeypatch.setattr(flydsl, "check_device", lambda device: None)
+    monkeypatch.setattr(flydsl, "upstream_function", lambda: None)
+    assert default_b("cuda") == "flydsl"                  # an MI355X with FlyDSL
+    assert default_b("cuda", a="flydsl") == "triton"

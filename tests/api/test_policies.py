@@ -172,11 +172,101 @@ def test_builtins_as_rules_are_bit_identical_fp8(name):
     assert _same(a[0], b[0]) and _same(a[1], b[1])
 
 
-def test_rule_must_return_a_wave_shaped_tensor():
-    q, k, v = bf16_inputs(1, 512, 1, 64, 8.0, seed=0)
-    bad = Policy.from_rule(lambda m, mt, thr: m[..., 0], name="bad_rule")
-    with pytest.raises(ValueError, match="bad_rule"):
-        fa_lab.flash_attn_func(q, k, v, rescale=bad, backend="emulator")
+def _planted():
+    """bf16 q, k, v [1, 512, 2, 64] whose scores are all 0 but one: query row 300 of head 1
+    against key 197 (KV tile 3, inside the lazy loop of tiles 1 .. 4), 4 * 4 * 64 / 8 =
+    128 natural units, 128 * log2(e) ~ 185 log2 units."""
+    q = torch.zeros(1, 512, 2, 64, dtype=torch.bfloat16)
+    k = torch.zeros_like(q)
+    v = torch.randn(1, 512, 2, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    q[0, 300, 1] = 4.0
+    k[0, 3 * 64 + 5, 1] = 4.0
+    return q, k, v
+
+
+def _run(rule, name="mine", fp8=False):
+    pol = Policy.from_rule(rule, name=name)
+    if fp8:
+        (q8, k8, v8), (qd, kd, vd) = fp8_inputs(1, 512, 1, 2000.0, seed=0)
+        return fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                      causal=False, rescale=pol, backend="emulator")
+    return fa_lab.flash_attn_func(*_planted(), causal=False, rescale=pol, backend="emulator")
+
+
+def test_a_rule_that_raises_is_named_with_where_it_raised():
+    from fa_lab.kernels._common.models import RuleError
+
+    def far(m, mt, thr):        # raises on the one planted score only
+        if (mt - m > 100).any():
+            raise KeyError("too far")
+        return torch.maximum(m, mt)
+
+    with pytest.raises(RuleError) as e:
+        _run(far, "far")
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value.__cause__, KeyError)
+    assert str(e.value) == ("policy 'far': its rule raised KeyError at KV tile 3, on query rows "
+                            "288-319 of batch 0, head 1 (called again on each 32-row wave alone, "
+                            "it raised first there): 'too far'")
+    # a rule that fails on the whole step only: the step and the rows it saw at once
+    with pytest.raises(RuleError, match=r"^policy 'whole': its rule raised ZeroDivisionError at "
+                       r"KV tile 1, on query rows 0-511 of every batch and head at once \(m "
+                       r"shaped \(1, 2, 1, 16, 32\); on no one wave alone\)") as e:
+        _run(lambda m, mt, thr: m if m.numel() == 32 else 1 / 0, "whole")
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+    def boom(m, mt, thr):
+        raise ValueError("boom")
+
+    with pytest.raises(RuleError, match=r"^policy 'boom': its rule raised ValueError at KV tiles "
+                       r"0-1 \(step 0\), on query rows 0-31 of batch 0, head 0 .*: boom$"):
+        _run(boom, "boom", fp8=True)
+
+
+def test_a_rule_that_makes_m_non_finite_is_refused():
+    nan, inf = math.nan, math.inf
+    where = "for query row 300 of batch 0, head 1 at KV tile 3, where m = 0.0 and mt = 185.0"
+    for rule, got in ((lambda m, mt, thr: torch.where(mt > 100, torch.full_like(m, nan), m), nan),
+                      (lambda m, mt, thr: torch.where(mt > 100, m - inf, m), -inf),
+                      (lambda m, mt, thr: torch.where(mt > 100, mt + inf, m), inf)):
+        with pytest.raises(ValueError) as e:
+            _run(rule, "nonfinite")
+        assert str(e.value).startswith(f"policy 'nonfinite': its rule returned m_new = {got} "
+                                       f"{where}; a rule's m_new must be finite")
+    # fp8: every row starts at m = -inf. Arithmetic on it that makes NaN is the rule's, and
+    # keeping -inf past a tile pair with a finite max makes every P of the row infinite
+    with pytest.raises(ValueError, match=r"^policy 'nan_from_inf': its rule returned m_new = nan "
+                       r"for query row 0 of batch 0, head 0 at KV tiles 0-1 \(step 0\), where "
+                       r"m = -inf and mt = [0-9.]+, and 511 more"):
+        _run(lambda m, mt, thr: m + (mt - m) * 0, "nan_from_inf", fp8=True)
+    with pytest.raises(ValueError, match=r"^policy 'keep_inf': its rule returned m_new = -inf"):
+        _run(lambda m, mt, thr: m, "keep_inf", fp8=True)
+
+
+def test_a_rule_may_pass_its_inputs_own_nan_through():
+    q, k, v = _planted()
+    kw = dict(causal=False, backend="emulator")
+    to_tile = Policy.from_rule(lambda m, mt, thr: mt, name="to_tile")   # returns mt's NaN
+    clean = ~torch.isfinite(fa_lab.flash_attn_func(q, k, v, rescale=to_tile, **kw)).all(-1)
+    q[0, 100, 0, 7] = math.nan                   # row 100 of head 0: NaN scores, NaN m and mt
+    bad = ~torch.isfinite(fa_lab.flash_attn_func(q, k, v, rescale=to_tile, **kw)).all(-1)
+    assert not clean[0, 100, 0]
+    clean[0, 100, 0] = True                      # that row, as its input made it, and no other
+    assert torch.equal(bad, clean)
+
+
+@pytest.mark.parametrize("rule, words", [
+    (lambda m, mt, thr: m[..., 0], "shape (1, 2, 1, 16)"),
+    (lambda m, mt, thr: m.double(), "dtype torch.float64"),
+    (lambda m, mt, thr: m.to(torch.bfloat16), "dtype torch.bfloat16"),
+    (lambda m, mt, thr: 3.0, "a float"),
+    (lambda m, mt, thr: m.numpy(), "a ndarray"),
+])
+def test_rule_must_return_a_tensor_like_m(rule, words):
+    with pytest.raises(ValueError) as e:
+        _run(rule, "bad_rule")
+    assert str(e.value).startswith(f"policy 'bad_rule': its rule returned {words} at KV tile 1; "
+                                   "expected a torch.float32 tensor shaped like m, "
+                                   "(1, 2, 1, 16, 32), on cpu")
 
 
 def test_a_user_rule_changes_what_it_should():

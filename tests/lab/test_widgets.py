@@ -17,7 +17,7 @@ import torch
 
 import pandas as pd
 
-from fa_lab import flash_attn_func, metrics, reference
+from fa_lab import Policy, flash_attn_func, metrics, policies, reference
 from fa_lab.studies import experiments
 from fa_lab.lab import viz, widgets
 from fa_lab import trace as fa_trace
@@ -144,6 +144,184 @@ def test_compare_view_has_every_output_against_fp32():
     assert st.loc["fp8", "rel_l2"] == metrics.rel_l2(v["outputs"]["fp8"], ref)
     # per-tensor e4m3 inputs cost far more accuracy than the bf16 rescale choice
     assert st.loc["fp8", "rel_l2"] > 5 * st.loc["eager", "rel_l2"]
+
+
+# ---- a selected policy at its own settings; a moved setting is a variant ----------------------
+
+@pytest.fixture
+def cap24():
+    """A registered user policy whose settings are all unlike the built-ins' (8, 16, 0)."""
+    pol = policies.register(Policy("wave", "capped", threshold=6.0, rebase_bound=24.0,
+                                   name="cap24"))
+    widgets.clear_cache()
+    try:
+        yield pol
+    finally:
+        policies.unregister("cap24")
+        widgets.clear_cache()
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+
+def _notes(fig) -> list:
+    return [a.text for a in fig.layout.annotations]
+
+
+def test_variant_names_only_the_settings_that_differ(cap24):
+    assert widgets.variant("cap24") is cap24
+    assert widgets.variant("cap24", threshold=6, rebase_bound=24.0, p_headroom=False) is cap24
+    v = widgets.variant("cap24", threshold=7.0, rebase_bound=20, p_headroom=True)
+    assert v.name == "cap24 (thr 7; bound 20; headroom #1020)"
+    assert (v.threshold, v.rebase_bound, v.p_headroom, v.color) == (7.0, 20.0, True, cap24.color)
+    assert viz.policy_color(v) == cap24.color                  # a variant keeps its colour
+    # a setting that does not apply to the policy leaves it as it is
+    assert widgets.variant("eager", threshold=3.0, rebase_bound=9.0) is policies.get("eager")
+    assert widgets.variant("lazy", threshold="by_kv_len").name == "lazy (thr by_kv_len)"
+
+
+def test_bf16_view_runs_a_selected_policy_at_its_own_settings(cap24):
+    base = dict(k_scale=64, causal=False, S=S, seed=0, row=0, H=H, figures=("row",))
+    q, k, v = experiments.bf16_inputs(1, S, H, 128, 64)
+    at_own = flash_attn_func(q, k, v, causal=False, rescale=cap24)
+    at_8 = flash_attn_func(q, k, v, causal=False, rescale="cap24", rescale_threshold=8.0)
+    assert not _same(at_own, at_8)          # the threshold matters for these inputs
+    own = widgets.compute_rescale_view(policy="cap24", **base)
+    assert own["label"] == "cap24" and _same(own["out"], at_own)
+    assert (own["trace"].policy.threshold, own["trace"].policy.rebase_bound) == (6.0, 24.0)
+    # the policies beside it run at its threshold: each a variant of its own
+    assert own["trace_fix"].policy.name == "lazy (thr 6)"
+    assert list(own["stats"].policy) == ["lazy_unfixed (thr 6)", "lazy (thr 6)", "eager", "cap24"]
+    lazy6 = flash_attn_func(q, k, v, causal=False, rescale="lazy", rescale_threshold=6.0)
+    assert _same(own["outputs"]["lazy (thr 6)"], lazy6)
+    assert f"color:{policies.color('lazy')}'>&#9632; lazy (thr 6)" in own["summary"]
+    # moved away from its own: a variant in the table, the summary and the figure
+    moved = widgets.compute_rescale_view(policy="cap24", threshold=8.0, **base)
+    assert moved["label"] == "cap24 (thr 8)" and _same(moved["out"], at_8)
+    assert list(moved["stats"].policy) == ["lazy_unfixed", "lazy", "eager", "cap24 (thr 8)"]
+    assert "<b>cap24 (thr 8)</b> stays finite" in moved["summary"]
+    notes = _notes(moved["figures"]["row"])
+    assert notes[0].startswith("<b>cap24 (thr 8)</b>") and notes[1].startswith("<b>lazy</b>")
+    assert not any(n.startswith("<b>cap24</b>") for n in notes)
+    assert moved["figures"]["row"].layout.annotations[0].font.color == cap24.color
+    # moved back: the plain name again
+    back = widgets.compute_rescale_view(policy="cap24", threshold=6.0, **base)
+    assert back["label"] == "cap24" and _notes(back["figures"]["row"])[0].startswith("<b>cap24</b>")
+    with pytest.raises(ValueError, match="by_kv_len"):
+        policies.register(Policy("wave", "max", threshold="by_kv_len", name="bykv"))
+        try:
+            widgets.compute_rescale_view(policy="bykv", **base)
+        finally:
+            policies.unregister("bykv")
+
+
+def test_fp8_view_runs_a_selected_policy_at_its_own_settings(cap24):
+    base = dict(causal=False, S=512, seed=0, row=0, H=H, figures=("row",))
+    (q8, k8, v8), (qd, kd, vd) = experiments.fp8_inputs(1, 512, H, 5000.0)
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=False, rows=range(32))
+    votes_own = fa_trace(q8, k8, v8, rescale=cap24, **kw).matrix("vote")
+    votes_old = fa_trace(q8, k8, v8, rescale="cap24", rescale_threshold=8.0, rebase_bound=16.0,
+                         **kw).matrix("vote")
+    assert not votes_own.equals(votes_old)   # what the dashboard ran before: not cap24's own
+    own = widgets.compute_fp8_view(5000.0, policy="cap24", **base)
+    assert own["label"] == "cap24" and own["policy"].name == "cap24"
+    assert (own["policy"].threshold, own["policy"].rebase_bound, own["policy"].p_headroom) == \
+        (6.0, 24.0, 0.0)
+    assert own["trace"].matrix("vote").equals(votes_own)
+    assert own["trace_fix"].policy.name == "lazy (thr 6)"
+    assert "<b>cap24</b> (threshold 6 log2 units, rebase bound 24)" in own["summary"]
+    moved = widgets.compute_fp8_view(5000.0, policy="cap24", threshold=8.0, rebase_bound=16.0,
+                                     **base)
+    assert moved["label"] == "cap24 (thr 8; bound 16)"
+    assert moved["trace"].matrix("vote").equals(votes_old)
+    assert moved["trace_fix"].policy.name == "lazy"
+    assert "<b>cap24 (thr 8; bound 16)</b>" in moved["summary"]
+    assert _notes(moved["figures"]["row"])[0].startswith("<b>cap24 (thr 8; bound 16)</b>")
+    lifted = widgets.compute_fp8_view(5000.0, policy="cap24", headroom=True, **base)
+    assert lifted["label"] == "cap24 (headroom #1020)"
+    assert lifted["policy"].p_headroom == pytest.approx(math.log2(448) - 6)
+    assert lifted["trace_fix"].policy.name == "lazy (thr 6; headroom #1020)"
+    back = widgets.compute_fp8_view(5000.0, policy="cap24", threshold=6.0, rebase_bound=24.0,
+                                    headroom=False, **base)
+    assert back["label"] == "cap24"
+    with pytest.raises(ValueError, match="headroom"):
+        widgets.compute_fp8_view(5000.0, policy="cap24", headroom=-1.0, **base)
+
+
+def test_compare_view_names_the_fp8_policy_as_run(cap24):
+    v = widgets.compute_compare_view(32, S=256, H=H, fp8_policy="cap24", figures=False)
+    assert v["fp8_label"] == "cap24" and "under cap24;" in v["summary"]
+    assert list(v["stats"].policy) == ["lazy_unfixed (thr 6)", "lazy (thr 6)", "eager", "cap24",
+                                       "fp8"]
+    moved = widgets.compute_compare_view(32, 8.0, S=256, H=H, fp8_policy="cap24", figures=False)
+    assert moved["fp8_label"] == "cap24 (thr 8)" and "under cap24 (thr 8);" in moved["summary"]
+    assert list(moved["stats"].policy) == ["lazy_unfixed", "lazy", "eager", "cap24 (thr 8)", "fp8"]
+
+
+def test_choosing_a_policy_moves_the_controls_to_its_own_settings(cap24):
+    d = widgets.fp8_dashboard(S=256, H=1, policy="lazy_unfixed", row=0)
+    c = d.controls
+    assert (c["threshold"].value, c["headroom"].value) == (8.0, "none")
+    c["policy"].value = "cap24"
+    assert (c["threshold"].value, c["rebase_bound"].value) == (6.0, 24.0)
+    assert d.redraws == 1 and d.last["label"] == "cap24"      # one redraw for the move
+    assert (d.last["policy"].threshold, d.last["policy"].rebase_bound) == (6.0, 24.0)
+    c["threshold"].value = 8.0
+    assert d.last["label"] == "cap24 (thr 8)" and "<b>cap24 (thr 8)</b>" in d.summary.value
+    assert _notes(d.figures["row"])[0].startswith("<b>cap24 (thr 8)</b>")
+    c["headroom"].value = "PR #1020"
+    assert d.last["label"] == "cap24 (thr 8; headroom #1020)"
+    assert d.last["policy"].p_headroom == pytest.approx(math.log2(448) - 8)
+    c["headroom"].value, c["threshold"].value = "none", 6.0
+    assert d.last["label"] == "cap24" and _notes(d.figures["row"])[0].startswith("<b>cap24</b>")
+    c["policy"].value = "lazy"
+    assert c["threshold"].value == 8.0 and d.last["label"] == "lazy"
+    # a policy's own numeric headroom and an unlisted threshold join the choices
+    policies.register(Policy("wave", "max", threshold=5.0, p_headroom=1.0, name="lift1"))
+    try:
+        f = widgets.fp8_dashboard(S=256, H=1, policy="lift1", row=0)
+        assert (f.controls["threshold"].value, f.controls["headroom"].value) == (5.0, 1.0)
+        assert f.last["label"] == "lift1" and f.last["policy"].p_headroom == 1.0
+    finally:
+        policies.unregister("lift1")
+    b = widgets.rescale_dashboard(S=256, H=1, policy="lazy", row=0)
+    assert b.controls["threshold"].value == 8.0
+    b.controls["policy"].value = "cap24"
+    assert b.controls["threshold"].value == 6.0 and b.last["label"] == "cap24"
+    b.controls["threshold"].value = 7.0
+    assert b.last["label"] == "cap24 (thr 7)" and "cap24 (thr 7)" in b.summary.value
+    b.controls["policy"].value = "eager"                  # no threshold of its own: stays
+    assert b.controls["threshold"].value == 7.0 and b.last["trace_fix"].policy.name == "lazy (thr 7)"
+    assert widgets.rescale_dashboard(S=256, H=1, policy="cap24", row=0).controls[
+        "threshold"].value == 6.0
+
+
+def test_a_rule_that_raises_shows_in_the_summary():
+    def boom(m, mt, thr):
+        raise ArithmeticError("boom")
+
+    policies.register(Policy.from_rule(boom, name="boom"))
+    try:
+        d = widgets.fp8_dashboard(S=256, H=1, policy="lazy", row=0)
+        d.controls["policy"].value = "boom"
+        assert d.errors == 1 and "fa-lab-error" in d.summary.value
+        assert "policy &#x27;boom&#x27;: its rule raised ArithmeticError" in d.summary.value
+    finally:
+        policies.unregister("boom")
+
+
+def test_first_bad_row_is_none_when_every_row_is_finite():
+    assert widgets.first_bad_row(8, S=S, H=H) is None
+    q, k, v = experiments.bf16_inputs(1, S, H, 128, 64)
+    out = flash_attn_func(q, k, v, causal=False, rescale="lazy_unfixed")
+    bad = [r for r in range(S) if not bool(torch.isfinite(out[0, r, 0]).all())]
+    assert bad and widgets.first_bad_row(64, S=S, H=H) == bad[0]
+    # row 0 bad and no row bad are told apart
+    x = torch.zeros(1, 4, 1, 2)
+    assert widgets.dashboards._first_nonfinite_row(x) is None
+    x[0, 0, 0, 1] = math.nan
+    assert widgets.dashboards._first_nonfinite_row(x) == 0
 
 
 # ---- wiring ------------------------------------------------------------------------------

@@ -51,8 +51,18 @@ def test_drag_case_rejects_short_walks():
 def test_size_arguments_checked():
     with pytest.raises(ValueError, match="S must be a positive int"):
         ex.bf16_table((8,), S=0, progress=False)
-    with pytest.raises(ValueError, match="k_scales"):
-        ex.bf16_table((), progress=False)
+    for table in (ex.bf16_table, ex.fp8_table):
+        with pytest.raises(ValueError, match="k_scales"):
+            table((), progress=False)
+        # the seed as given, before any work (it once said "got 0" for -1)
+        with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
+            table((8,), seed=-1, progress=False)
+        with pytest.raises(TypeError, match=r"^seed must be an int, got bool$"):
+            table((8,), seed=True, progress=False)
+        with pytest.raises(TypeError, match=r"^seed must be an int, got str$"):
+            table((8,), seed="0", progress=False)
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -3$"):
+        ex.bf16_inputs(1, 64, 1, 64, 8.0, seed=-3)
 
 
 def test_save_result_is_atomic_json_with_provenance(tmp_path):

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from .style import EVENT_COLORS, NONFINITE_COLOR, policy_color
 from .heatmap import FP32_LOG2_MAX, _labels_unchecked
 from .tracedata import (_check_index, _check_trace, _finite_or_none, fmt_number, _is_fp8, _lane_label,
-                        _policy_label, _policy_name, step_axis_title)
+                        _policy_label, step_axis_title)
 
 
 def _edges(*series, pad_frac=0.08):
@@ -99,7 +99,7 @@ def lane_lines(trace, lane: int, title: str | None = None, *, window="auto") -> 
     d, x = v["d"], v["x"]
     m, mt, log_l, log_corr = v["m"], v["mt"], v["log_l"], v["log_corr"]
     per = float(trace.log2_per_unit)
-    color = policy_color(_policy_name(trace))
+    color = policy_color(trace.policy)
     who = _lane_label(trace, lane)
 
     # Two panels sharing the step axis: (x, y) on top, (x2, y2) below. Axes are laid out by
@@ -249,7 +249,7 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
         xa, ya = ("x", "y") if i == 0 else (f"x{i + 1}", f"y{i + 1}")
         xb, yb = f"x{n_cols + i + 1}", f"y{n_cols + i + 1}"
         x0 = i * (w + gap)
-        color = policy_color(_policy_name(tr))
+        color = policy_color(tr.policy)
         first = tr.lanes.loc[lane, "first_nonfinite_step"]
         state = ("stays finite" if pd.isna(first) else f"O or l non-finite from step {int(first)}")
         layout[f"xaxis{'' if i == 0 else i + 1}"] = dict(

@@ -164,10 +164,12 @@ def lse_rows(lse: torch.Tensor, out: torch.Tensor | None = None, batch: int = 0,
 
 
 def output_difference_rows(outputs: dict, reference: torch.Tensor, batch: int = 0, head: int = 0,
-                           title: str | None = None) -> go.Figure:
+                           title: str | None = None, policies: dict | None = None) -> go.Figure:
     """Per query row of (batch, head): max |o - reference| over the head dim, one marker
     series per named output (log y). Rows with a non-finite output are drawn as x at the
-    top edge, rows exactly equal to the reference at the bottom edge."""
+    top edge, rows exactly equal to the reference at the bottom edge. ``policies``: the
+    Policy behind a name, where the name alone does not give its colour (a variant)."""
+    policies = policies or {}
     if not isinstance(outputs, dict) or not outputs:
         raise ValueError("outputs must be a non-empty dict name -> output tensor [B, S, H, D]")
     _check_tensor("reference", reference, 4)
@@ -196,7 +198,7 @@ def output_difference_rows(outputs: dict, reference: torch.Tensor, batch: int = 
     rows = np.arange(S)
     fig = go.Figure()
     for name, d in diffs.items():
-        color = policy_color(name)
+        color = policy_color(policies.get(name, name))
         worst = np.nanmax(d) if np.isfinite(d).any() else math.nan
         fig.add_trace(go.Scatter(
             x=rows, y=_finite_or_none(np.where(d > 0, d, np.where(d == 0, floor, np.nan))),
@@ -206,7 +208,7 @@ def output_difference_rows(outputs: dict, reference: torch.Tensor, batch: int = 
             legendgroup=name,
             hovertemplate=f"{name}<br>query row %{{x}}<br>max |o - ref| = %{{y:.3g}}<extra></extra>"))
     for name, b in bad.items():
-        color = policy_color(name)
+        color = policy_color(policies.get(name, name))
         fig.add_trace(go.Scatter(
             x=rows[b], y=np.full(int(b.sum()), top), mode="markers", legendgroup=name,
             name=f"{name}: {int(b.sum())} non-finite rows (top edge)",

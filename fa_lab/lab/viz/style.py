@@ -98,8 +98,11 @@ EVENT_COLORS = {"vote": "#ff7f0e", "fire": "#555555", "dragged": "#ff2d2d",
                 "true_max": "#000000", "deficit": "#8c564b", "l": "#2ca02c", "corr": "#ff7f0e"}
 
 
-def policy_color(name: str) -> str:
-    """The colour of a policy (the registry's), or of a variant label (grey for others)."""
+def policy_color(name) -> str:
+    """The colour of a policy: a ``Policy``'s own (a variant a view runs keeps its
+    policy's), a registered name's, or a label's (``LABEL_COLORS``; grey for others)."""
+    if isinstance(name, policies.Policy):
+        return policies.color(name) or LABEL_COLORS.get(name.name, OTHER_COLOR)
     return policies.color(str(name)) or LABEL_COLORS.get(str(name), OTHER_COLOR)
 
 

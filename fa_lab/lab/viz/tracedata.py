@@ -76,10 +76,6 @@ def _policy_label(trace) -> str:
     return pol.describe() if hasattr(pol, "describe") else str(pol)
 
 
-def _policy_name(trace) -> str:
-    return getattr(trace.policy, "name", str(trace.policy))
-
-
 def _lane_labels(trace) -> dict:
     """lane -> 'row r (batch b, head h)'."""
     ln = trace.lanes

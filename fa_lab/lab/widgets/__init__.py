@@ -17,7 +17,8 @@ reruns only what depends on it; ``latency.benchmark`` measures a dashboard's red
 
 from .cache import clear_cache
 from .views import (BF16_POLICIES, FP8_POLICIES, CPU_DEFAULTS, FP8_CPU_DEFAULTS, LEFT_WIDTH,
-                    FIGURE_WIDTH, MAIN_HEIGHT, TAB_HEIGHT, HEAT_VALUES, compared, fix_of,
+                    FIGURE_WIDTH, MAIN_HEIGHT, TAB_HEIGHT, HEAT_VALUES, compared, fix_of, variant,
+                    view_threshold,
                     default_device, block_trace, LANE_FIGURES, wave_rows, compute_rescale_view,
                     compute_fp8_view, compute_compare_view)
 from .transport import (figure_changes, assign_figure, DashboardFigure, FIGURE_SIZES, LANE_TABS,
@@ -27,7 +28,7 @@ from .dashboards import (Dashboard, rescale_dashboard, first_bad_row, fp8_dashbo
 from .latency import benchmark
 
 __all__ = ["clear_cache", "BF16_POLICIES", "FP8_POLICIES", "CPU_DEFAULTS", "FP8_CPU_DEFAULTS", "LEFT_WIDTH",
-           "FIGURE_WIDTH", "MAIN_HEIGHT", "TAB_HEIGHT", "HEAT_VALUES", "compared", "fix_of",
+           "FIGURE_WIDTH", "MAIN_HEIGHT", "TAB_HEIGHT", "HEAT_VALUES", "compared", "fix_of", "variant", "view_threshold",
            "default_device", "block_trace", "LANE_FIGURES", "wave_rows", "compute_rescale_view",
            "compute_fp8_view", "compute_compare_view", "figure_changes", "assign_figure",
            "DashboardFigure", "FIGURE_SIZES", "LANE_TABS", "DRAWN_WAIT_S", "Dashboard",

@@ -13,11 +13,17 @@ import plotly.graph_objects as go
 import torch
 
 from fa_lab import policies
+from fa_lab.kernels._common.models import RuleError
 from .views import (CPU_DEFAULTS, FIGURE_WIDTH, FP8_CPU_DEFAULTS, HEAT_VALUES, LEFT_WIDTH,
-                    TAB_HEIGHT, _int, _lazy, compute_compare_view, compute_fp8_view,
-                    compute_rescale_view)
+                    TAB_HEIGHT, _bf16_threshold, _choice, _int, _lazy, compute_compare_view,
+                    compute_fp8_view, compute_rescale_view, view_threshold)
 from .transport import (DRAWN_WAIT_S, DashboardFigure, FIGURE_SIZES, LANE_TABS, _gc_paused,
                         _running_loop, assign_figure)
+
+
+#: The errors a redraw shows in the summary instead of raising: a bad value, and a user
+#: policy's rule that raised.
+_SHOWN = (ValueError, TypeError, RuleError)
 
 
 class Dashboard:
@@ -30,18 +36,25 @@ class Dashboard:
     ``figures_first``: ``compute`` takes ``all_policies=False`` for a partial view that
     only the figures need, drawn before the full one. Controls named in ``auto`` (the wave
     figure's step) are passed as None (chosen by the view) when any other control moves,
-    and follow the view's choice. A bad value shows its error in the summary instead of a
-    figure. Building a dashboard ends with one full garbage collection (see ``__init__``).
+    and follow the view's choice. ``follow`` maps a control to ``f(new value) -> {control:
+    value}``: when it moves, those controls take those values first (one redraw for all;
+    a new policy brings its own threshold, bound and headroom). ``convert`` maps a control
+    to ``f(control value) -> compute's argument``, for a control whose values are not the
+    argument's own. A bad value (or a user rule that raises) shows its error in the summary
+    instead of a figure.
+    Building a dashboard ends with one full garbage collection (see ``__init__``).
     """
 
     def __init__(self, compute, controls: dict, fixed: dict, *, main=("row",), tabs=LANE_TABS,
-                 auto=("tile",), layout=None, figures_first=False):
+                 auto=("tile",), layout=None, figures_first=False, follow=None, convert=None):
         import ipywidgets as W
 
         self.compute = compute
         self.figures_first = figures_first
         self.controls = controls
         self.fixed = fixed
+        self.follow = dict(follow or {})
+        self.convert = dict(convert or {})
         self.main = tuple(main)
         self.tab_names = tuple(name for name, _ in tabs)
         self.auto = tuple(a for a in auto if a in controls)
@@ -80,8 +93,12 @@ class Dashboard:
         gc.collect()
 
     # -- reading and computing
+    def argument(self, name: str, value):
+        """What ``compute`` receives for control ``name`` at ``value``."""
+        return self.convert[name](value) if name in self.convert else value
+
     def values(self) -> dict:
-        vals = {name: w.value for name, w in self.controls.items()}
+        vals = {name: self.argument(name, w.value) for name, w in self.controls.items()}
         for a in self.auto:
             vals[a] = self._auto_values[a]
         return vals
@@ -150,7 +167,7 @@ class Dashboard:
                                      **({"all_policies": False} if self.figures_first else {}))
                 self._show(first)
                 self._draw(first["figures"])
-        except (ValueError, TypeError) as e:
+        except _SHOWN as e:
             return self._error(e)
         self.figures_seconds = time.perf_counter() - t0
 
@@ -195,7 +212,7 @@ class Dashboard:
                 with _gc_paused():
                     self._draw(first["make_figures"]((tab,)))
             view = self.compute(**vals, figures=()) if self.figures_first else first
-        except (ValueError, TypeError) as e:
+        except _SHOWN as e:
             return self._error(e)
         if generation != self._generation:
             return math.nan
@@ -220,6 +237,13 @@ class Dashboard:
         if self._silent:
             return
         name = next((n for n, w in self.controls.items() if w is change["owner"]), None)
+        if name in self.follow:
+            self._silent = True
+            try:    # the controls that follow this one move with it, without a redraw each
+                for other, value in self.follow[name](change["new"]).items():
+                    self.controls[other].value = value
+            finally:
+                self._silent = False
         # ipywidgets holds a property lock while it applies a value sent by the browser
         self.update(name, pipelined=bool(getattr(change["owner"], "_property_lock", None)))
 
@@ -284,26 +308,36 @@ def _row_and_tile(S, row):
     }
 
 
+def _threshold_slider_max(threshold) -> float:
+    """The bf16 threshold slider's top: 32, or a policy's own threshold past it."""
+    return max(32.0, float(threshold))
+
+
 def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["D"], *,
-                      k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False, seed=0,
+                      k_scale=32, threshold=None, policy="lazy_unfixed", causal=False, seed=0,
                       row=None, n_waves=1, device=None, backend="auto") -> Dashboard:
     """bf16 dashboard: K scale, threshold, policy, causal, S, seed, row, the wave figure's
     step and the heatmap's value; shows the row under its policy beside the fix, its wave
     at one step, its wave step by step, the map of every bad row, and a summary of every
-    policy against fp32. ``row=None`` picks the first row the unfixed lazy rescale turns
-    non-finite (row 0 when there is none)."""
+    policy against fp32. ``threshold=None`` starts at the policy's own, and choosing a
+    policy moves the threshold to its own; a threshold away from a policy's own runs it as
+    a variant, named as one (``views.variant``). ``row=None`` picks the first row the
+    unfixed lazy rescale turns non-finite (row 0 when there is none)."""
     import ipywidgets as W
 
     S = _int("S", S, 1)
+    policy = _choice("policy", policy, policies.names())
+    threshold = _bf16_threshold(policy, threshold)
     if row is None:
         row = first_bad_row(k_scale, threshold, causal, S, seed, H=H, D=D, device=device,
                             backend=backend)
+        row = 0 if row is None else row
     style, wide = _style(), _wide()
     controls = {
         "k_scale": W.IntSlider(value=int(k_scale), min=1, max=128, description="K scale",
                                continuous_update=False, style=style, layout=wide),
-        "threshold": W.FloatSlider(value=float(threshold), min=0, max=32, step=0.5,
-                                   description="threshold", continuous_update=False,
+        "threshold": W.FloatSlider(value=threshold, min=0, max=_threshold_slider_max(threshold),
+                                   step=0.5, description="threshold", continuous_update=False,
                                    style=style, layout=wide),
         "policy": _policy_control(policy),
         **_row_and_tile(S, row),
@@ -318,63 +352,107 @@ def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["
     def keep_row_in_range(change):
         controls["row"].max = change["new"] - 1
 
+    def own_threshold(name):
+        # a lazy policy's own threshold (a number: bf16 has no by-KV-length rule); a policy
+        # without one (eager) leaves the threshold of the lazy policies beside it as it is
+        own = policies.get(name)
+        if not own.lazy or isinstance(own.threshold, str):
+            return {}
+        slider = controls["threshold"]
+        slider.max = _threshold_slider_max(own.threshold)
+        return {"threshold": float(own.threshold)}
+
     controls["S"].observe(keep_row_in_range, names="value")
     fixed = dict(H=H, D=D, n_waves=n_waves, device=device, backend=backend)
-    d = Dashboard(compute_rescale_view, controls, fixed, figures_first=True)
+    d = Dashboard(compute_rescale_view, controls, fixed, figures_first=True,
+                  follow={"policy": own_threshold})
     d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-rescale-dashboard")
     return d
 
 
-def first_bad_row(k_scale=32, threshold=8.0, causal=False, S=CPU_DEFAULTS["S"], seed=0, *,
+def first_bad_row(k_scale=32, threshold=None, causal=False, S=CPU_DEFAULTS["S"], seed=0, *,
                   H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["D"], head=0, device=None,
-                  backend="auto") -> int:
-    """The first query row of ``head`` whose output the unfixed lazy rescale makes
-    non-finite, or 0."""
+                  backend="auto") -> int | None:
+    """The first query row of ``head`` whose output the unfixed lazy rescale (at
+    ``threshold``; None: its own) makes non-finite, or None when every row is finite."""
     view = compute_rescale_view(k_scale, threshold, "lazy_unfixed", causal, S, seed, 0, H=H,
                                 D=D, head=head, device=device, backend=backend, figures=False,
                                 with_trace=False)
-    bad = (~torch.isfinite(view["outputs"]["lazy_unfixed"][0, :, head]).all(-1)).nonzero()
-    return int(bad[0]) if len(bad) else 0
+    return _first_nonfinite_row(view["out"], head)
+
+
+def _first_nonfinite_row(out, head=0) -> int | None:
+    """The first query row of batch 0, ``head`` of ``out`` [B, S, H, D] with a non-finite
+    element, or None."""
+    bad = (~torch.isfinite(out[0, :, head]).all(-1)).nonzero()
+    return int(bad[0]) if len(bad) else None
+
+
+#: The fp8 dashboard's P headroom choices (label, control value); ``_HEADROOM_ARGS`` turns
+#: a control value into the view's ``headroom``. A policy's own numeric headroom joins them.
+_HEADROOM_CHOICES = (("none", "none"), ("PR #1020 (log2 448 - threshold)", "PR #1020"))
+_HEADROOM_ARGS = {"none": False, "PR #1020": True}
+
+
+def _headroom_value(p_headroom):
+    """A policy's own P headroom as the control's value."""
+    if isinstance(p_headroom, bool):
+        return "PR #1020" if p_headroom else "none"
+    return "none" if not p_headroom else float(p_headroom)
+
+
+def _headroom_argument(value):
+    return _HEADROOM_ARGS.get(value, value) if isinstance(value, str) else value
 
 
 def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5000.0,
-                  threshold=8.0, policy="lazy_unfixed", rebase_bound=16.0, headroom=False,
+                  threshold=None, policy="lazy_unfixed", rebase_bound=None, headroom=None,
                   causal=False, seed=0, row=None, n_waves=1, device=None,
                   backend="auto") -> Dashboard:
     """fp8 dashboard: k scale (log slider), threshold (or PR #1020's by-KV-length rule),
     rebase bound (capped policies), P headroom, policy, row and the wave figure's step;
     shows mean |o - 1|, NaN counts, the row under its policy beside the fix, its wave and
-    the map of every bad row. ``row=None`` picks the first row the unfixed rule turns
-    non-finite at this k scale (row 0 when there is none)."""
+    the map of every bad row. ``threshold``, ``rebase_bound`` and ``headroom`` (True: PR
+    #1020's lift, False: none, or a number) start at the policy's own where None, and
+    choosing a policy moves them to its own; a setting away from a policy's own runs it as
+    a variant, named as one (``views.variant``). ``row=None`` picks the first row the
+    unfixed rule turns non-finite at this k scale (row 0 when there is none)."""
     import ipywidgets as W
 
     S = _int("S", S, 1)
+    policy = _choice("policy", policy, policies.names())
+    own = policies.get(policy)
+    threshold = view_threshold(policy, threshold)
+    threshold = threshold if isinstance(threshold, str) else float(threshold)
+    if rebase_bound is None:
+        rebase_bound = own.rebase_bound if own.rebase == "capped" else policies.DEFAULT_REBASE_BOUND
+    headroom = _headroom_value(own.p_headroom if headroom is None else headroom)
     if row is None:
-        first = compute_fp8_view(k_scale, threshold, "lazy_unfixed", rebase_bound, headroom,
-                                 causal, S, seed, 0, H=H, device=device, backend=backend,
-                                 figures=False)
-        bad = (~torch.isfinite(first["out"][0, :, 0]).all(-1)).nonzero()
-        row = int(bad[0]) if len(bad) else 0
+        first = compute_fp8_view(k_scale, threshold, "lazy_unfixed", rebase_bound,
+                                 _headroom_argument(headroom), causal, S, seed, 0, H=H,
+                                 device=device, backend=backend, figures=False)
+        row = _first_nonfinite_row(first["out"])
+        row = 0 if row is None else row
     style, wide = _style(), _wide()
-    thr_options = [("by KV length (PR #1020)", "by_kv_len")] + [(f"{t:g}", float(t)) for t in
-                                                               (0, 2, 4, 6, 8, 12, 16, 24, 32)]
-    if threshold not in [v for _, v in thr_options]:
-        thr_options.append((f"{threshold:g}", float(threshold)))
+    thr_options = [("by KV length (PR #1020)", policies.BY_KV_LEN)] + [
+        (f"{t:g}", float(t)) for t in (0, 2, 4, 6, 8, 12, 16, 24, 32)]
     controls = {
         "k_scale": W.FloatLogSlider(value=float(k_scale), base=10, min=2, max=5, step=0.05,
                                     description="k scale", continuous_update=False,
                                     style=style, layout=wide, readout_format=".4g"),
         "policy": _policy_control(policy),
-        "threshold": W.Dropdown(options=thr_options, value=threshold, description="threshold",
-                                style=style, layout=wide),
-        "rebase_bound": W.FloatSlider(value=float(rebase_bound), min=1, max=64, step=1,
+        "threshold": W.Dropdown(options=_with_option(thr_options, threshold), value=threshold,
+                                description="threshold", style=style, layout=wide),
+        "rebase_bound": W.FloatSlider(value=float(rebase_bound), min=1,
+                                      max=max(64.0, float(rebase_bound)), step=1,
                                       description="rebase bound", continuous_update=False,
                                       style=style, layout=wide),
         **_row_and_tile(S, row),
         "heat_value": _heat_value_control(),
-        "headroom": W.Checkbox(value=headroom, description="P headroom (PR #1020)",
-                               indent=False),
+        "headroom": W.Dropdown(options=_with_option(_HEADROOM_CHOICES, headroom),
+                               value=headroom, description="P headroom", style=style,
+                               layout=wide),
         "causal": W.Checkbox(value=causal, description="causal", indent=False),
     }
     fixed = dict(S=S, H=H, seed=seed, n_waves=n_waves, device=device, backend=backend)
@@ -385,12 +463,37 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
         controls["threshold"].disabled = not _lazy(pol)
         controls["rebase_bound"].disabled = policies.get(pol).rebase != "capped"
 
+    def own_settings(name):
+        # the policy's own threshold (lazy), bound (capped) and headroom, each added to its
+        # control's choices or range where it lies outside them
+        pol, vals = policies.get(name), {}
+        if pol.lazy:
+            w = controls["threshold"]
+            w.options = _with_option(thr_options, pol.threshold)
+            vals["threshold"] = pol.threshold if isinstance(pol.threshold, str) else float(pol.threshold)
+        if pol.rebase == "capped":
+            controls["rebase_bound"].max = max(64.0, float(pol.rebase_bound))
+            vals["rebase_bound"] = float(pol.rebase_bound)
+        vals["headroom"] = _headroom_value(pol.p_headroom)
+        controls["headroom"].options = _with_option(_HEADROOM_CHOICES, vals["headroom"])
+        return vals
+
     enable_what_applies()
     controls["policy"].observe(enable_what_applies, names="value")
-    d = Dashboard(compute_fp8_view, controls, fixed, figures_first=True)
+    d = Dashboard(compute_fp8_view, controls, fixed, figures_first=True,
+                  follow={"policy": own_settings}, convert={"headroom": _headroom_argument})
     d.widget.add_class("fa-lab-dashboard")
     d.widget.add_class("fa-lab-fp8-dashboard")
     return d
+
+
+def _with_option(options, value) -> list:
+    """``options`` ((label, value) pairs), with ``value`` added (labelled by itself) if
+    missing. Values compare by type as well as by value: True is no 1.0 here."""
+    options = list(options)
+    if not any(type(v) is type(value) and v == value for _, v in options):
+        options.append((f"{value:g}" if isinstance(value, float) else str(value), value))
+    return options
 
 
 def compare_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], *, k_scale=32, threshold=8.0,

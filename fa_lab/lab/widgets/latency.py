@@ -27,7 +27,8 @@ def benchmark(dashboard: Dashboard, control: str, values, *, repeat: int = 1,
             t0 = clock()
             w.value = v  # the observer redraws synchronously
             elapsed = clock() - t0
-            if math.isnan(dashboard.last_seconds) or dashboard.last["params"].get(control) != v:
+            if math.isnan(dashboard.last_seconds) or dashboard.last["params"].get(control) != \
+                    dashboard.argument(control, v):
                 raise RuntimeError(f"redraw failed for {control}={v!r}: {dashboard.summary.value}")
             times.append(elapsed)
             # the share until the main figure was sent (wall time), scaled to this clock

@@ -2,11 +2,16 @@
 ``compute_*_view`` checks them, runs the kernels (through the cache) and returns the data
 and the figures. No browser needed: the tests call these.
 
-A selected policy runs with its own threshold, bound and headroom unless a control moves
-them; a moved value is a variant of the policy, labelled as one."""
+A selected policy runs with its own threshold, rebase bound and P headroom unless a control
+moves them (``None``, the default, keeps its own). Every lazy policy a view runs beside it
+(the fix the row is drawn beside, the other rows of the table) runs at the same threshold
+and headroom, so the views compare rules, not settings. A policy run at a setting other
+than its own is a variant, named as one (``variant``: ``"cap24 (thr 7)"``) in the tables,
+the summaries and the figures; at its own settings it keeps its plain name."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 
@@ -57,6 +62,59 @@ TAB_HEIGHT = 370
 HEAT_VALUES = (("deficit", "deficit"), ("running max m", "m"), ("tile max", "mt"),
                ("log2(l)", "l"), ("log2(corr)", "corr"), ("dragged", "dragged"),
                ("voted", "vote"), ("wave fired", "fire"))
+
+
+def _same_threshold(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return float(a) == float(b)
+
+
+def _headroom_key(h):
+    """A P headroom as compared: True (PR #1020's lift, which follows the threshold) apart
+    from every number; False and 0 alike (no lift)."""
+    return "pr1020" if h is True else float(h)
+
+
+def _headroom_words(h) -> str:
+    if h is True:
+        return "headroom #1020"
+    return "no headroom" if not h else f"headroom {float(h):g}"
+
+
+def variant(policy, *, threshold=None, rebase_bound=None, p_headroom=None) -> policies.Policy:
+    """The policy ``policy`` (a registered name or a Policy) as a view runs it: with
+    ``threshold`` (lazy policies), ``rebase_bound`` (capped policies) and ``p_headroom``
+    where given, its own settings where None or where the setting does not apply to it.
+    Where a given setting differs from its own, the result is a variant: the same policy
+    with those settings, named ``"NAME (thr 7; bound 20; headroom #1020)"`` (the settings
+    that differ; ``viz.policy_color`` gives it NAME's colour). Otherwise the policy itself,
+    under its plain name."""
+    pol = policies.as_policy(policy)
+    changes, words = {}, []
+    if threshold is not None and pol.lazy and not _same_threshold(threshold, pol.threshold):
+        changes["threshold"] = threshold
+        words.append(f"thr {threshold}" if isinstance(threshold, str) else f"thr {float(threshold):g}")
+    if (rebase_bound is not None and pol.rebase == "capped"
+            and float(rebase_bound) != float(pol.rebase_bound)):
+        changes["rebase_bound"] = float(rebase_bound)
+        words.append(f"bound {float(rebase_bound):g}")
+    if p_headroom is not None and _headroom_key(p_headroom) != _headroom_key(pol.p_headroom):
+        changes["p_headroom"] = p_headroom
+        words.append(_headroom_words(p_headroom))
+    if not changes:
+        return pol
+    return dataclasses.replace(pol, name=f"{pol.name} ({'; '.join(words)})", **changes)
+
+
+def view_threshold(policy: str, threshold=None):
+    """The threshold a view runs its lazy policies at: ``threshold`` if given, else the
+    selected ``policy``'s own (upstream's DEFAULT_THRESHOLD for a policy without one, such
+    as eager)."""
+    if threshold is not None:
+        return threshold
+    pol = policies.get(policy)
+    return pol.threshold if pol.lazy else policies.DEFAULT_THRESHOLD
 
 
 def compared(base: tuple, selected: str) -> tuple:
@@ -158,7 +216,7 @@ def _lane_figures(view, names, heat_value, tile) -> dict:
     row = p["row"]
     makers = {
         "row": lambda: _figure(
-            lambda: viz.row_compare({p["policy"]: tr, other.policy.name: other}, lane,
+            lambda: viz.row_compare({tr.policy.name: tr, other.policy.name: other}, lane,
                                     height=MAIN_HEIGHT) if other is not None
             else viz.lane_lines(tr, lane), (tr, other), "row", lane),
         "wave": lambda: _figure(lambda: viz.wave_ballot(tr, tile, wave=row, highlight=lane),
@@ -233,7 +291,16 @@ def _finish_view(view: dict, tile, names, heat_value, run_policy, summary) -> di
     return view
 
 
-def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causal=False,
+def _bf16_threshold(policy: str, threshold):
+    """The bf16 views' threshold: a number >= 0, the selected policy's own when None."""
+    thr = view_threshold(policy, threshold)
+    if isinstance(thr, str):
+        raise ValueError(f"policy {policy!r} has threshold {thr!r}, the fp8 kernel's rule; "
+                         "give threshold= a number for the bf16 kernel")
+    return _nonneg_number("threshold", thr)
+
+
+def compute_rescale_view(k_scale=32, threshold=None, policy="lazy_unfixed", causal=False,
                          S=CPU_DEFAULTS["S"], seed=0, row=0, *, H=CPU_DEFAULTS["H"],
                          D=CPU_DEFAULTS["D"], head=0, n_waves=1, heat_value="deficit",
                          tile=None, device=None, backend="auto", figures=True,
@@ -241,12 +308,15 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     """Everything the bf16 dashboard shows for one setting of its controls.
 
     Inputs are the seed's (q, v ~ N(0,1), k = N(0,1) x ``k_scale``, bf16, batch 1, from
-    ``experiments.bf16_inputs`` with ``seed``). Runs every policy of BF16_POLICIES (lazy
-    ones with ``threshold``) and the fp32 reference, and traces the ``n_waves`` waves from
-    ``row``'s wave under ``policy`` and under the fix (``fix_of``), on the row's block.
+    ``experiments.bf16_inputs`` with ``seed``). Runs every policy of ``compared`` (lazy
+    ones at ``threshold``: None is ``policy``'s own) and the fp32 reference, and traces the
+    ``n_waves`` waves from ``row``'s wave under ``policy`` and under the fix (``fix_of``),
+    on the row's block. A policy run at a threshold other than its own is a ``variant``.
 
-    Returns a dict: ``stats`` (DataFrame: NaN %, inf %, NaN rows, rel-L2 per policy),
-    ``out`` and ``lse`` of ``policy``, ``outputs`` (all policies), ``reference``, ``trace``,
+    Returns a dict: ``stats`` (DataFrame: NaN %, inf %, NaN rows, rel-L2 per policy run,
+    named as run: a variant by its variant name), ``label`` (what ``policy`` ran as),
+    ``out`` and ``lse`` of ``policy``, ``outputs`` (all policies, by the names in
+    ``stats``), ``reference``, ``trace``,
     ``trace_fix``, ``lane`` (``row``'s lane in the trace), ``tile`` (the wave figure's step:
     ``tile``, or where the row breaks), ``summary`` (HTML) and ``figures``: all of
     ``LANE_FIGURES`` (``figures=True``), none (False) or the names given;
@@ -257,8 +327,8 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     numbers.
     """
     k_scale = _positive_number("k_scale", k_scale)
-    threshold = _nonneg_number("threshold", threshold)
     policy = _choice("policy", policy, policies.names())
+    threshold = _bf16_threshold(policy, threshold)
     causal = _bool("causal", causal)
     S = _int("S", S, 1)
     H = _int("H", H, 1)
@@ -276,25 +346,29 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
     ref = (_CACHE.get(key + ("ref", causal), lambda: reference.attention(q, k, v, causal=causal)[0])
            if all_policies else None)
 
+    def as_run(name):
+        return variant(name, threshold=threshold)
+
     def run(pol):
-        thr = threshold if _lazy(pol) else None
-        return _CACHE.get(key + (pol, thr, causal, backend), lambda: flash_attn_func(
-            q, k, v, causal=causal, rescale=pol, rescale_threshold=thr, return_lse=True,
-            backend=backend))
+        return _CACHE.get(key + (pol, causal, backend), lambda: flash_attn_func(
+            q, k, v, causal=causal, rescale=pol, return_lse=True, backend=backend))
 
     # all_policies=False: only what the figures asked for need run (a trace runs its block)
     runs = (compared(BF16_POLICIES, policy) if all_policies else
             (policy,) if "nonfinite" in names else ())
-    outputs = {pol: run(pol) for pol in runs}
+    ran = {pol.name: pol for pol in map(as_run, runs)}
+    outputs = {name: run(pol) for name, pol in ran.items()}
     stats = pd.DataFrame([_stats_row(p, o, ref) for p, (o, _) in outputs.items()],
                          columns=["policy", "nan_pct", "inf_pct", "nan_rows", "rows", "rel_l2"])
     if ref is None:
         stats["rel_l2"] = math.nan
-    out, lse = outputs.get(policy, (None, None))
+    label = as_run(policy).name
+    out, lse = outputs.get(label, (None, None))
     view = {
         "params": dict(k_scale=k_scale, threshold=threshold, policy=policy, causal=causal, S=S,
                        seed=seed, row=row, H=H, D=D, head=head, device=str(device)),
-        "stats": stats, "out": out, "lse": lse, "reference": ref,
+        "label": label, "policies": ran, "stats": stats, "out": out, "lse": lse,
+        "reference": ref,
         "outputs": {p: o for p, (o, _) in outputs.items()}, "partial": not all_policies,
     }
     if not with_trace:
@@ -302,24 +376,28 @@ def compute_rescale_view(k_scale=32, threshold=8.0, policy="lazy_unfixed", causa
         return view
     rows = wave_rows(row, S, n_waves)
 
-    def traced(pol):
-        thr = threshold if _lazy(pol) else None
-        return _CACHE.get(key + ("trace", pol, thr, causal, backend, head, rows.start, rows.stop),
+    def traced(name):
+        pol = as_run(name)
+        return _CACHE.get(key + ("trace", pol, causal, backend, head, rows.start, rows.stop),
                           lambda: block_trace(q, k, v, rows, head=head, causal=causal, rescale=pol,
-                                              rescale_threshold=thr, backend=backend))
+                                              backend=backend))
 
     tr = traced(policy)
     view["trace"], view["trace_fix"] = tr, traced(fix_of(policy))
     view["lane"] = row - rows.start
-    return _finish_view(view, tile, names, heat_value, lambda: run(policy), _rescale_summary)
+    return _finish_view(view, tile, names, heat_value, lambda: run(as_run(policy)),
+                        _rescale_summary)
 
 
-def _stats_html(stats: pd.DataFrame, highlight: str, columns) -> str:
+def _stats_html(stats: pd.DataFrame, highlight: str, columns, ran=None) -> str:
+    """The table of ``stats``, a row per policy run, in its colour (``ran``: the policies
+    run, by the names in ``stats``)."""
+    ran = ran or {}
     head = "".join(f"<th style='padding:1px 5px;white-space:nowrap'>{html.escape(c)}</th>"
                    for c, _ in columns)
     body = []
     for _, r in stats.iterrows():
-        color = viz.policy_color(r["policy"])
+        color = viz.policy_color(ran.get(r["policy"], r["policy"]))
         weight = "bold" if r["policy"] == highlight else "normal"
         cells = "".join(f"<td style='padding:1px 5px;text-align:right;white-space:nowrap'>"
                         f"{fmt(r)}</td>" for _, fmt in columns[1:])
@@ -338,7 +416,7 @@ def _row_sentence(view) -> str:
     where = ("stays finite" if pd.isna(first) else
              f"goes non-finite at KV step {int(first)}")
     return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
-            f"<b>{html.escape(p['policy'])}</b> {where}; LSE = "
+            f"<b>{html.escape(view['label'])}</b> {where}; LSE = "
             f"{viz.fmt_number(float(lane['lse']), 6)}; dragged {int(lane['n_dragged'])} times. "
             f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
@@ -355,13 +433,21 @@ def _rescale_summary(view) -> str:
             f"<b>bf16, K x{p['k_scale']:g}, threshold {p['threshold']:g}, "
             f"{'causal' if p['causal'] else 'non-causal'}</b><br>S={p['S']}, H={p['H']}, "
             f"D={p['D']}, seed {p['seed']}, {p['device']}; rel-L2 against fp32"
-            + _stats_html(view["stats"], p["policy"], cols)
+            + _stats_html(view["stats"], view["label"], cols, view["policies"])
             + ("<div style='color:#777'>the policies' numbers against fp32: "
                "computing...</div>" if pending else "") + _row_sentence(view) + "</div>")
 
 
-def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebase_bound=16.0,
-                     headroom=False, causal=False, S=FP8_CPU_DEFAULTS["S"], seed=0, row=0, *,
+def _headroom(x):
+    """A view's P headroom: None (the policy's own), a bool (PR #1020's lift or none) or a
+    number of log2 units >= 0."""
+    if x is None or isinstance(x, (bool, np.bool_)):
+        return None if x is None else bool(x)
+    return _nonneg_number("headroom", x)
+
+
+def compute_fp8_view(k_scale=5000.0, threshold=None, policy="lazy_unfixed", rebase_bound=None,
+                     headroom=None, causal=False, S=FP8_CPU_DEFAULTS["S"], seed=0, row=0, *,
                      H=FP8_CPU_DEFAULTS["H"], head=0, n_waves=1, heat_value="deficit",
                      tile=None, device=None, backend="auto", figures=True,
                      all_policies=True) -> dict:
@@ -370,8 +456,11 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     row's wave traced under it and under the fix.
 
     ``threshold``: a number (log2 units) or ``"by_kv_len"`` (PR #1020's rule);
-    ``rebase_bound``: used by capped policies only; ``headroom``: PR #1020's P lift.
-    Returns a dict with ``stats`` (mean |o - 1| over finite elements, NaN and inf counts),
+    ``rebase_bound``: used by capped policies only; ``headroom``: True for PR #1020's P
+    lift, False for none, or a number of log2 units. Each None is ``policy``'s own; the fix
+    runs at the same threshold and headroom, and a policy run away from its own settings
+    is a ``variant``. Returns a dict with ``policy`` (the resolved policy run, named as run),
+    ``label`` (that name), ``stats`` (mean |o - 1| over finite elements, NaN and inf counts),
     ``out``, ``lse``, ``trace``, ``trace_fix``, ``lane``, ``tile``, ``summary``, ``figures``
     and ``make_figures`` (as ``compute_rescale_view``). ``all_policies=False`` (the name
     ``compute_rescale_view`` gives it) runs only the traces, without the whole output and
@@ -379,11 +468,15 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     for: what the dashboard draws first.
     """
     k_scale = _positive_number("k_scale", k_scale)
-    if threshold != "by_kv_len":
+    if threshold is not None and threshold != policies.BY_KV_LEN:
         threshold = _nonneg_number("threshold", threshold)
+    if rebase_bound is not None:
+        rebase_bound = _nonneg_number("rebase_bound", rebase_bound)
+    headroom = _headroom(headroom)
     policy = _choice("policy", policy, policies.names())
-    rebase_bound = _nonneg_number("rebase_bound", rebase_bound)
-    headroom = _bool("headroom", headroom)
+    threshold = view_threshold(policy, threshold)
+    if headroom is None:
+        headroom = policies.get(policy).p_headroom
     causal = _bool("causal", causal)
     S = _int("S", S, 1)
     H = _int("H", H, 1)
@@ -399,15 +492,16 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     (q8, k8, v8), (qd, kd, vd) = _CACHE.get(key, lambda: fp8_inputs(1, S, H, k_scale, seed=seed,
                                                                       device=device))
 
-    def args_for(pol):
-        lazy = _lazy(pol)
-        return dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=pol,
-                    rescale_threshold=threshold if lazy else None,
-                    rebase_bound=rebase_bound if policies.get(pol).rebase == "capped" else None,
-                    p_headroom=True if headroom else None, backend=backend)
+    def as_run(name):
+        return variant(name, threshold=threshold, rebase_bound=rebase_bound, p_headroom=headroom)
+
+    def args_for(name):
+        return dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+                    rescale=as_run(name), backend=backend)
 
     def pkey(args):
-        return key + tuple(sorted((k, str(v)) for k, v in args.items() if "descale" not in k))
+        return key + tuple(sorted((k, v if k == "rescale" else str(v)) for k, v in args.items()
+                                  if "descale" not in k))
 
     args = args_for(policy)
 
@@ -418,8 +512,8 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
     out, lse = run_policy() if all_policies or "nonfinite" in names else (None, None)
     rows = wave_rows(row, S, n_waves)
 
-    def traced(pol):
-        a = args_for(pol)
+    def traced(name):
+        a = args_for(name)
         return _CACHE.get(pkey(a) + ("trace", head, rows.start, rows.stop),
                           lambda: block_trace(q8, k8, v8, rows, head=head, **a))
 
@@ -433,25 +527,31 @@ def compute_fp8_view(k_scale=5000.0, threshold=8.0, policy="lazy_unfixed", rebas
         stats = {"mean_abs_dev": mad, "nan": fin["nan"], "inf": fin["inf"],
                  "elements": fin["elements"], "nan_rows": fin["nan_rows"], "rows": fin["rows"]}
     lane = row - rows.start
+    own = policies.get(policy)
     view = {
         "params": dict(k_scale=k_scale, threshold=threshold, policy=policy,
-                       rebase_bound=rebase_bound, headroom=headroom, causal=causal, S=S,
-                       seed=seed, row=row, H=H, head=head, device=str(device)),
-        "policy": tr.policy, "stats": stats, "out": out, "lse": lse, "trace": tr,
-        "trace_fix": traced(fix_of(policy)), "lane": lane, "partial": stats is None,
+                       rebase_bound=(rebase_bound if rebase_bound is not None
+                                     else own.rebase_bound),
+                       headroom=headroom, causal=causal, S=S, seed=seed, row=row, H=H,
+                       head=head, device=str(device)),
+        "policy": tr.policy, "label": tr.policy.name, "stats": stats, "out": out, "lse": lse,
+        "trace": tr, "trace_fix": traced(fix_of(policy)), "lane": lane,
+        "partial": stats is None,
     }
     return _finish_view(view, tile, names, heat_value, run_policy, _fp8_summary)
 
 
 def _fp8_summary(view) -> str:
     p, s, pol = view["params"], view["stats"], view["policy"]
-    color = viz.policy_color(p["policy"])
+    color = viz.policy_color(pol.name)
+    settings = ([f"threshold {pol.threshold:g} log2 units"] if pol.lazy else ["eager"]) + (
+        [f"rebase bound {pol.rebase_bound:g}"] if pol.rebase_bound is not None else []) + (
+        [f"P headroom {pol.p_headroom:.3f}"] if pol.p_headroom else [])
     return (f"<div class='fa-lab-summary' style='font-size:12px;line-height:1.35'>"
             f"<b>fp8, k x{p['k_scale']:.6g}, {'causal' if p['causal'] else 'non-causal'}</b>"
             f"<br>S={p['S']}, H={p['H']}, seed {p['seed']}, {p['device']}<br>"
-            f"<span style='color:{color}'>&#9632;</span> <b>{html.escape(pol.describe())}</b> "
-            f"(threshold {pol.threshold:g} log2 units"
-            + (f", P headroom {pol.p_headroom:.3f}" if pol.p_headroom else "") + ")<br>"
+            f"<span style='color:{color}'>&#9632;</span> <b>{html.escape(pol.name)}</b> "
+            f"({', '.join(settings)})<br>"
             + ("<span style='color:#777'>mean |o - 1| and NaN counts of the whole output: "
                "computing...</span>" if s is None else
                f"mean |o - 1| over finite elements: <b>{viz.fmt_number(s['mean_abs_dev'], 4)}</b><br>"
@@ -461,16 +561,18 @@ def _fp8_summary(view) -> str:
             + _row_sentence(view) + "</div>")
 
 
-def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=False,
+def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=False,
                          S=CPU_DEFAULTS["S"], seed=0, head=0, *, H=CPU_DEFAULTS["H"],
                          D=128, device=None, backend="auto", figures=True) -> dict:
     """The bf16 repro inputs through the unfixed lazy, fixed lazy and eager bf16 kernels
     and, quantised per tensor to e4m3, through the fp8 kernel (``fp8_policy``); each output
-    against the fp32 reference of the bf16 inputs. Returns ``stats``, ``outputs``,
-    ``reference``, ``summary`` and ``figures`` (difference)."""
+    against the fp32 reference of the bf16 inputs. Every lazy policy runs at ``threshold``
+    (None: ``fp8_policy``'s own); one run away from its own is a ``variant`` (the fp8
+    output is ``"fp8"``; the summary names the policy it ran, as run). Returns ``stats``, ``outputs``, ``reference``, ``summary`` and ``figures``
+    (difference)."""
     k_scale = _positive_number("k_scale", k_scale)
-    threshold = _nonneg_number("threshold", threshold)
     fp8_policy = _choice("fp8_policy", fp8_policy, policies.names())
+    threshold = _bf16_threshold(fp8_policy, threshold)
     causal = _bool("causal", causal)
     S = _int("S", S, 1)
     H = _int("H", H, 1)
@@ -484,16 +586,17 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
     q, k, v = _bf16_inputs(S, H, D, k_scale, seed, device)
     key = ("fp8-of-bf16", S, H, D, k_scale, seed, str(device))
     (q8, qd), (k8, kd), (v8, vd) = _CACHE.get(key, lambda: tuple(quantize_e4m3(x) for x in (q, k, v)))
-    thr = threshold if _lazy(fp8_policy) else None
-    o8 = _CACHE.get(key + (fp8_policy, thr, causal, backend), lambda: flash_attn_func(
-        q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=fp8_policy,
-        rescale_threshold=thr, backend=backend))
+    pol8 = variant(fp8_policy, threshold=threshold)
+    o8 = _CACHE.get(key + (pol8, causal, backend), lambda: flash_attn_func(
+        q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, rescale=pol8,
+        backend=backend))
     ref = base["reference"]
     outputs = dict(base["outputs"])
     outputs["fp8"] = o8
     stats = pd.concat([base["stats"], pd.DataFrame([_stats_row("fp8", o8, ref)])],
                       ignore_index=True)
-    view = {"params": dict(base["params"], fp8_policy=fp8_policy), "stats": stats,
+    view = {"params": dict(base["params"], fp8_policy=fp8_policy), "fp8_label": pol8.name,
+            "stats": stats,
             "outputs": outputs, "reference": ref}
     p = view["params"]
     cols = [("output", None),
@@ -501,13 +604,14 @@ def compute_compare_view(k_scale=32, threshold=8.0, fp8_policy="lazy", causal=Fa
             ("rel-L2", lambda r: "NaN" if math.isnan(r["rel_l2"]) else f"{r['rel_l2']:.3e}")]
     view["summary"] = (f"<div class='fa-lab-summary' style='font-size:12px'><b>K x{p['k_scale']:g}, "
                        f"threshold {p['threshold']:g}</b><br>S={p['S']}, H={p['H']}; fp8 = e4m3 "
-                       f"per tensor under {html.escape(fp8_policy)}; rel-L2 against fp32"
-                       + _stats_html(stats, "", cols) + "</div>")
+                       f"per tensor under {html.escape(pol8.name)}; rel-L2 against fp32"
+                       + _stats_html(stats, "", cols, base["policies"]) + "</div>")
 
     def make(which):
         if "difference" not in which:
             return {}
-        fig = _figure(lambda: viz.output_difference_rows(outputs, ref, head=head),
+        fig = _figure(lambda: viz.output_difference_rows(outputs, ref, head=head,
+                                                         policies=base["policies"]),
                       (o8, *(o for o in outputs.values())), "difference", head)
         return {"difference": fig}
 

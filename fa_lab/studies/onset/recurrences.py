@@ -239,7 +239,7 @@ class _Bf16(_Kernel):
         ms, corrs = [m], [torch.ones_like(m)]
         drag = [torch.zeros(R, dtype=torch.bool, device=m.device)]
         for t in range(1, N - 3):
-            dec = decide(pol, m, mt[:, t])
+            dec = decide(pol, m, mt[:, t], at=f"KV tile {t}")
             drag.append(dec.target < m)
             m = dec.target
             ms.append(m)
@@ -375,7 +375,8 @@ class _Fp8(_Kernel):
         m = torch.full((R,), -_INF, device=mt.device)
         ms, corrs, drag = [], [], []
         for p in range(n):
-            dec = decide(pol, m, mt[:, p], self.ls)
+            dec = decide(pol, m, mt[:, p], self.ls,
+                         at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})")
             drag.append(dec.target < m)
             m = dec.target
             ms.append(m)
