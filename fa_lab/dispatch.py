@@ -258,7 +258,7 @@ def route(call: Call) -> str:
     if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
             and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
         has = "a Python rule" if wanted.rule is not None else f"vote={wanted.vote!r}"
-        _warn_once(("rerouted", upstreams, wanted.name),
+        _warn_once(("rerouted", upstreams, wanted.vote, wanted.rebase, wanted.rule),
                    f"{call.request.given()}: upstream runs this call (B={call.batch}, "
                    f"Sq={call.seqlen_q}) on the {upstreams} kernel, which is eager and cannot "
                    f"apply {wanted.name!r} ({has}); fa_lab runs it on {family} instead, where "
@@ -294,7 +294,9 @@ def resolve_policy(call: Call, family: str) -> Policy:
         n = max(tiles_for_block(q0, call.seqlen_q, call.seqlen_kv, call.causal)
                 for q0 in range(0, call.seqlen_q, BLOCK_M))
         if n <= 4:
-            _warn_once(("never consulted", family, policy.name),
+            # keyed by the rule, not its numbers: a policy's variants (a dashboard's moved
+            # threshold) are the same policy here
+            _warn_once(("never consulted", family, policy.vote, policy.rebase, policy.rule),
                        f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP decides "
                        f"lazily only on KV tiles 1 .. N-4 of each 256-row block, and Skv="
                        f"{call.seqlen_kv} gives N = {n}, so every tile rescales eagerly")
