@@ -13,11 +13,11 @@ takes (``fa_lab.upstream``).
 from fa_lab import metrics, policies, reference, results, upstream
 from fa_lab.api import count_rescales, flash_attn_func, swa_attn_func, trace
 from fa_lab.compare import compare
-from fa_lab.policies import Policy
+from fa_lab.policies import Policy, RuleError
 from fa_lab.trace import Trace
 from fa_lab.upstream import set_upstream, using_upstream
 
 __all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
-           "Policy", "reference", "metrics", "policies", "results", "upstream", "set_upstream",
-           "using_upstream"]
+           "Policy", "RuleError", "reference", "metrics", "policies", "results", "upstream",
+           "set_upstream", "using_upstream"]
 __version__ = "0.1.0"

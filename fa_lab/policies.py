@@ -76,6 +76,12 @@ def check_number(name: str, value, *, allow_none: bool = True, positive: bool = 
     return float(value)
 
 
+class RuleError(RuntimeError):
+    """A policy's Python rule (``Policy.from_rule``) raised: the message names the policy and
+    where (the loop step, the rows, the batch and head); the rule's own exception is its
+    ``__cause__``."""
+
+
 @dataclass(frozen=True)
 class Codes:
     """A policy as the Triton kernels take it: small ints and fp32-ready numbers.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_lab.numerics import exp2, fmax, ieee_fp32_matmul, le
-from fa_lab.policies import Policy
+from fa_lab.policies import Policy, RuleError
 from .geometry import WAVE_ROWS, wave_any
 
 
@@ -62,11 +62,6 @@ class Decision:
     vote: torch.Tensor | None = None
     fire: torch.Tensor | None = None
     dragged: torch.Tensor | None = None
-
-
-class RuleError(RuntimeError):
-    """A policy's Python rule raised: the message names the policy and where (the loop
-    step, the rows, the batch and head); the rule's own exception is its ``__cause__``."""
 
 
 #: At most this many single-wave calls look for the wave a raising rule fails on.

@@ -194,7 +194,7 @@ def _run(rule, name="mine", fp8=False):
 
 
 def test_a_rule_that_raises_is_named_with_where_it_raised():
-    from fa_lab.kernels._common.models import RuleError
+    from fa_lab import RuleError
 
     def far(m, mt, thr):        # raises on the one planted score only
         if (mt - m > 100).any():

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 
 from fa_lab import policies
-from fa_lab.kernels._common.models import RuleError
+from fa_lab.policies import RuleError
 from .views import (CPU_DEFAULTS, FIGURE_WIDTH, FP8_CPU_DEFAULTS, HEAT_VALUES, LEFT_WIDTH,
                     TAB_HEIGHT, _bf16_threshold, _choice, _int, _lazy, compute_compare_view,
                     compute_fp8_view, compute_rescale_view, view_threshold)
