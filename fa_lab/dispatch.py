@@ -27,7 +27,7 @@ from fa_lab import capabilities, kernels, routing, varlen
 from fa_lab.capabilities import Caps
 from fa_lab.kernels import FAMILIES
 from fa_lab import upstream as upstream_versions
-from fa_lab.kernels._common.geometry import BLOCK_M, tiles_for_block
+from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
 from fa_lab.policies import Policy, Request, as_policy, get
 
 BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
@@ -254,7 +254,7 @@ def route(call: Call) -> str:
                  has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
                  has_sink="sink" in call.mods, head_dim=call.head_dim)
     family = choose_kernel(rescale=wanted, kernel=call.kernel_asked, **shape)
-    upstreams = choose_kernel(**shape) if call.kernel_asked is None else family
+    upstreams = choose_kernel(**shape) if call.kernel_asked is None and wanted is not None else family
     if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
             and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
         has = "a Python rule" if wanted.rule is not None else f"vote={wanted.vote!r}"
@@ -289,8 +289,9 @@ def resolve_policy(call: Call, family: str) -> Policy:
     if not call.policy_asked and not supports(TABLE[(family, "emulator")], default):
         default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
     policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default)
+    # (a block has at least ceil(Skv / BLOCK_N) >= 5 tiles past Skv = 4 * BLOCK_N: no need to look)
     if (call.policy_asked and policy.lazy and family == "swp_bf16" and call.packing is None
-            and "num_kv_splits" not in call.mods):
+            and "num_kv_splits" not in call.mods and call.seqlen_kv <= 4 * BLOCK_N):
         n = max(tiles_for_block(q0, call.seqlen_q, call.seqlen_kv, call.causal)
                 for q0 in range(0, call.seqlen_q, BLOCK_M))
         if n <= 4:

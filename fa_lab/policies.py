@@ -34,6 +34,7 @@ encoding, derived here, so no module outside this one compares a policy's name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -322,11 +323,18 @@ class Request:
         return default if self.rescale is None else as_policy(self.rescale)
 
     def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy) -> Policy:
-        """The resolved policy for a call (``resolve``), ``default`` where none was named."""
-        return resolve(fp8=fp8, seqlen_kv=seqlen_kv, rescale=self.rescale,
-                       dualwave_swp_lazy_rescale=self.lazy_flag is not False,
-                       rescale_threshold=self.rescale_threshold, rebase_bound=self.rebase_bound,
-                       p_headroom=self.p_headroom, default=default)
+        """The resolved policy for a call (``resolve``), ``default`` where none was named.
+        Resolution is a pure function of these values: a repeated call takes it from a
+        cache (keyed by the Policy objects, so a re-registered name resolves anew)."""
+        rescale = None if self.rescale is None else as_policy(self.rescale)
+        args = (fp8, seqlen_kv, rescale, self.lazy_flag is not False, self.rescale_threshold,
+                self.rebase_bound, self.p_headroom, default)
+        try:  # typed: True and 1 (a headroom) are equal and hash alike, and mean different things
+            key = tuple((type(a), a) for a in args)
+            hash(key)
+        except TypeError:  # an argument of a type resolve() refuses: let it say so
+            return _resolve(*args)
+        return _resolve_cached(key)
 
     def given(self) -> str:
         """The arguments given, as the caller wrote them."""
@@ -335,6 +343,17 @@ class Request:
         vals = (getattr(self.rescale, "name", self.rescale), self.lazy_flag,
                 self.rescale_threshold, self.rebase_bound, self.p_headroom)
         return ", ".join(f"{n}={v!r}" for n, v in zip(names, vals) if v is not None)
+
+
+def _resolve(fp8, seqlen_kv, rescale, lazy_flag, threshold, bound, headroom, default):
+    return resolve(fp8=fp8, seqlen_kv=seqlen_kv, rescale=rescale, dualwave_swp_lazy_rescale=lazy_flag,
+                   rescale_threshold=threshold, rebase_bound=bound, p_headroom=headroom,
+                   default=default)
+
+
+@functools.lru_cache(maxsize=512)
+def _resolve_cached(key):
+    return _resolve(*(a for _, a in key))
 
 
 def resolve(

@@ -344,3 +344,28 @@ def test_main_11c4174d_defaults(backend):
     # explicit arguments still override the version's defaults
     assert _eq(fa_lab.flash_attn_func(q, k, v, upstream="main-11c4174d", rescale="lazy", **kw),
                fa_lab.flash_attn_func(q, k, v, rescale="lazy", **kw))
+
+
+def test_a_calls_resolution_is_cached_by_what_it_depends_on():
+    """Request.resolve gives what resolve() gives, from a cache keyed by type as well as value
+    (a headroom of True, PR #1020's lift, and of 1, one log2 unit, are equal in Python) and
+    by the Policy object (a name registered anew resolves anew)."""
+    from fa_lab.policies import Request, resolve
+
+    lazy = policies.get("lazy")
+    for kw in (dict(p_headroom=True), dict(p_headroom=1), dict(rescale_threshold=6),
+               dict(rescale_threshold="by_kv_len")):
+        got = Request(rescale="lazy", **kw).resolve(fp8=True, seqlen_kv=8192, default=lazy)
+        want = resolve(fp8=True, seqlen_kv=8192, rescale="lazy", **kw)
+        assert got == want, kw
+    lift = Request(rescale="lazy", p_headroom=True).resolve(fp8=True, seqlen_kv=64, default=lazy)
+    one = Request(rescale="lazy", p_headroom=1).resolve(fp8=True, seqlen_kv=64, default=lazy)
+    assert lift.p_headroom != one.p_headroom == 1.0
+    policies.register(Policy("wave", "max", threshold=5.0, name="cache_probe"))
+    try:
+        first = Request(rescale="cache_probe").resolve(fp8=False, seqlen_kv=64, default=lazy)
+        policies.register(Policy("wave", "max", threshold=7.0, name="cache_probe"), replace=True)
+        again = Request(rescale="cache_probe").resolve(fp8=False, seqlen_kv=64, default=lazy)
+        assert (first.threshold, again.threshold) == (5.0, 7.0)
+    finally:
+        policies.unregister("cache_probe")
