@@ -350,6 +350,7 @@ def test_a_calls_resolution_is_cached_by_what_it_depends_on():
     """Request.resolve gives what resolve() gives, from a cache keyed by type as well as value
     (a headroom of True, PR #1020's lift, and of 1, one log2 unit, are equal in Python) and
     by the Policy object (a name registered anew resolves anew)."""
+    from fa_lab import policies
     from fa_lab.policies import Request, resolve
 
     lazy = policies.get("lazy")
