@@ -173,7 +173,7 @@ def test_200_point_grid_survives_a_killed_worker(client, tmp_path, one_thread):
                        "threshold": [2, 4, 6, 8, 10], "S": [256, 512], "H": [1], "D": [64]})
     assert len(grid) == 200
     name = "ci200"
-    outdir = tmp_path / name
+    outdir = tmp_path / "atlas" / name
     result, error = {}, []
 
     def go():
@@ -253,11 +253,11 @@ def test_killed_sweep_resumes_with_only_the_missing_points(client, tmp_path, one
     grid_file.write_text(yaml.safe_dump(spec))
     total = len(sweep.Grid.from_yaml(grid_file))
     assert total == 16
-    outdir = tmp_path / "resume"
+    outdir = tmp_path / "atlas" / "resume"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     log = open(tmp_path / "sweep.log", "wb")
     # the CLI, with its own LocalCluster (client=None)
-    proc = subprocess.Popen([sys.executable, "-m", "fa_lab", "sweep", str(grid_file), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "fa_lab", "sweep", str(grid_file), "--out-dir",
                              str(tmp_path), "--no-progress"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
@@ -349,7 +349,7 @@ def test_bad_grid_is_refused_naming_the_axis(client, tmp_path, change, axis):
     with pytest.raises(sweep.GridError, match=f"axis '{axis}'") as e:
         sweep.run(spec, client=client, out=tmp_path, name="bad", progress=False)
     assert e.value.axis == axis
-    assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+    assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 def test_unrunnable_policy_backend_pairs_are_refused(client, tmp_path):
@@ -361,14 +361,14 @@ def test_unrunnable_policy_backend_pairs_are_refused(client, tmp_path):
         with pytest.raises(sweep.GridError, match="axis 'policy'") as e:
             sweep.run(grid, client=client, out=tmp_path, name="bad", progress=False)
         assert str(getattr(pol, "name", pol)) in str(e.value) and backend in str(e.value)
-        assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+        assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 def test_gpu_points_need_a_gpu_worker(client, tmp_path):
     grid = {**BASE, "backend": ["emulator", "triton"]}
     with pytest.raises(sweep.GridError, match="axis 'backend'.*GPU=1"):
         sweep.run(grid, client=client, out=tmp_path, name="bad", progress=False)
-    assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+    assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 # ---- the grid, the table and the command line -------------------------------------------
@@ -393,10 +393,10 @@ def test_grid_from_yaml_and_its_points(tmp_path):
 def test_load_ignores_temp_files_and_compact_merges(client, tmp_path):
     grid = {**BASE, "k_scale": [8, 16, 32]}
     table = sweep.run(grid, client=client, out=tmp_path, name="small", progress=False)
-    (tmp_path / "small" / ".tmp-leftover.parquet").write_bytes(b"half a file")
+    (tmp_path / "atlas" / "small" / ".tmp-leftover.parquet").write_bytes(b"half a file")
     assert sweep.load("small", out=tmp_path).equals(table)
     merged = sweep.compact("small", out=tmp_path)
-    assert [p.name for p in (tmp_path / "small").glob("part-*.parquet")] == [merged.name]
+    assert [p.name for p in (tmp_path / "atlas" / "small").glob("part-*.parquet")] == [merged.name]
     assert sweep.load("small", out=tmp_path).equals(table)
     assert sweep.run(grid, client=client, out=tmp_path, name="small", progress=False).attrs["computed"] == 0
 
@@ -418,7 +418,7 @@ def test_the_sweep_command_parses_its_flags(capsys):
 def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({**BASE, "k_scale": [8, 16]}))
-    argv = [str(path), "--scheduler", client.scheduler.address, "--out", str(tmp_path),
+    argv = [str(path), "--scheduler", client.scheduler.address, "--out-dir", str(tmp_path),
             "--name", "cli", "--no-progress"]
     from fa_lab import cli
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
+import sys
 import uuid
 from pathlib import Path
 
 import pandas as pd
 import torch
+
+from fa_lab import results
 
 from .grid import Grid, GridError, SweepError, _describe, check_name
 from .store import _write_part, done_points, load, sweep_dir
@@ -125,7 +126,9 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     """Run the grid's points that have no row yet, one Dask task each, and return the
     sweep's whole table (``load``). ``client``: an existing cluster's ``Client`` (None:
     a LocalCluster of ``workers`` processes, closed afterwards). Results go to
-    ``out/<name>/`` (``out`` defaults to data/atlas, ``name`` to the grid's). ``batch``:
+    ``<out>/atlas/<name>/`` (``out``: the results folder, default ``$FA_LAB_RESULTS`` or
+    ./fa_lab_results; ``name`` defaults to the grid's). With ``progress`` the sweep says on
+    stderr where it runs and the Dask dashboard's address, and shows a progress bar. ``batch``:
     points per Parquet part (1: a killed sweep loses only what is in flight).
     ``counts``: see ``compute_point``. A point that raises is not written (a rerun retries
     it); after the others finish, ``SweepError`` lists the failures (``raise_errors``).
@@ -155,6 +158,10 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
             _check_gpu_workers(client, todo, grid.spelled)
             directory.mkdir(parents=True, exist_ok=True)
             _record_grid(directory, grid)
+            if progress:
+                print(f"sweep {name}: {len(todo)} of {len(points)} points to run on "
+                      f"{client.scheduler.address}; {dashboard(client)}; results in "
+                      f"{directory}", file=sys.stderr, flush=True)
             failures = _submit_and_collect(client, todo, name=name, run_id=run_id,
                                            directory=directory, counts=counts, batch=batch,
                                            progress=progress)
@@ -169,14 +176,21 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     return table
 
 
+def dashboard(client) -> str:
+    """Where the cluster's Dask dashboard is, in words (its address, or why there is none)."""
+    services = client.scheduler_info().get("services", {})
+    if "dashboard" not in services:
+        return "no Dask dashboard (it needs bokeh>=3.1 on the scheduler's machine)"
+    return f"Dask dashboard at {client.dashboard_link}"
+
+
 def _record_grid(directory: Path, grid: Grid) -> None:
+    """The grid as run, as ``_grid-<hash>.json`` beside the parts (the leading ``_`` keeps
+    Parquet readers of the folder off it)."""
     blob = json.dumps(grid.to_dict(), sort_keys=True, default=str, indent=1)
-    path = directory / f"grid-{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"
+    path = directory / f"_grid-{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(blob + "\n")
-        os.replace(tmp, path)
+        results.atomic_write_bytes(path, (blob + "\n").encode())
 
 
 def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch, progress):

@@ -21,7 +21,10 @@ from fa_lab import results
 ROOT = results.ROOT  # the checkout: its data/ holds the lab's reference data
 
 
-ATLAS_DIR = ROOT / "data" / "atlas"
+#: A sweep's folder is ``<results folder>/ATLAS/<name>/``; the lab's reference sweeps
+#: are ``REFERENCE_ATLAS_DIR/<name>/`` (data/atlas).
+ATLAS = "atlas"
+REFERENCE_ATLAS_DIR = ROOT / "data" / ATLAS
 
 
 #: The grid's axes, in the order points are expanded (the first varies slowest).
@@ -218,13 +221,25 @@ class Grid:
 
     @classmethod
     def from_yaml(cls, path, *, name: str | None = None) -> "Grid":
+        """The grid in a YAML file. A missing file raises ``FileNotFoundError`` naming it;
+        a file that is not valid YAML, or not a mapping of axes, ``ValueError`` naming it
+        (and the line, for a syntax error)."""
         import yaml
 
         path = Path(path)
-        with open(path) as f:
-            spec = yaml.safe_load(f)
+        if not path.is_file():
+            raise FileNotFoundError(f"no grid file {str(path)!r}"
+                                    + (" (a directory)" if path.is_dir() else ""))
+        try:
+            spec = yaml.safe_load(path.read_bytes())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"{path}: not valid YAML{where}: {what}") from None
         if not isinstance(spec, dict):
-            raise TypeError(f"{path}: a grid file holds a mapping of axis -> values")
+            raise ValueError(f"{path}: a grid file holds a mapping of axis: [values], this one "
+                             f"holds {type(spec).__name__ if spec is not None else 'nothing'}")
         return cls(spec, name=name or spec.get("name") or path.stem)
 
     def __len__(self) -> int:
