@@ -6,6 +6,7 @@ sweep is run as `python -m fa_lab.studies.sweep` in a subprocess and killed midw
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -427,3 +428,83 @@ def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
     assert cli.main(["sweep", *argv]) == 0
     assert "2 points: 2 already done, 0 computed" in capsys.readouterr().out
     assert len(sweep.load("cli", out=tmp_path)) == 2
+
+
+# ---- (e) where a sweep lives, read back (issue 31) --------------------------------------
+
+def test_a_sweep_folder_reads_with_plain_read_parquet(client, tmp_path):
+    """The folder holds the parts and, beside them, the grid as _grid-<hash>.json, which
+    pyarrow skips: pandas.read_parquet(folder) is the sweep's rows."""
+    table = sweep.run({**BASE, "k_scale": [8, 16]}, client=client, out=tmp_path, name="plain",
+                      progress=False)
+    folder = tmp_path / sweep.ATLAS / "plain"
+    assert folder == sweep.sweep_dir("plain", tmp_path)
+    grids = list(folder.glob("_grid-*.json"))
+    assert len(grids) == 1 and json.loads(grids[0].read_text())["axes"]["k_scale"] == [8, 16]
+    plain = pd.read_parquet(folder)
+    assert sorted(plain.point_id) == sorted(table.point_id) and list(plain.columns) == \
+        list(sweep.SCHEMA.names)
+
+
+def test_the_reference_atlases_read_through_reference_and_read_parquet():
+    assert {"bf16_seed_h200", "fp8_seed_h200"} <= set(sweep.references())
+    ref = sweep.reference("fp8_seed_h200")
+    assert len(ref) == 114 and set(ref.dtype) == {"fp8"}
+    plain = pd.read_parquet(sweep.REFERENCE_ATLAS_DIR / "fp8_seed_h200")
+    assert sorted(plain.point_id) == sorted(ref.point_id)
+    with pytest.raises(FileNotFoundError, match=r"no reference sweep 'nope'.*bf16_seed_h200"):
+        sweep.reference("nope")
+
+
+def test_load_of_a_missing_sweep_names_the_folder_and_the_sweeps_there(tmp_path):
+    (tmp_path / sweep.ATLAS / "have_one").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        sweep.load("nope", out=tmp_path)
+    assert str(tmp_path / sweep.ATLAS / "nope") in str(e.value) and "have_one" in str(e.value)
+
+
+def test_a_sweep_goes_to_the_results_folder_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv(fa_lab.results.ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert sweep.sweep_dir("x") == tmp_path / "fa_lab_results" / "atlas" / "x"
+    monkeypatch.setenv(fa_lab.results.ENV_VAR, str(tmp_path / "mine"))
+    assert sweep.sweep_dir("x") == tmp_path / "mine" / "atlas" / "x"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_parquet", "missing_column"])
+def test_a_malformed_part_names_the_file_and_what_is_wrong(client, tmp_path, damage):
+    sweep.run({**BASE, "k_scale": [8, 16]}, client=client, out=tmp_path, name="m",
+              progress=False)
+    folder = sweep.sweep_dir("m", tmp_path)
+    victim = sorted(folder.glob("part-*.parquet"))[0]
+    if damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:200])
+        need = "not a readable Parquet part"
+    elif damage == "not_parquet":
+        victim.write_text("point_id,policy\n1,lazy\n")
+        need = "not a readable Parquet part"
+    else:
+        pd.read_parquet(victim).drop(columns=["rel_l2", "seed"]).to_parquet(victim)
+        need = "missing column(s) seed, rel_l2"  # in SCHEMA's order
+    for read in (lambda: sweep.load("m", out=tmp_path), lambda: sweep.done_points("m", out=tmp_path)):
+        with pytest.raises(ValueError) as e:
+            read()
+        assert type(e.value) is ValueError and str(victim) in str(e.value), str(e.value)
+        assert need in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("policy: [lazy\nk_scale: [8]\nS: [256]\n", "not valid YAML at line"),
+    ("policy: lazy\n  k_scale: [8]\n", "not valid YAML at line 2"),
+    ("- lazy\n- eager\n", "holds list"),
+    ("", "holds nothing"),
+])
+def test_from_yaml_names_the_file_and_what_is_wrong(tmp_path, text, needle):
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        sweep.Grid.from_yaml(path)
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(FileNotFoundError, match="no grid file"):
+        sweep.Grid.from_yaml(tmp_path / "missing.yaml")

@@ -9,6 +9,7 @@ import json
 import math
 import numbers
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -287,15 +288,21 @@ def _call_kwargs(point: dict) -> dict:
     return kw
 
 
-def _plan(point: dict, **shape):
+def _plan(point: dict, *, quiet: bool = False, **shape):
     """fa_lab's own check of the point's call, with no work done: ``api.plan`` on
     uninitialised CPU tensors of the point's shape (it reads no data), then
     ``dispatch.plan`` (routing, backend, and every capability of the chosen kernel:
     dtypes, head dims, the policy's vote and rebase, Python rules). ``triton`` needs CUDA
     tensors, so its points are planned as ``interpret``: the same faithful kernels, with
-    the same capabilities, on CPU tensors. Returns (kernel family, resolved policy)."""
+    the same capabilities, on CPU tensors. Returns (kernel family, resolved policy).
+    ``quiet``: a probe at a stand-in shape, whose warnings (a policy that a call of that
+    shape never consults) are not the user's; the point's own shape gives them."""
     from fa_lab import api
 
+    if quiet:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _plan(point, **shape)
     B, S, H, D = (shape.get(a, point[a]) for a in ("B", "S", "H", "D"))
     t = torch.empty((B, S, H, D), dtype=DTYPES[point["dtype"]])
     desc = {"q_descale": 1.0, "k_descale": 1.0, "v_descale": 1.0} if point["dtype"] == "fp8" else {}
@@ -316,7 +323,7 @@ def _expand(grid: Grid) -> list[dict]:
         probe = {"policy": pol, "dtype": dtype, "backend": backend, "threshold": None,
                  "causal": False, "B": 1, "S": 256, "H": 1, "D": 128}
         try:
-            _, resolved[(_policy_name(pol), dtype, backend)] = _plan(probe)
+            _, resolved[(_policy_name(pol), dtype, backend)] = _plan(probe, quiet=True)
         except _REFUSED as e:
             raise GridError(spelled["policy"], f"policy {_policy_name(pol)!r} cannot run with "
                             f"dtype={dtype!r} on backend={backend!r}: {e}") from None
@@ -343,7 +350,7 @@ def _expand(grid: Grid) -> list[dict]:
         if key not in planned:
             if p["threshold"] is not None:
                 try:
-                    _plan(p, B=1, S=256, H=1, D=128)
+                    _plan(p, quiet=True, B=1, S=256, H=1, D=128)
                 except _REFUSED as e:
                     raise GridError(spelled["threshold"], f"threshold {p['threshold']!r} with policy "
                                     f"{_policy_name(p['policy'])!r}, dtype={p['dtype']!r}: {e}") from None
@@ -367,7 +374,7 @@ def _blame_shape(p: dict) -> str:
     good = {"S": 256, "H": 1, "B": 1, "D": 128}
     for axis in ("S", "H", "B", "D"):
         try:
-            _plan(p, **{axis: good[axis]})
+            _plan(p, quiet=True, **{axis: good[axis]})
             return axis
         except _REFUSED:
             continue

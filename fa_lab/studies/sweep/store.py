@@ -75,20 +75,16 @@ def _write_part(directory: Path, fname: str, rows: list[dict]) -> Path:
 
 
 def _read(files: list[Path], columns=None) -> pa.Table:
-    """The parts as one table; a part that is not Parquet, or lacks a column of
-    ``SCHEMA``, raises ``ValueError`` naming the file and what is wrong with it."""
-    try:
-        return pads.dataset([str(f) for f in files], format="parquet",
-                            schema=SCHEMA).to_table(columns=columns)
-    except (pa.ArrowException, OSError) as e:
-        failure = e
-    for f in files:  # which one: read each alone
+    """The parts as one table. Each part's schema is checked first (its footer alone): a
+    part that is not Parquet, or lacks a column of ``SCHEMA`` (which a dataset read would
+    fill with nulls), raises ``ValueError`` naming the file and what is wrong with it."""
+    for f in files:
         try:
             have = pq.read_schema(f)
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{f}: not a readable Parquet part of a sweep (truncated or "
                              f"not Parquet: {_first_line(e)})") from None
-        missing = [n for n in (columns or SCHEMA.names) if n not in have.names]
+        missing = [n for n in SCHEMA.names if n not in have.names]
         wrong = [n for n in have.names if n in SCHEMA.names
                  and not have.field(n).type.equals(SCHEMA.field(n).type)
                  and not pa.types.is_null(have.field(n).type)]
@@ -96,9 +92,13 @@ def _read(files: list[Path], columns=None) -> pa.Table:
             what = (f"missing column(s) {', '.join(missing)}" if missing else
                     "column(s) of another type: " + ", ".join(
                         f"{n} is {have.field(n).type}, not {SCHEMA.field(n).type}" for n in wrong))
-            raise ValueError(f"{f}: not a part of a sweep of this fa_lab: {what}") from None
-    raise ValueError(f"{files[0].parent}: its Parquet parts do not read together: "
-                     f"{_first_line(failure)}") from None
+            raise ValueError(f"{f}: not a part of a sweep of this fa_lab: {what}")
+    try:
+        return pads.dataset([str(f) for f in files], format="parquet",
+                            schema=SCHEMA).to_table(columns=columns)
+    except (pa.ArrowException, OSError) as e:  # a footer that reads over a body that does not
+        raise ValueError(f"{files[0].parent}: a Parquet part does not read: "
+                         f"{_first_line(e)}") from None
 
 
 def _first_line(e: BaseException) -> str:
