@@ -1,10 +1,12 @@
-# make setup | make test | make test-quick | make test-triton-floor | make test-gpu | make lab | make table | make strip | make screenshots
+# make setup | make test | make test-quick | make test-wheel | make test-triton-floor | make test-gpu
+# make lab | make table | make strip | make screenshots
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test test-quick test-triton-floor test-gpu check-gpu-record lab table strip screenshots clean
+.PHONY: setup test test-quick test-wheel test-triton-floor test-gpu check-gpu-record lab table strip \
+	screenshots clean
 
 setup: $(STAMP)
 
@@ -24,11 +26,34 @@ test: setup
 	OMP_WAIT_POLICY=PASSIVE FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
 		$(PY) -m pytest -q tests
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
+	$(MAKE) test-wheel
 	$(MAKE) test-triton-floor
 
 # The inner loop: every CPU test but those marked slow (tests over about a second on 2 cores).
 test-quick: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+# The library as a user installs it: the wheel, built from this checkout, in a fresh venv
+# beside the pinned CPU torch and nothing else (no [lab] extra: no JupyterLab, widgets or
+# plotly; packages from the package index only), then what a user runs first, in a scratch
+# folder outside the checkout: import, a model call (tests/project/wheel_smoke.py), fa-lab
+# table at a small size and fa-lab attack, whose results land in that folder; fa-lab lab
+# says which extra it needs.
+WHEEL_DIR ?= $(if $(TMPDIR),$(TMPDIR),/tmp)/fa_lab-wheel
+WHEEL_RUN := cd $(WHEEL_DIR) && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FA_LAB_RESULTS=
+test-wheel: setup
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(WHEEL_DIR)/venv/bin/python -m pip install -q "torch==2.13.0"
+	$(WHEEL_DIR)/venv/bin/python -m pip install -q $(WHEEL_DIR)/fa_lab-*.whl
+	$(WHEEL_RUN) venv/bin/python $(CURDIR)/tests/project/wheel_smoke.py
+	$(WHEEL_RUN) venv/bin/fa-lab table --which bf16 --S 512 --H 1
+	$(WHEEL_RUN) venv/bin/fa-lab attack lazy_unfixed --budget 5
+	test -s $(WHEEL_DIR)/fa_lab_results/table_bf16_cpu_S512.json
+	test -s $(WHEEL_DIR)/fa_lab_results/attack_lazy_unfixed.json
+	$(WHEEL_RUN) venv/bin/fa-lab lab 2>&1 | grep -F "pip install 'fa_lab[lab]'"
+	rm -rf $(WHEEL_DIR)
 
 # The oldest Triton that pyproject.toml admits (the lent H200's version) beside the newest
 # that .venv gets: the tests that compile kernels for sm_90 or run them on Triton's

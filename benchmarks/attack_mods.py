@@ -1,11 +1,12 @@
-"""Attack every built-in policy with score modifiers; save data/results/attack_mods_<policy>.json.
+"""Attack every built-in policy with score modifiers; save attack_mods_<policy>.json in the
+results folder (``--out-dir``; the lab's copies are data/results/attack_mods_<policy>.json).
 
 Per policy, ``fa_lab.studies.adversary.search`` over the ``"scores"`` space with the modifiers
 ``--mods`` (default bias, alibi, sink) and ``--budget`` seconds of search, seed ``--seed``:
 once counting every failure, and (for every policy but eager) once counting only the
-policy's own failures, where eager stays finite (``baseline="eager"``). The record has the
-layout of the other ``attack_<policy>.json`` files (``summary``: one row per run; ``runs``:
-``Attack.to_dict()`` of each, with its wall time) and the provenance of this run.
+policy's own failures, where eager stays finite (``baseline="eager"``). The record is
+``adversary.record``'s, as every ``attack_<policy>.json`` (``summary``: one row per run;
+``runs``: ``Attack.to_dict()`` of each, with its wall time), with this run's provenance.
 ``--regressions DIR`` also writes each run's shrunk input (or its near miss) as
 ``DIR/<policy>_mods.npz`` and ``DIR/<policy>_mods_vs_eager.npz``.
 
@@ -29,6 +30,7 @@ BUILT_IN = ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fa4_row")
 
 
 def run_policy(policy: str, *, mods, budget_s: float, seed: int, regressions: Path | None):
+    """[(Attack, wall seconds)] of the policy's runs (without and against eager)."""
     runs = []
     for baseline in (None, "eager"):
         if baseline == policy:
@@ -40,21 +42,8 @@ def run_policy(policy: str, *, mods, budget_s: float, seed: int, regressions: Pa
         if regressions is not None:
             name = f"{policy}_mods" + ("" if baseline is None else f"_vs_{baseline}")
             adversary.save_regression(res, regressions / f"{name}.npz")
-        runs.append({**res.to_dict(), "wall_s": wall})
+        runs.append((res, wall))
     return runs
-
-
-def summary_row(run: dict) -> dict:
-    s = run["shrunk"]
-    return {"space": run["space"]["name"], "mods": run["mods"],
-            "starts": "structured" if run["structured"] else "random only",
-            "baseline": run["baseline"], "budget_s": run["budget_s"], "found": run["found"],
-            "evals": run["evals"], "time_to_first_s": run["time_to_first_s"],
-            "evals_to_first": run["evals_to_first"],
-            "shrunk_size": None if s is None else s["size"], "shrink_evals": run["shrink_evals"],
-            "best_fitness": run["best_fitness"], "input_mods": run["input_mods"],
-            "repro_of": "the shrunk failing input" if run["found"] else "the near miss (best fitness)",
-            "repro": run["repro"]}
 
 
 def main(argv=None) -> int:
@@ -64,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--regressions", type=Path, default=None)
+    p.add_argument("--out-dir", default=None,
+                   help="results folder (default $FA_LAB_RESULTS or ./fa_lab_results)")
     args = p.parse_args(argv)
     names = [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [n for n in names if n not in policies.names()]
@@ -75,20 +66,17 @@ def main(argv=None) -> int:
     for name in names:
         runs = run_policy(name, mods=mods, budget_s=args.budget, seed=args.seed,
                           regressions=args.regressions)
-        first = runs[0]
-        rec = {"policy": name, "found": first["found"], "repro": first["repro"],
-               "size": first["size"], "mods": list(mods),
-               "description": policies.as_policy(name).describe(), "user_policy": False,
-               "summary": [summary_row(r) for r in runs], "runs": runs,
-               "params": {"seed": args.seed, "budget_s": args.budget, "mods": list(mods),
-                          "baselines": [r["baseline"] for r in runs],
-                          "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
-                          "command": "fa_lab.studies.adversary.search(policy, mods=..., budget_s=..., "
-                                     "seed=..., baseline=None or 'eager')"},
-               "provenance": results.provenance(
-                   "cpu", command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   fa_lab_uncommitted_changes=dirty)}
-        print(results.save(f"attack_mods_{name}", rec), flush=True)
+        rec = adversary.record(
+            name, runs,
+            params={"seed": args.seed, "budget_s": args.budget, "mods": list(mods),
+                    "baselines": [res.baseline for res, _ in runs],
+                    "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
+                    "command": "fa_lab.studies.adversary.search(policy, mods=..., budget_s=..., "
+                               "seed=..., baseline=None or 'eager')"},
+            provenance=results.provenance(
+                "cpu", command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                fa_lab_uncommitted_changes=dirty))
+        print(results.save(f"attack_mods_{name}", rec, root=args.out_dir), flush=True)
     return 0
 
 

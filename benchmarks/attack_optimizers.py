@@ -1,5 +1,5 @@
 """CMA-ES against the (1 + lambda) ES behind fa_lab.studies.adversary.search; save
-data/results/attack_optimizers.json.
+attack_optimizers.json in the results folder (the lab's copy: data/results/).
 
 Every run is ``adversary.search(...)`` with the same budget and seed under each optimiser
 (``optimizer="cma"`` and ``"es"``), one after the other, on one torch thread:

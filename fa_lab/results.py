@@ -1,25 +1,38 @@
-"""Measured runs, kept as JSON files in one directory (``data/results`` by default).
+"""Results files: a user's runs in a results folder, the lab's reference data read apart.
 
     from fa_lab import results
-    results.list()                      # ['bench_h200', 'seed_bf16_h200', ...]
-    obj = results.load("seed_bf16_h200")
-    results.save("my_run", table, params={"S": 2048})   # -> <results dir>/my_run.json
+    results.save("my_run", table, params={"S": 2048})   # -> ./fa_lab_results/my_run.json
+    results.load("my_run")                              # a run of yours
+    results.list()                                      # ['my_run', ...]
+    results.reference("seed_bf16_h200")                 # the lab's reference data
+    results.references()                                # ['bench_h200', 'seed_bf16_h200', ...]
+
+**Two places.** ``data/results/`` in the checkout (``REFERENCE_DIR``) holds the lab's
+reference data: the measurements the lessons, the README and the tests read. Nothing in
+fa_lab writes there unless told to (``root=``, ``--out-dir``). A user's runs (``save``,
+and every ``fa-lab`` command) go to the *results folder*: ``root=`` where given, else
+``$FA_LAB_RESULTS`` where set, else ``./fa_lab_results/`` under the working directory
+(``results_dir``; git-ignored). ``load`` and ``list`` read the results folder,
+``reference`` and ``references`` the reference data. A results folder holds JSON results
+as ``<name>.json`` and sweeps as ``atlas/<name>/`` (``fa_lab.studies.sweep``), as
+``data/`` holds ``results/`` and ``atlas/``.
 
 A result's ``name`` is a plain file name without ``.json``: one path component, confined to
-the results directory. An empty name, an absolute path, a path separator, ``.`` / ``..``
-or a leading dot is refused with a ``ValueError`` naming ``name``.
+its folder. An empty name, an absolute path, a path separator, ``.`` / ``..`` or a leading
+dot is refused with a ``ValueError`` naming ``name``.
 
-Which directory: ``root=`` where given, else the environment variable
-``FA_LAB_RESULTS_DIR`` where set, else ``RESULTS_DIR`` (``data/results`` in the checkout).
+**Writes are atomic** (``atomic_write_bytes``, the package's one writer of files): the
+bytes are made first (a value JSON cannot hold raises before any file is touched), written
+to a hidden temp file beside the target and renamed into place, so a reader never sees half
+a file and a failed write leaves the old one. The file is created with mode 0666 less the
+process's umask, as ``open`` would. Every saved result carries ``provenance`` (device,
+versions, date, command, git commit). NaN and inf become ``null`` so the files stay
+standard JSON.
 
-Writes are atomic: the JSON is serialised first (a value JSON cannot hold raises before any
-file is touched), written to a temp file beside the target and renamed into place, so a
-reader never sees half a file and a failed write leaves the old one. Every saved result
-carries ``provenance`` (device, versions, date, command, git commit). NaN and inf become
-``null`` so the files stay standard JSON.
-
-Reading names the file on every failure: a missing result raises ``FileNotFoundError``
-listing the results that exist; a truncated or otherwise invalid file raises ``ValueError``.
+**Reading names the file on every failure**: a missing result raises ``FileNotFoundError``
+listing the results that exist; a truncated or invalid file, or one that is not a JSON
+object, raises ``ValueError``. A loaded result is a ``Result`` (a dict) whose missing keys
+raise a ``KeyError`` naming the file and the keys it has.
 """
 
 from __future__ import annotations
@@ -30,32 +43,37 @@ import json
 import math
 import os
 import platform
+import secrets
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "data" / "results"
-#: environment variable that points the results directory elsewhere (tests, scratch runs)
-ENV_VAR = "FA_LAB_RESULTS_DIR"
+#: The lab's reference results (read by the lessons; written only when asked for by path).
+REFERENCE_DIR = ROOT / "data" / "results"
+#: Environment variable that chooses the results folder.
+ENV_VAR = "FA_LAB_RESULTS"
+#: The results folder under the working directory when neither root= nor ENV_VAR says.
+DEFAULT_DIRNAME = "fa_lab_results"
 SUFFIX = ".json"
 
-__all__ = ["load", "list", "save", "path", "check_name", "results_dir", "read_json",
-           "provenance", "atomic_write_bytes", "atomic_write_json", "RESULTS_DIR", "ENV_VAR"]
+__all__ = ["load", "list", "save", "path", "reference", "references", "check_name",
+           "results_dir", "read_json", "Result", "provenance", "atomic_write_bytes",
+           "atomic_write_json", "REFERENCE_DIR", "ENV_VAR", "DEFAULT_DIRNAME"]
 
 
 # ---- where ---------------------------------------------------------------------------------
 
 def results_dir(root=None) -> Path:
-    """The results directory: ``root``, else ``$FA_LAB_RESULTS_DIR``, else ``RESULTS_DIR``."""
+    """The results folder: ``root``, else ``$FA_LAB_RESULTS``, else ``./fa_lab_results``
+    (under the working directory at the time of the call)."""
     if root is not None:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path (str or os.PathLike), got {type(root).__name__}")
         return Path(root)
     env = os.environ.get(ENV_VAR)
-    return Path(env) if env else Path(RESULTS_DIR)
+    return Path(env) if env else Path.cwd() / DEFAULT_DIRNAME
 
 
 def check_name(name) -> str:
@@ -113,8 +131,29 @@ def read_json(file) -> object:
                          f"column {e.colno}") from None
 
 
+class Result(dict):
+    """A loaded result: a dict that knows its file (``path``), so a key it lacks raises a
+    ``KeyError`` naming the file and the keys it has, instead of a bare key."""
+
+    path: Path | None = None
+
+    def __missing__(self, key):
+        raise KeyError(f"{self.path}: no key {key!r} in this result (it has "
+                       f"{', '.join(map(str, self)) or 'no keys'}): not the kind of result "
+                       f"expected, or written by an older fa_lab")
+
+
+def _as_result(obj, file: Path) -> Result:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{file}: not a result: a result file holds a JSON object, this one "
+                         f"a JSON {type(obj).__name__}")
+    r = Result(obj)
+    r.path = file
+    return r
+
+
 def list(*, root=None) -> builtins.list[str]:  # noqa: A001 - the API's name
-    """Names of the results in the results directory, sorted (``[]`` if it does not exist)."""
+    """Names of the results in the results folder, sorted (``[]`` if it does not exist)."""
     directory = results_dir(root)
     if not directory.is_dir():
         return []
@@ -122,18 +161,32 @@ def list(*, root=None) -> builtins.list[str]:  # noqa: A001 - the API's name
                   if p.name.endswith(SUFFIX) and not p.name.startswith(".") and p.is_file())
 
 
-def load(name, *, root=None) -> dict:
-    """The stored result ``name`` (a dict: name, provenance, params, rows, ...).
+def load(name, *, root=None) -> Result:
+    """The stored result ``name`` in the results folder (a ``Result``: name, provenance,
+    params, rows, ...).
 
     A missing file raises ``FileNotFoundError`` naming it and listing the results that
-    exist; an unreadable one ``ValueError`` naming it."""
+    exist; an unreadable one, or one that is not a JSON object, ``ValueError`` naming it."""
     p = path(name, root=root)
     if not p.is_file():
         have = list(root=root)
         shown = ", ".join(have[:40]) + (f", ... ({len(have)} in all)" if len(have) > 40 else "")
+        hint = ""
+        if root is None and (REFERENCE_DIR / p.name).is_file():
+            hint = f" (the lab's reference data has one: results.reference({check_name(name)!r}))"
         raise FileNotFoundError(f"no result {check_name(name)!r}: {p} does not exist; "
-                                f"results in {p.parent}: {shown or '(none)'}")
-    return read_json(p)
+                                f"results in {p.parent}: {shown or '(none)'}{hint}")
+    return _as_result(read_json(p), p)
+
+
+def reference(name) -> Result:
+    """The lab's reference result ``name`` (``data/results/<name>.json``), as ``load``."""
+    return load(name, root=REFERENCE_DIR)
+
+
+def references() -> builtins.list[str]:
+    """Names of the lab's reference results, sorted."""
+    return list(root=REFERENCE_DIR)
 
 
 # ---- write ---------------------------------------------------------------------------------
@@ -172,12 +225,16 @@ def provenance(device="cpu", **extra) -> dict:
     }
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file beside ``path`` and rename it into place, so a reader
-    never sees half a file and a failure leaves the old one."""
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically: a hidden temp file beside it (mode 0666 less
+    the umask, as ``open`` makes files), then a rename into place, so a reader never sees
+    half a file and a failure leaves the old one. The package's one file writer."""
     path = Path(path)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -189,7 +246,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_json(path: Path, obj) -> Path:
+def atomic_write_json(path, obj) -> Path:
     """``obj`` as indented JSON, written atomically (serialised first: a value JSON cannot
     hold raises before the file is touched)."""
     text = json.dumps(obj, indent=1, default=_json_default) + "\n"
@@ -226,7 +283,8 @@ def _clean(records):
 
 
 def save(name, payload, *, params: dict | None = None, device="cpu", root=None) -> Path:
-    """Store ``payload`` as ``<results dir>/<name>.json`` atomically; returns the path.
+    """Store ``payload`` as ``<results dir>/<name>.json`` atomically; returns the path
+    (the results folder: ``root``, ``$FA_LAB_RESULTS`` or ``./fa_lab_results``).
 
     ``payload`` is a table (``pandas.DataFrame``: stored as ``{"name", "provenance",
     "params", "rows"}``) or a JSON-able mapping (stored as given, with ``name`` and

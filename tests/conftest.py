@@ -47,3 +47,19 @@ def exact_dots():
 
     with exact():
         yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def scratch_results_folder(tmp_path_factory):
+    """The tests' runs go to a scratch results folder (``$FA_LAB_RESULTS``) unless a test
+    chooses one, so a test run writes nothing under the working directory; the tests of
+    the default folder unset it in their own subprocesses."""
+    from fa_lab import results
+
+    old = os.environ.get(results.ENV_VAR)
+    os.environ[results.ENV_VAR] = str(tmp_path_factory.mktemp("fa_lab_results"))
+    yield
+    if old is None:
+        os.environ.pop(results.ENV_VAR, None)
+    else:
+        os.environ[results.ENV_VAR] = old

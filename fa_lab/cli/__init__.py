@@ -12,21 +12,26 @@ import importlib
 import os
 import sys
 
-from .args import UsageError
+from .args import INTERRUPTED, UsageError
 
 PROG = "fa-lab"
 #: The commands, in the order ``fa-lab --help`` lists them: one module each.
 COMMANDS = ("table", "sweep", "attack", "bench", "lab")
 USAGE = """\
     fa-lab table  [--which bf16|fp8|both] [--full] [--device cuda] [--B .. --S .. --H ..]
-    fa-lab sweep  GRID.yaml [--workers 2] [--out DIR] [--import FILE]
+    fa-lab sweep  GRID.yaml [--workers 2] [--import FILE]
     fa-lab attack POLICY [--budget 60] [--mods bias,alibi,sink] [--import FILE]
     fa-lab bench  [--suite dense,splitk,varlen] [--shapes 0,1,..] [--impls a,b,..]
-    fa-lab lab    JupyterLab on notebooks/
+    fa-lab lab    JupyterLab on notebooks/ (needs pip install 'fa_lab[lab]')
+
+Results go to the results folder: --out-dir DIR, else $FA_LAB_RESULTS, else
+./fa_lab_results (JSON as <name>.json, sweeps as atlas/<name>/); the lab's reference data
+in data/ is never written unless --out-dir names it.
 
 Boolean flags take an optional value: --causal alone means true, and --causal false
 (true/false, 1/0, yes/no, on/off, any case) sets it. Every error is one line and exit
-status 2. FA_LAB_TRACEBACK=1 shows the traceback of an error the library raised.
+status 2; Ctrl-C exits with status 130. FA_LAB_TRACEBACK=1 shows the traceback of an error
+the library raised.
 """
 
 
@@ -87,12 +92,16 @@ def main(argv=None) -> int:
         return args._run(args)
     except UsageError as e:
         _fail(f"{PROG} {args.cmd}: error: {_one_line(e)}")
-    except (ValueError, TypeError, NotImplementedError, _backend_unavailable()) as e:
-        # a value the library refuses: its message names the argument; no traceback
+    except (ValueError, TypeError, NotImplementedError, OSError, _backend_unavailable()) as e:
+        # a value the library refuses (its message names the argument), or a file that
+        # cannot be read or written (the message names it): no traceback
         # (FA_LAB_TRACEBACK=1 shows it, for debugging the library itself)
         if os.environ.get("FA_LAB_TRACEBACK"):
             raise
         _fail(f"{PROG}: error: {_one_line(e)}")
+    except KeyboardInterrupt:
+        print(f"\n{PROG} {args.cmd}: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

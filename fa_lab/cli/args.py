@@ -10,6 +10,10 @@ from fa_lab import results
 from fa_lab.checks import parse_bool
 
 
+#: the exit status after Ctrl-C (128 + SIGINT), as a shell reports it
+INTERRUPTED = 130
+
+
 class UsageError(Exception):
     """A bad flag value found after parsing; ``fa_lab.cli.main`` prints it as the command's
     one-line error and exits with status 2."""
@@ -111,6 +115,13 @@ def import_policies(paths) -> None:
             raise UsageError(f"--import {p!r} failed: {type(e).__name__}: {e}") from None
 
 
+
+
+def add_out_dir_flag(parser, what: str = "the JSON") -> None:
+    """``--out-dir DIR``: the results folder (``fa_lab.results.results_dir``)."""
+    parser.add_argument("--out-dir", dest="out_dir", metavar="DIR",
+                        help=f"results folder for {what} (default $FA_LAB_RESULTS, else "
+                             "./fa_lab_results)")
 
 
 def add_import_flag(parser) -> None:

@@ -1,11 +1,14 @@
 """``fa-lab attack``: search for inputs on which a policy's output goes non-finite, and
-shrink them (``fa_lab.studies.adversary``)."""
+shrink them (``fa_lab.studies.adversary``). The run is saved as an attack record
+(``adversary.record``: the schema of the lab's reference ``attack_<policy>.json``) in the
+results folder, and its repro line runs as printed."""
 
 from __future__ import annotations
 
 from fa_lab import results
 
-from .args import UsageError, add_bool_flag, add_import_flag, import_policies, nonnegative_int, positive_int
+from .args import (UsageError, add_bool_flag, add_import_flag, add_out_dir_flag, import_policies,
+                   nonnegative_int, positive_int, result_name)
 
 HELP = ("search for inputs on which a policy's output goes non-finite, and shrink them "
         "(fa_lab.studies.adversary)")
@@ -42,7 +45,12 @@ def add_arguments(p) -> None:
     add_import_flag(p)
     add_bool_flag(p, "--json", help="print one JSON record instead of the summary")
     add_bool_flag(p, "--no-save", dest="no_save",
-                  help="write no data/results/attack_<policy>.json")
+                  help="write no <out-dir>/attack_<policy>.json")
+    p.add_argument("--name", type=result_name, default=None,
+                   help="result file name: <out-dir>/<name>.json (default attack_<policy>, with "
+                        "a suffix for a space, mods, random starts or optimizer other than the "
+                        "default's)")
+    add_out_dir_flag(p, "attack_<policy>.json")
     p.add_argument("--regression", metavar="PATH",
                    help="also write the shrunk input (or the near miss) as a .npz regression file")
 
@@ -50,9 +58,12 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import json
     import math
+    import time
+
+    import torch
 
     from fa_lab import policies
-    from fa_lab.studies.adversary import save_regression, search, summary
+    from fa_lab.studies.adversary import record, save_regression, search, summary
 
     import_policies(args.imports)
     name = args.policy_opt or args.policy_pos
@@ -67,26 +78,42 @@ def run(args) -> int:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
     if args.baseline is not None and args.baseline not in policies.names():
         raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
+    started = time.perf_counter()
     res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
                  baseline=args.baseline, structured=not args.random_starts,
                  optimizer=args.optimizer)
-    rec = res.to_dict()
+    res.imports = tuple(args.imports)  # the repro registers the user's policy first
+    wall = time.perf_counter() - started
+    params = {"seed": args.seed, "budget_s": args.budget, "space": args.space,
+              "mods": res.mods, "optimizer": args.optimizer, "structured": not args.random_starts,
+              "baseline": args.baseline, "threshold": args.threshold,
+              "tolerance": args.tolerance, "max_evals": args.max_evals,
+              "imports": list(args.imports),
+              "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
+              "command": "fa-lab attack"}
+    rec = record(name, [(res, wall)], params=params)
+    saved = regression = None
     if args.regression:
-        rec["regression"] = str(save_regression(res, args.regression))
+        regression = save_regression(res, args.regression)
+        rec["regression"] = str(regression)
     if not args.no_save:
         suffix = ("" if args.space == "scores" else f"_{args.space}") + \
             ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "") + \
             ("" if args.optimizer == "cma" else f"_{args.optimizer}")
-        rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
+        saved = results.save(args.name or f"attack_{name}{suffix}", rec, root=args.out_dir)
     if args.json:
-        slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
+        run = rec["runs"][0]
+        slim = {k: run[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
                                     "time_to_first_s", "bad_rows", "space", "baseline", "mods",
                                     "input_mods", "optimizer")}
-        slim["space"] = rec["space"]["name"]
+        slim["space"] = run["space"]["name"]
+        slim["repro_command"] = res.repro_command
+        slim["saved"] = None if saved is None else str(saved)
+        slim["regression"] = None if regression is None else str(regression)
         print(json.dumps(slim, default=str))
     else:
         print(summary(res))
+        if saved is not None:
+            print(f"saved {saved}")
     return 0
-
-

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from .args import (UsageError, add_bool_flag, device_arg, nonnegative_int, positive_int,
-                   result_name, seed_int)
+from .args import (UsageError, add_bool_flag, add_out_dir_flag, device_arg, nonnegative_int,
+                   positive_int, result_name, seed_int)
 
 HELP = "forward TFLOP/s of flash_attn_func(backend='fast'), the kernels alone, SDPA and flex (CUDA)"
 
@@ -37,7 +37,7 @@ def add_arguments(b):
     b.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 .. 2**63 - 1")
     b.add_argument("--name", type=result_name,
                    help="result file name (default bench_h200, or bench_sweep)")
-    b.add_argument("--out-dir", dest="out_dir", help="directory for the JSON (default data/results)")
+    add_out_dir_flag(b)
     add_bool_flag(b, "--no-save", dest="no_save", help="print only, write no result file")
 
 

@@ -11,8 +11,9 @@ import pandas as pd
 from fa_lab import results
 from fa_lab.studies import experiments as ex
 
-from .args import (UsageError, add_bool_flag, add_import_flag, device_arg, import_policies,
-                   policy_list, positive_int, result_name, seed_int, upstream_name)
+from .args import (UsageError, add_bool_flag, add_import_flag, add_out_dir_flag, device_arg,
+                   import_policies, policy_list, positive_int, result_name, seed_int,
+                   upstream_name)
 
 PROG = "fa-lab"
 HELP = "reproduce the bug report's bf16 / fp8 tables"
@@ -115,8 +116,9 @@ def add_arguments(t):
     add_bool_flag(t, "--fp8-saturate", dest="fp8_saturate", default=None,
                   help="fp8 P cast saturates at 448 (true, the default) or gives NaN (false)")
     t.add_argument("--name", type=result_name,
-                   help="result file name: data/results/<name>.json (with --which both, "
+                   help="result file name: <out-dir>/<name>.json (with --which both, "
                         "<name>_bf16 and <name>_fp8)")
+    add_out_dir_flag(t)
     add_bool_flag(t, "--no-save", dest="no_save", help="print only, write no result file")
     t.add_argument("--policies", type=policy_list,
                    help="comma-separated registered policies for the bf16 table (default "
@@ -207,7 +209,7 @@ def run(args) -> int:
                 name = f"table_{kind}_{args.device.split(':')[0]}_S{sizes['S']}"
             else:  # both tables under one --name would overwrite each other
                 name = args.name if len(plan) == 1 else f"{results.check_name(args.name)}_{kind}"
-            path = ex.save_result(name, table, device=args.device,
+            path = ex.save_result(name, table, device=args.device, directory=args.out_dir,
                                   params={**sizes, "causal": args.causal, "seed": args.seed,
                                           "backend": args.backend, "upstream": version.name,
                                           **({"policies": list(args.policies)}

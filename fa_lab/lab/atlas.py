@@ -2,7 +2,7 @@
 
     from fa_lab.lab import atlas
     from fa_lab.studies import sweep
-    table = sweep.load("bf16_seed_h200")            # one row per (policy, K scale, threshold)
+    table = sweep.reference("bf16_seed_h200")            # one row per (policy, K scale, threshold)
     fig = atlas.heatmaps(table, ["lazy_unfixed", "lazy", "eager"])
     c = atlas.pick(table, "lazy_unfixed", 32, 8)     # the cell: its parameters and measurements
     d = atlas.open_cell(c)                           # fa_lab.lab.widgets.rescale_dashboard for it

@@ -4,8 +4,9 @@
 unfixed lazy, fixed lazy and eager rescale over K scales); ``fp8_table`` reruns its fp8
 table (mean |o - 1| with V = ones and NaN counts per rebase rule). Both take their sizes as
 arguments: the defaults run in seconds on 2 CPU cores, ``SEED_SIZES`` are the seed's.
-``save_result`` writes a JSON with provenance to data/results/ atomically (through
-``fa_lab.results``, which also loads and lists them).
+``save_result`` writes a JSON with provenance to the results folder atomically (through
+``fa_lab.results``: ``./fa_lab_results`` by default); the lab's reference runs are in
+``REFERENCE_DIR`` (data/results), read with ``fa_lab.results.reference``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from fa_lab.numerics import E4M3_MAX, e4m3
 from fa_lab.policies import get as get_policy
 
 ROOT = results.ROOT  # the checkout: its data/ holds the lab's reference data
-SEED_DIR = ROOT / "data" / "seed"
-RESULTS_DIR = results.RESULTS_DIR
+#: the bug report's own tables: data/seed/ in a checkout, fa_lab/_seed/ in an installed wheel
+SEED_DIR = next((d for d in (ROOT / "data" / "seed", Path(__file__).resolve().parents[1] / "_seed")
+                 if d.is_dir()), ROOT / "data" / "seed")
+#: the lab's reference results (data/results): read, never written by a run
+REFERENCE_DIR = results.REFERENCE_DIR
 # results I/O lives in fa_lab.results; these names stay importable from here
 provenance = results.provenance
 atomic_write_bytes = results.atomic_write_bytes
 atomic_write_json = results.atomic_write_json
-_json_default = results._json_default
-_clean = results._clean
 
 BF16_K_SCALES = (8, 16, 24, 32, 48, 64)
 BF16_POLICIES = ("lazy_unfixed", "lazy", "eager")
@@ -229,10 +231,7 @@ def fp8_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
 
 def save_result(name: str, table: pd.DataFrame, *, params: dict, device="cpu",
                 directory: Path | None = None) -> Path:
-    """Store a table as data/results/<name>.json with provenance and parameters
+    """Store a table as <results folder>/<name>.json with provenance and parameters
     (``fa_lab.results.save``: atomic, ``name`` confined to the directory). ``directory``
-    defaults to ``$FA_LAB_RESULTS_DIR`` or data/results; a reassigned ``RESULTS_DIR`` here
-    is honoured too."""
-    if directory is None and Path(RESULTS_DIR) != Path(results.RESULTS_DIR):
-        directory = RESULTS_DIR
+    defaults to the results folder (``$FA_LAB_RESULTS`` or ./fa_lab_results)."""
     return results.save(name, table, params=params, device=device, root=directory)

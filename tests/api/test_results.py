@@ -46,7 +46,7 @@ def test_list_is_sorted_and_skips_other_files(tmp_path):
 
 
 def test_real_results_dir_lists_the_committed_results():
-    names = results.list(root=results.RESULTS_DIR)
+    names = results.references()
     assert "seed_bf16_h200" in names and names == sorted(names)
 
 
@@ -141,3 +141,110 @@ def test_seed_table_names_the_file_on_bad_json(tmp_path, monkeypatch):
 
 def test_seed_table_still_reads_the_real_files():
     assert ex.seed_table("bf16")["rows"] and ex.seed_table("fp8")["rows"]
+
+
+# ---- the results folder apart from the lab's reference data (issue 31) ----------------------
+
+def _subprocess_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != results.ENV_VAR}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def test_default_results_folder_is_under_the_working_directory(tmp_path):
+    """With neither root= nor $FA_LAB_RESULTS a save lands in ./fa_lab_results of the
+    process's working directory, never in data/results."""
+    import subprocess
+    import sys
+
+    before = sorted(p.name for p in results.REFERENCE_DIR.iterdir())
+    code = ("from fa_lab import results; p = results.save('mine', {'x': 1}); print(p); "
+            "print(results.list()); print(results.load('mine')['x'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_subprocess_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(tmp_path / "fa_lab_results" / "mine.json"), "['mine']", "1"]
+    assert sorted(p.name for p in results.REFERENCE_DIR.iterdir()) == before
+
+
+def test_the_env_var_is_fa_lab_results_and_the_old_name_is_gone(tmp_path, monkeypatch):
+    assert results.ENV_VAR == "FA_LAB_RESULTS"
+    monkeypatch.delenv(results.ENV_VAR)
+    monkeypatch.setenv("FA_LAB_RESULTS_DIR", str(tmp_path / "old"))
+    monkeypatch.chdir(tmp_path)
+    assert results.results_dir() == tmp_path / "fa_lab_results"
+
+
+def test_reference_reads_data_results_and_load_does_not(tmp_path):
+    assert results.REFERENCE_DIR == results.ROOT / "data" / "results"
+    names = results.references()
+    assert "seed_bf16_h200" in names and names == sorted(names)
+    ref = results.reference("seed_bf16_h200")
+    assert ref["params"]["S"] == 8192 and ref.path == results.REFERENCE_DIR / "seed_bf16_h200.json"
+    with pytest.raises(FileNotFoundError) as e:  # a user's folder without it says where it is
+        results.load("seed_bf16_h200", root=tmp_path)
+    assert str(tmp_path / "seed_bf16_h200.json") in str(e.value)
+    with pytest.raises(FileNotFoundError, match="no result 'nope'"):
+        results.reference("nope")
+
+
+def test_load_hints_at_the_reference_data_when_the_name_is_there(tmp_path, monkeypatch):
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"results.reference\('seed_bf16_h200'\)"):
+        results.load("seed_bf16_h200")
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_written_files_follow_the_umask(tmp_path, mask):
+    """Atomic writes used to leave mode 0600 (a temp file's); a result, a sweep part, a
+    regression file and a PNG's bytes now get 0666 less the umask, as open() gives."""
+    old = os.umask(mask)
+    try:
+        p = results.save("m", {"x": 1}, root=tmp_path)
+        q = results.atomic_write_bytes(tmp_path / "sub" / "b.bin", b"x")
+        results.save("m", {"x": 2}, root=tmp_path)  # a replaced file too
+    finally:
+        os.umask(old)
+    for f in (p, q):
+        assert f.stat().st_mode & 0o777 == 0o666 & ~mask, (f, oct(f.stat().st_mode))
+    assert _umask() == old
+
+
+def test_a_result_that_is_not_an_object_names_the_file(tmp_path):
+    (tmp_path / "alist.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"alist\.json: not a result: .* JSON list"):
+        results.load("alist", root=tmp_path)
+
+
+def test_a_missing_key_names_the_file_and_its_keys(tmp_path):
+    results.save("thin", {"rows": []}, root=tmp_path)
+    rec = results.load("thin", root=tmp_path)
+    with pytest.raises(KeyError) as e:
+        rec["runs"]
+    msg = str(e.value)
+    assert str(tmp_path / "thin.json") in msg and "'runs'" in msg and "rows" in msg
+    assert rec.get("runs") is None and json.loads(json.dumps(rec))["rows"] == []
+
+
+def test_the_package_has_one_atomic_writer():
+    """Every file fa_lab writes goes through results.atomic_write_bytes: no other module
+    renames temp files into place or writes results files itself."""
+    import re
+
+    # a Parquet table or an .npz goes to bytes in memory first (a sink, a buffer)
+    pattern = re.compile(r"os\.replace\(|os\.rename\(|mkstemp\(|NamedTemporaryFile\(|"
+                         r"np\.savez\w*\((?!buf,)|\.to_parquet\(|pq\.write_table\((?!.*, sink\))")
+    hits = []
+    for top in ("fa_lab", "kernels"):
+        for f in (results.ROOT / top).rglob("*.py"):
+            if f == results.ROOT / "fa_lab" / "results.py":
+                continue
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                if pattern.search(line):
+                    hits.append(f"{f.relative_to(results.ROOT)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)

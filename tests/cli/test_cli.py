@@ -2,7 +2,7 @@
 one line naming the flag, never a traceback; GPU-only requests on a CPU say so plainly; a
 GPU-size run on a CPU warns with a rough time. Exit codes and messages come from real
 subprocesses (``python -m fa_lab``) with CUDA hidden, so they read the same on any
-machine; results go to a tmp dir through ``FA_LAB_RESULTS_DIR``."""
+machine; results go to a tmp dir through ``FA_LAB_RESULTS``."""
 
 import argparse
 import json
@@ -285,3 +285,21 @@ def test_a_new_command_is_a_module_and_its_name(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["probe", "--dry", "ture"])
     assert e.value.code == 2 and "argument --dry" in capsys.readouterr().err
+
+
+def test_table_writes_to_out_dir_else_the_results_folder_never_data(tmp_path):
+    """``fa-lab table`` saves in ``--out-dir``, else ``$FA_LAB_RESULTS``, else
+    ./fa_lab_results of the working directory; data/results is left as it was."""
+    before = {p.name: p.stat().st_mtime_ns for p in results.REFERENCE_DIR.iterdir()}
+    small = ["table", "--which", "fp8", "--S", "256", "--H", "1"]
+    env = {k: v for k, v in _env(tmp_path).items() if k != results.ENV_VAR}
+    for args, where in ((["--out-dir", "mine"], tmp_path / "mine"),
+                        ([], tmp_path / "fa_lab_results")):
+        r = subprocess.run([sys.executable, "-m", "fa_lab", *small, *args], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        printed = [line[len("saved "):] for line in r.stdout.splitlines()
+                   if line.startswith("saved ")]
+        assert [tmp_path / p for p in printed] == [where / "table_fp8_cpu_S256.json"], r.stdout
+        assert (where / "table_fp8_cpu_S256.json").is_file()
+    assert {p.name: p.stat().st_mtime_ns for p in results.REFERENCE_DIR.iterdir()} == before

@@ -94,7 +94,7 @@ def test_bad_tables_are_refused(grid):
 
 
 def test_a_cell_too_big_for_this_machine_opens_at_the_dashboard_size():
-    table = sweep.load("bf16_seed_h200")
+    table = sweep.reference("bf16_seed_h200")
     cell = atlas.pick(table, "lazy_unfixed", 32, 8)
     assert abs(100 * cell.measured["nan_frac"] - 9.20) < 0.01 and cell.size()["S"] == 8192
     args = cell.dashboard_args()
@@ -103,7 +103,7 @@ def test_a_cell_too_big_for_this_machine_opens_at_the_dashboard_size():
     assert cell.describe() == ("lazy_unfixed, K x32, threshold 8: 9.202 % NaN "
                                "(B2 S8192 H32 D128 on NVIDIA H200)")
     assert cell.dashboard_args(S=8192, H=32)["S"] == 8192
-    fp8 = atlas.pick(sweep.load("fp8_seed_h200"), "lazy_capped", 5000, 8)
+    fp8 = atlas.pick(sweep.reference("fp8_seed_h200"), "lazy_capped", 5000, 8)
     assert fp8.dtype == "fp8" and fp8.dashboard_args()["rebase_bound"] == 16.0
 
 

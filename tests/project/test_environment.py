@@ -13,9 +13,21 @@ def norm(req: str) -> str:
     return re.sub(r"\s+", "", req).lower()
 
 
+def _project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _own(extra: str) -> list[str]:
+    """An extra's requirements, less the extras it names (``fa_lab[lab]``)."""
+    return [r for r in _project()["optional-dependencies"][extra] if not norm(r).startswith("fa_lab")]
+
+
 def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {norm(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    """environment.yml installs the dependencies and the [lab] and [dev] extras, with the
+    pinned torch build in place of the library's lower bound."""
+    project = _project()
+    core = [r for r in project["dependencies"] if not norm(r).startswith("torch")]
+    wanted = {norm(r) for r in core + _own("lab") + _own("dev")} | {"torch==2.13.0"}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     deps = env["dependencies"]
     assert "python=3.11" in deps
@@ -23,6 +35,21 @@ def test_environment_yml_matches_pyproject():
     listed = {norm(r) for r in pip if not r.startswith("-e")}
     assert listed == wanted
     assert "-e ." in pip
+
+
+def test_the_extras_split_the_lab_from_the_library():
+    """The library installs without JupyterLab, widgets or plotly; [lab] brings them,
+    [docs] and [dev] build on [lab]; [docs] has the site's tools."""
+    project = _project()
+    names = lambda reqs: {re.split(r"[<>=\[ ;]", norm(r))[0] for r in reqs}  # noqa: E731
+    core = names(project["dependencies"])
+    lab = {"jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly"}
+    assert not core & lab and lab <= names(_own("lab"))
+    extras = project["optional-dependencies"]
+    assert "fa_lab[lab]" in map(norm, extras["dev"]) and "fa_lab[lab]" in map(norm, extras["docs"])
+    assert {"sphinx", "myst-nb", "sphinx-book-theme", "jupyter-cache", "playwright"} <= \
+        names(extras["docs"])
+    assert {"pytest", "nbval"} <= names(extras["dev"])
 
 
 def recipe(target: str) -> list[str]:
@@ -45,12 +72,34 @@ def version(spec: str) -> tuple[int, ...]:
     return tuple(parts + [0] * (3 - len(parts)))
 
 
-def test_torch_is_pinned_everywhere():
-    # Any looser torch spec pulls a multi-GB CUDA build on the CPU-only CI machine.
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "torch==2.13.0" in project["dependencies"]
+def test_torch_is_a_lower_bound_in_the_library_and_pinned_where_machines_are_set_up():
+    """pyproject.toml takes the user's torch (a lower bound: an install never replaces it
+    with another build); the Makefile and CI install the CPU build first and exactly (any
+    looser spec pulls a multi-GB CUDA build on the CPU-only CI machine)."""
+    deps = [norm(r) for r in _project()["dependencies"] if norm(r).startswith("torch")]
+    assert deps == ["torch>=2.11"]
     assert 'pip install -q "torch==2.13.0"' in recipe("$(STAMP)")[2]
     assert '"torch==2.13.0"' in recipe("$(FLOOR_STAMP)")[1]
+    wheel = recipe("test-wheel")
+    torch_at = next(i for i, c in enumerate(wheel) if '"torch==2.13.0"' in c)
+    wheel_at = next(i for i, c in enumerate(wheel) if "fa_lab-*.whl" in c and "install" in c)
+    assert torch_at < wheel_at
+
+
+def test_make_test_builds_installs_and_runs_the_wheel_without_the_lab():
+    """make test runs test-wheel: the wheel in a fresh venv beside the pinned torch, with no
+    extra, then the smoke script, fa-lab table and fa-lab attack there."""
+    assert "$(MAKE) test-wheel" in recipe("test")
+    wheel = " ; ".join(recipe("test-wheel"))
+    assert "pip wheel" in wheel and "-m venv $(WHEEL_DIR)/venv" in wheel
+    assert "fa_lab-*.whl" in wheel and "fa_lab-*.whl[" not in wheel  # no extra
+    for step in ("tests/project/wheel_smoke.py", "fa-lab table", "fa-lab attack lazy_unfixed --budget 5"):
+        assert step in wheel, step
+
+
+def test_ci_checks_for_untracked_files_too():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "git status --porcelain)" in ci and "--untracked-files=no" not in ci
 
 
 def test_ci_runs_make_test():
@@ -63,7 +112,7 @@ def test_the_triton_floor_is_the_one_make_test_runs_against():
     tested claim, not a guess."""
     from fa_lab import kernels
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = _project()
     floor = next(re.fullmatch(r"triton>=([\d.]+)", norm(r)).group(1)
                  for r in project["dependencies"] if norm(r).startswith("triton"))
     makefile = (ROOT / "Makefile").read_text()
@@ -75,3 +124,18 @@ def test_the_triton_floor_is_the_one_make_test_runs_against():
     installs = [c for c in recipe("$(FLOOR_STAMP)") if "pip install" in c]
     assert installs and all('"triton==$(TRITON_FLOOR)"' in c for c in installs)
     assert any("pytest" in c and "$(FLOOR_TESTS)" in c for c in recipe("test-triton-floor"))
+
+
+def test_the_core_and_its_commands_import_nothing_of_the_lab_extra():
+    """What the core install runs (the API, the CLI's table, attack and sweep) imports
+    none of the [lab] extra's packages (make test-wheel proves it in a venv without them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fa_lab, fa_lab.cli, fa_lab.studies.sweep, fa_lab.studies.adversary; "
+            "fa_lab.cli.build_parser(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'jupyterlab', 'ipykernel', 'ipywidgets', 'anywidget', 'plotly', 'IPython'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout

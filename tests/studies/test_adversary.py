@@ -1,6 +1,8 @@
 """fa_lab.studies.adversary: the search, the shrinking, the checked-in inputs that broke a policy."""
 
+import contextlib
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import torch
 
 import fa_lab
 from fa_lab.studies import adversary as A
-from fa_lab import cli
+from fa_lab import cli, results
 from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
 
 REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("*.npz"))
@@ -38,6 +40,14 @@ def test_judge_sees_the_drag_and_the_fix():
     assert not ok.failed and ok.fitness < 20
 
 
+def _run_repro(line: str) -> str:
+    """What a repro line prints, run in a fresh namespace (as ``python -c`` would)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(line, {})
+    return out.getvalue().strip()
+
+
 def test_search_breaks_lazy_unfixed_below_the_seed_size():
     res = A.search("lazy_unfixed", budget_s=30, seed=0)
     assert res.found and res.evals_to_first <= 8
@@ -46,7 +56,7 @@ def test_search_breaks_lazy_unfixed_below_the_seed_size():
     assert A.judge(s, "lazy_unfixed").failed
     assert not A.judge(s, "lazy").failed                     # PR #1033's rule survives it
     assert res.trace and any(r["dragged"] for r in res.trace)
-    assert "Candidate(**" in res.repro and eval(res.repro, {"fa_lab": fa_lab}) is True
+    assert "Candidate(**" in res.repro and _run_repro(res.repro) == "True"
 
 
 def test_search_reports_nothing_within_budget():
@@ -85,13 +95,13 @@ def test_regression_roundtrip(tmp_path):
 
 
 def test_cli_attack_json(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("FA_LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
     assert cli.main(["attack", "lazy_unfixed", "--budget", "10", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["policy"] == "lazy_unfixed" and rec["found"] is True
     assert rec["size"]["Skv"] < 8192 and "judge" in rec["repro"]
     saved = json.loads((tmp_path / "attack_lazy_unfixed.json").read_text())
-    assert saved["found"] and saved["shrunk"]["size"] == rec["size"]
+    assert saved["found"] and saved["runs"][0]["shrunk"]["size"] == rec["size"]
     with pytest.raises(SystemExit):
         cli.main(["attack", "no_such_policy", "--budget", "1"])
 
@@ -218,7 +228,7 @@ def test_mod_space_breaks_lazy_unfixed_where_eager_holds(tmp_path):
     assert A.judge(s, "lazy_unfixed", baseline="eager").failed
     assert not A.judge(s, "lazy", baseline="eager").failed
     assert not A.judge(dataclasses.replace(s, mask="none"), "lazy_unfixed").failed
-    assert "'mask':" in res.repro and eval(res.repro, {"fa_lab": fa_lab}) is True
+    assert "'mask':" in res.repro and _run_repro(res.repro) == "True"
     assert res.to_dict()["input_mods"]["bias"]["mask"] == s.mask
     assert any(r["dragged"] for r in res.trace)
     path = A.save_regression(res, tmp_path / "m.npz")
@@ -244,15 +254,16 @@ def test_shrinking_finds_the_shortest_left_padding():
 
 
 def test_cli_attack_json_carries_mods(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("FA_LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
     assert cli.main(["attack", "lazy_unfixed", "--mods", "bias,alibi", "--baseline", "eager",
                      "--budget", "10", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["found"] and rec["mods"] == ["bias", "alibi_slopes"]
     assert rec["space"] == "scores+bias+alibi_slopes" and "bias" in rec["input_mods"]
     saved = json.loads((tmp_path / "attack_lazy_unfixed_mods.json").read_text())
-    assert saved["mods"] == rec["mods"] and saved["space"]["mods"] == rec["mods"]
-    assert saved["shrunk"]["mask"] == rec["input_mods"]["bias"]["mask"]
+    run = saved["runs"][0]
+    assert saved["mods"] == rec["mods"] and run["space"]["mods"] == rec["mods"]
+    assert run["shrunk"]["mask"] == rec["input_mods"]["bias"]["mask"]
     with pytest.raises(SystemExit) as info:
         cli.main(["attack", "lazy", "--mods", "bias,softcap", "--budget", "1"])
     assert info.value.code == 2
@@ -326,7 +337,7 @@ def test_bad_optimizer_is_refused_before_any_work(monkeypatch, capsys, tmp_path)
         A.search("lazy", optimizer="nelder_mead", budget_s=1)
     with pytest.raises(TypeError, match=r"^optimizer must be a str"):
         A.search("lazy", optimizer=None, budget_s=1)
-    monkeypatch.setenv("FA_LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
     with pytest.raises(SystemExit) as info:
         cli.main(["attack", "lazy", "--optimizer", "nelder_mead", "--budget", "1"])
     assert info.value.code == 2
@@ -336,10 +347,60 @@ def test_bad_optimizer_is_refused_before_any_work(monkeypatch, capsys, tmp_path)
 
 
 def test_cli_attack_optimizer(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("FA_LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
     assert cli.main(["attack", "lazy_unfixed", "--optimizer", "es", "--budget", "5",
                      "--json"]) == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["found"] and rec["optimizer"] == "es"
     saved = json.loads((tmp_path / "attack_lazy_unfixed_es.json").read_text())
-    assert saved["optimizer"] == "es" and saved["found"]
+    assert saved["runs"][0]["optimizer"] == "es" and saved["params"]["optimizer"] == "es"
+    assert saved["found"]
+
+
+# ---- a malformed regression file names itself and what is wrong (issue 31) -----------------
+
+def _regression_with(tmp_path, **arrays):
+    path = tmp_path / "r.npz"
+    np.savez_compressed(path, **arrays)
+    return path
+
+
+def _good_meta():
+    with np.load(REGRESSIONS[0]) as z:
+        return json.loads(str(z["meta"])), {n: z[n] for n in z.files if n != "meta"}
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("not_npz", "not a regression file (.npz)"),
+    ("truncated", "not a regression file (.npz)"),
+    ("no_meta", "no 'meta' (it holds q)"),
+    ("meta_not_json", "its 'meta' is not valid JSON"),
+    ("meta_lacks_keys", "its 'meta' lacks 'candidate', 'sha256'"),
+    ("bad_dtype", "bad dtype or candidate"),
+    ("lacks_tensors", "stores its tensors, but lacks v"),
+])
+def test_a_malformed_regression_file_names_the_file(tmp_path, case, needle):
+    meta, arrays = _good_meta()
+    path = tmp_path / "r.npz"
+    if case == "not_npz":
+        path.write_text("hello")
+    elif case == "truncated":
+        path.write_bytes(REGRESSIONS[0].read_bytes()[:100])
+    elif case == "no_meta":
+        _regression_with(tmp_path, q=np.zeros(3))
+    elif case == "meta_not_json":
+        _regression_with(tmp_path, meta=np.array("{'a': 1"), **arrays)
+    elif case == "meta_lacks_keys":
+        short = {k: v for k, v in meta.items() if k not in ("candidate", "sha256")}
+        _regression_with(tmp_path, meta=np.array(json.dumps(short)), **arrays)
+    elif case == "bad_dtype":
+        _regression_with(tmp_path, meta=np.array(json.dumps({**meta, "dtype": "fp64"})), **arrays)
+    else:
+        assert meta.get("stored", "tensors") == "tensors"
+        _regression_with(tmp_path, meta=np.array(json.dumps(meta)),
+                         **{k: v for k, v in arrays.items() if k != "v"})
+    with pytest.raises(ValueError) as e:
+        A.load_regression(path)
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+    with pytest.raises(FileNotFoundError, match="no regression file"):
+        A.load_regression(tmp_path / "missing.npz")

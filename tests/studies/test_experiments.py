@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fa_lab import cli
+from fa_lab import cli, results
 from fa_lab.studies import experiments as ex
 
 
@@ -85,7 +85,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
 
 
 def test_cli_table_prints_beside_the_seed(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(ex, "RESULTS_DIR", tmp_path)
+    monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
     assert cli.main(["table", "--which", "bf16", "--S", "512", "--H", "1", "--B", "1"]) == 0
     text = capsys.readouterr().out
     assert "unfixed rel-L2" in text and "(seed)" in text and "9.20%" in text
@@ -97,7 +97,7 @@ def test_cli_table_prints_beside_the_seed(capsys, tmp_path, monkeypatch):
 def test_committed_h200_results_reproduce_the_seed():
     """The committed full-size H200 run of the models (data/results) against the seed."""
     seed = {r["k_scale"]: r for r in ex.seed_table("bf16")["rows"]}
-    res = json.loads((ex.RESULTS_DIR / "seed_bf16_h200.json").read_text())
+    res = json.loads((ex.REFERENCE_DIR / "seed_bf16_h200.json").read_text())
     assert res["params"]["S"] == 8192 and "H200" in res["provenance"]["device"]
     for r in res["rows"]:
         s = seed[r["k_scale"]]

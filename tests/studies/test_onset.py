@@ -10,7 +10,7 @@ import torch
 import fa_lab
 from fa_lab.studies import experiments as ex
 from fa_lab.studies import onset
-from fa_lab.results import RESULTS_DIR
+from fa_lab.results import REFERENCE_DIR
 
 
 def _model(q, k, v, **kw):
@@ -177,7 +177,7 @@ def test_validate_grid_and_worst_cell():
 def test_committed_validation():
     """data/results/onset_validation.json: the predictor within 1 point on every cell of
     the CPU grid and of the H200 cells, with at least 99 % row-level agreement."""
-    path = RESULTS_DIR / "onset_validation.json"
+    path = REFERENCE_DIR / "onset_validation.json"
     d = json.loads(path.read_text())
     for part, at_least in (("cpu_grid", 100), ("h200_bf16", 100), ("h200_fp8", 24)):
         t = d[part]["table"]

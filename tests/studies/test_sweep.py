@@ -6,6 +6,7 @@ sweep is run as `python -m fa_lab.studies.sweep` in a subprocess and killed midw
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -175,7 +176,7 @@ def test_200_point_grid_survives_a_killed_worker(client, tmp_path, one_thread):
                        "threshold": [2, 4, 6, 8, 10], "S": [256, 512], "H": [1], "D": [64]})
     assert len(grid) == 200
     name = "ci200"
-    outdir = tmp_path / name
+    outdir = tmp_path / "atlas" / name
     result, error = {}, []
 
     def go():
@@ -255,11 +256,11 @@ def test_killed_sweep_resumes_with_only_the_missing_points(client, tmp_path, one
     grid_file.write_text(yaml.safe_dump(spec))
     total = len(sweep.Grid.from_yaml(grid_file))
     assert total == 16
-    outdir = tmp_path / "resume"
+    outdir = tmp_path / "atlas" / "resume"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     log = open(tmp_path / "sweep.log", "wb")
     # the CLI, with its own LocalCluster (client=None)
-    proc = subprocess.Popen([sys.executable, "-m", "fa_lab", "sweep", str(grid_file), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "fa_lab", "sweep", str(grid_file), "--out-dir",
                              str(tmp_path), "--no-progress"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
@@ -351,7 +352,7 @@ def test_bad_grid_is_refused_naming_the_axis(client, tmp_path, change, axis):
     with pytest.raises(sweep.GridError, match=f"axis '{axis}'") as e:
         sweep.run(spec, client=client, out=tmp_path, name="bad", progress=False)
     assert e.value.axis == axis
-    assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+    assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 def test_unrunnable_policy_backend_pairs_are_refused(client, tmp_path):
@@ -363,14 +364,14 @@ def test_unrunnable_policy_backend_pairs_are_refused(client, tmp_path):
         with pytest.raises(sweep.GridError, match="axis 'policy'") as e:
             sweep.run(grid, client=client, out=tmp_path, name="bad", progress=False)
         assert str(getattr(pol, "name", pol)) in str(e.value) and backend in str(e.value)
-        assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+        assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 def test_gpu_points_need_a_gpu_worker(client, tmp_path):
     grid = {**BASE, "backend": ["emulator", "triton"]}
     with pytest.raises(sweep.GridError, match="axis 'backend'.*GPU=1"):
         sweep.run(grid, client=client, out=tmp_path, name="bad", progress=False)
-    assert not (tmp_path / "bad").exists() and not _scheduler_keys(client, "bad")
+    assert not (tmp_path / "atlas" / "bad").exists() and not _scheduler_keys(client, "bad")
 
 
 # ---- the grid, the table and the command line -------------------------------------------
@@ -395,10 +396,10 @@ def test_grid_from_yaml_and_its_points(tmp_path):
 def test_load_ignores_temp_files_and_compact_merges(client, tmp_path):
     grid = {**BASE, "k_scale": [8, 16, 32]}
     table = sweep.run(grid, client=client, out=tmp_path, name="small", progress=False)
-    (tmp_path / "small" / ".tmp-leftover.parquet").write_bytes(b"half a file")
+    (tmp_path / "atlas" / "small" / ".tmp-leftover.parquet").write_bytes(b"half a file")
     assert sweep.load("small", out=tmp_path).equals(table)
     merged = sweep.compact("small", out=tmp_path)
-    assert [p.name for p in (tmp_path / "small").glob("part-*.parquet")] == [merged.name]
+    assert [p.name for p in (tmp_path / "atlas" / "small").glob("part-*.parquet")] == [merged.name]
     assert sweep.load("small", out=tmp_path).equals(table)
     assert sweep.run(grid, client=client, out=tmp_path, name="small", progress=False).attrs["computed"] == 0
 
@@ -420,7 +421,7 @@ def test_the_sweep_command_parses_its_flags(capsys):
 def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({**BASE, "k_scale": [8, 16]}))
-    argv = [str(path), "--scheduler", client.scheduler.address, "--out", str(tmp_path),
+    argv = [str(path), "--scheduler", client.scheduler.address, "--out-dir", str(tmp_path),
             "--name", "cli", "--no-progress"]
     from fa_lab import cli
 
@@ -429,3 +430,83 @@ def test_cli_runs_on_an_existing_scheduler(client, tmp_path, capsys):
     assert cli.main(["sweep", *argv]) == 0
     assert "2 points: 2 already done, 0 computed" in capsys.readouterr().out
     assert len(sweep.load("cli", out=tmp_path)) == 2
+
+
+# ---- (e) where a sweep lives, read back (issue 31) --------------------------------------
+
+def test_a_sweep_folder_reads_with_plain_read_parquet(client, tmp_path):
+    """The folder holds the parts and, beside them, the grid as _grid-<hash>.json, which
+    pyarrow skips: pandas.read_parquet(folder) is the sweep's rows."""
+    table = sweep.run({**BASE, "k_scale": [8, 16]}, client=client, out=tmp_path, name="plain",
+                      progress=False)
+    folder = tmp_path / sweep.ATLAS / "plain"
+    assert folder == sweep.sweep_dir("plain", tmp_path)
+    grids = list(folder.glob("_grid-*.json"))
+    assert len(grids) == 1 and json.loads(grids[0].read_text())["axes"]["k_scale"] == [8, 16]
+    plain = pd.read_parquet(folder)
+    assert sorted(plain.point_id) == sorted(table.point_id) and list(plain.columns) == \
+        list(sweep.SCHEMA.names)
+
+
+def test_the_reference_atlases_read_through_reference_and_read_parquet():
+    assert {"bf16_seed_h200", "fp8_seed_h200"} <= set(sweep.references())
+    ref = sweep.reference("fp8_seed_h200")
+    assert len(ref) == 114 and set(ref.dtype) == {"fp8"}
+    plain = pd.read_parquet(sweep.REFERENCE_ATLAS_DIR / "fp8_seed_h200")
+    assert sorted(plain.point_id) == sorted(ref.point_id)
+    with pytest.raises(FileNotFoundError, match=r"no reference sweep 'nope'.*bf16_seed_h200"):
+        sweep.reference("nope")
+
+
+def test_load_of_a_missing_sweep_names_the_folder_and_the_sweeps_there(tmp_path):
+    (tmp_path / sweep.ATLAS / "have_one").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        sweep.load("nope", out=tmp_path)
+    assert str(tmp_path / sweep.ATLAS / "nope") in str(e.value) and "have_one" in str(e.value)
+
+
+def test_a_sweep_goes_to_the_results_folder_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv(fa_lab.results.ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert sweep.sweep_dir("x") == tmp_path / "fa_lab_results" / "atlas" / "x"
+    monkeypatch.setenv(fa_lab.results.ENV_VAR, str(tmp_path / "mine"))
+    assert sweep.sweep_dir("x") == tmp_path / "mine" / "atlas" / "x"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_parquet", "missing_column"])
+def test_a_malformed_part_names_the_file_and_what_is_wrong(client, tmp_path, damage):
+    sweep.run({**BASE, "k_scale": [8, 16]}, client=client, out=tmp_path, name="m",
+              progress=False)
+    folder = sweep.sweep_dir("m", tmp_path)
+    victim = sorted(folder.glob("part-*.parquet"))[0]
+    if damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:200])
+        need = "not a readable Parquet part"
+    elif damage == "not_parquet":
+        victim.write_text("point_id,policy\n1,lazy\n")
+        need = "not a readable Parquet part"
+    else:
+        pd.read_parquet(victim).drop(columns=["rel_l2", "seed"]).to_parquet(victim)
+        need = "missing column(s) seed, rel_l2"  # in SCHEMA's order
+    for read in (lambda: sweep.load("m", out=tmp_path), lambda: sweep.done_points("m", out=tmp_path)):
+        with pytest.raises(ValueError) as e:
+            read()
+        assert type(e.value) is ValueError and str(victim) in str(e.value), str(e.value)
+        assert need in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("policy: [lazy\nk_scale: [8]\nS: [256]\n", "not valid YAML at line"),
+    ("policy: lazy\n  k_scale: [8]\n", "not valid YAML at line 2"),
+    ("- lazy\n- eager\n", "holds list"),
+    ("", "holds nothing"),
+])
+def test_from_yaml_names_the_file_and_what_is_wrong(tmp_path, text, needle):
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        sweep.Grid.from_yaml(path)
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(FileNotFoundError, match="no grid file"):
+        sweep.Grid.from_yaml(tmp_path / "missing.yaml")

@@ -41,5 +41,5 @@ def to_png(fig: go.Figure, path, *, width: int | None = None, height: int | None
         warnings.simplefilter("ignore", DeprecationWarning)
         png = _kaleido_scope().transform(fig, format="png", width=width, height=height,
                                          scale=scale)
-    from fa_lab.studies.experiments import atomic_write_bytes
+    from fa_lab.results import atomic_write_bytes
     return atomic_write_bytes(path, png)

@@ -4,6 +4,8 @@
     res = adversary.search("lazy_unfixed", budget_s=30, seed=0)
     res.found, res.shrunk.size, res.repro        # the smallest failing input and one line
     adversary.save_regression(res, "tests/studies/regressions/lazy_unfixed.npz")
+    results.save("attack_mine", adversary.record("lazy_unfixed", [(res, wall_s)], params={}))
+    adversary.load_record("attack_lazy_unfixed", reference=True)   # the lab's reference run
 
     fa-lab attack POLICY [--budget 60] [--space scores|values] [--mods bias,alibi,sink]
                          [--seed 0] [--json] [--baseline eager] [--random-starts]
@@ -83,6 +85,11 @@ non-causal, D = 64, bf16, no noise, no wobble, no extra victims, a flat tile, V 
 modifier (each one off), and the smallest magnitudes (bisection: also the padding length)
 and simplest row placement, keeping each change only if the model still fails. The result
 is what ``save_regression`` checks in, modifiers included.
+
+**Records**: ``record`` makes the one result file every attack run writes (``fa-lab
+attack`` and the campaigns in benchmarks/: ``RECORD_KEYS``, one summary row and one
+``Attack.to_dict()`` per run); ``load_record`` reads one back, checked, from the results
+folder or (``reference=True``) the lab's reference data.
 """
 
 from .space import (FIELDS, MODS, MOD_ALIASES, parse_mods, Space, SPACES, Candidate, ONEHOT_ONLY,
@@ -93,9 +100,11 @@ from .optimize import (random_candidate, mutate, STARTS, MOD_STARTS, Attack, OPT
                        summary)
 from .shrink import shrink_candidate, trace_rows
 from .regression import tensor_digest, save_regression, load_regression, run_regression
+from .record import RECORD_KEYS, RUN_KEYS, summary_row, record, check_record, load_record
 
 __all__ = ["FIELDS", "MODS", "MOD_ALIASES", "parse_mods", "Space", "SPACES", "Candidate", "ONEHOT_ONLY",
            "RANDOM_ONLY", "canonical", "build", "SPARSE_BLOCK_ROWS", "mask_of", "build_mods",
            "KERNEL", "check_mods", "Verdict", "judged_rows", "judge", "random_candidate", "mutate",
            "STARTS", "MOD_STARTS", "Attack", "OPTIMIZERS", "search", "summary", "shrink_candidate",
-           "trace_rows", "tensor_digest", "save_regression", "load_regression", "run_regression"]
+           "trace_rows", "tensor_digest", "save_regression", "load_regression", "run_regression",
+           "RECORD_KEYS", "RUN_KEYS", "summary_row", "record", "check_record", "load_record"]

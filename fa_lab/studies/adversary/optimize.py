@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import shlex
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -104,7 +106,8 @@ class Attack:
     """``search``'s answer. ``found``: a failing input was found; ``first`` is it as found,
     ``shrunk`` after shrinking (``Candidate``s). ``best``: the highest-fitness input when
     nothing was found (the near miss). Times are seconds; ``evals`` counts model runs;
-    ``optimizer`` names the optimiser that searched (``OPTIMIZERS``)."""
+    ``optimizer`` names the optimiser that searched (``OPTIMIZERS``). ``imports``: the
+    files (or modules) that register a user's policy, which ``repro`` runs first."""
 
     policy: str
     space: dict
@@ -128,16 +131,31 @@ class Attack:
     structured: bool = True
     baseline: str | None = None
     optimizer: str = "cma"
+    imports: tuple = ()
 
     @property
     def repro(self) -> str:
+        """One line of Python that rebuilds the shrunk input (or the near miss), judges it
+        and prints whether it fails (``True``), with the user's policy files run first:
+        ``python -c "<repro>"`` runs it as printed (``repro_command``)."""
         c = self.shrunk or self.best
         if c is None:
             return ""
         thr = "" if self.threshold is None else f", threshold={self.threshold!r}"
         base = "" if self.baseline is None else f", baseline={self.baseline!r}"
-        return (f"fa_lab.studies.adversary.judge(fa_lab.studies.adversary.Candidate(**{_short(c)}), "
-                f"{self.policy!r}{thr}{base}).failed")
+        first = "".join(_import_line(x) for x in self.imports)
+        return (f"{first}from fa_lab.studies import adversary; "
+                f"print(adversary.judge(adversary.Candidate(**{_short(c)}), "
+                f"{self.policy!r}{thr}{base}).failed)")
+
+    @property
+    def repro_command(self) -> str:
+        """``repro`` as a shell command: ``python -c "..."``."""
+        line = self.repro
+        if not line:
+            return ""
+        quoted = f'"{line}"' if not set(line) & set('"$`\\!') else shlex.quote(line)
+        return f"python -c {quoted}"
 
     @property
     def mods(self) -> list:
@@ -160,6 +178,13 @@ class Attack:
         c = self.shrunk or self.best
         d["input_mods"] = None if c is None else c.mod_summary()
         return d
+
+
+def _import_line(x) -> str:
+    """Python that registers what ``--import x`` registered: a file run, or a module imported."""
+    if str(x).endswith(".py") or os.path.isfile(x):
+        return f"import runpy; runpy.run_path({os.path.abspath(x)!r}); "
+    return f"import {x}; "
 
 
 def _short(c: Candidate) -> dict:
@@ -438,7 +463,7 @@ def summary(res: Attack) -> str:
                 f"({res.evals_to_first} model runs) in space {res.space['name']!r}; shrunk in "
                 f"{res.shrink_evals} runs to Sq={s.seqlen_q} Skv={s.seqlen_kv} D={s.D} "
                 f"({s.family}, {s.dtype}, causal={s.causal}{mods}); non-finite rows "
-                f"{res.bad_rows}\n  repro: {res.repro}")
+                f"{res.bad_rows}\n  repro: {res.repro_command}")
     return (f"{res.policy}: no failure found in {res.search_s:.1f} s ({res.evals} model runs, "
             f"budget {res.budget_s:g} s, space {res.space['name']!r}); best fitness "
             f"{res.best_fitness:.1f} (128 means a predicted overflow)")

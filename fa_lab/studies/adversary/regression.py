@@ -3,11 +3,16 @@ what was expected), loaded and rerun later."""
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from fa_lab import results
+
 from .optimize import Attack
 from .space import Candidate, KERNEL, _dtype, build, build_mods
 from .judge import judged_rows
@@ -61,10 +66,13 @@ def save_regression(res: Attack, path, *, expect: str | None = None) -> Path:
             "stored": "tensors" if sparse else "candidate",
             "mods": list(mods), "sha256": tensor_digest(q, k, v, *mods.values())}
     arrays = {"q": _bits(q), "k": _bits(k), "v": _bits(v)} if sparse else {}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
-    return path
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **arrays)
+    return results.atomic_write_bytes(Path(path), buf.getvalue())
+
+
+#: The keys of a regression file's ``meta`` that loading and running it read.
+META_KEYS = ("policy", "threshold", "dtype", "causal", "expect", "candidate", "sha256")
 
 
 def load_regression(path, *, with_mods: bool = False):
@@ -72,19 +80,50 @@ def load_regression(path, *, with_mods: bool = False):
     candidate where only that is stored; either way checked against the digest).
     ``with_mods``: (q, k, v, meta, mods), ``mods`` the score modifiers as
     ``flash_attn_func`` keyword arguments (empty for an input without any)."""
-    with np.load(path) as z:
-        meta = json.loads(str(z["meta"]))
-        dt = _dtype(meta["dtype"])
-        c = Candidate(**meta["candidate"])
-        if meta.get("stored", "tensors") == "tensors":
-            q, k, v = (_from_bits(z[n], dt) for n in ("q", "k", "v"))
-        else:
-            q, k, v = build(c)
+    q, k, v, meta, c = _read(Path(path))
     mods = build_mods(c)
     if list(mods) != meta.get("mods", []) or tensor_digest(q, k, v, *mods.values()) != meta["sha256"]:
         raise ValueError(f"{path}: the input does not match its digest (a different torch "
                          "random stream rebuilt a 'random'-family candidate?)")
     return (q, k, v, meta, mods) if with_mods else (q, k, v, meta)
+
+
+def _read(path: Path):
+    """(q, k, v, meta, candidate) of a regression file; whatever is wrong with the file
+    raises ``ValueError`` naming it and what is wrong."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no regression file {str(path)!r}")
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"{path}: not a regression file (.npz): {e}") from None
+    with z:
+        if "meta" not in z.files:
+            raise ValueError(f"{path}: not a regression file: no 'meta' (it holds "
+                             f"{', '.join(z.files) or 'nothing'})")
+        try:
+            meta = json.loads(str(z["meta"]))
+        except (ValueError, zipfile.BadZipFile, EOFError) as e:
+            raise ValueError(f"{path}: its 'meta' is not valid JSON: {e}") from None
+        missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+        if missing:
+            raise ValueError(f"{path}: its 'meta' lacks {', '.join(map(repr, missing))}")
+        try:
+            dt = _dtype(meta["dtype"])
+            c = Candidate(**meta["candidate"])
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: its 'meta' holds a bad dtype or candidate: {e}") from None
+        if meta.get("stored", "tensors") == "tensors":
+            gone = [n for n in ("q", "k", "v") if n not in z.files]
+            if gone:
+                raise ValueError(f"{path}: stores its tensors, but lacks {', '.join(gone)}")
+            try:
+                q, k, v = (_from_bits(z[n], dt) for n in ("q", "k", "v"))
+            except (ValueError, zipfile.BadZipFile, EOFError) as e:
+                raise ValueError(f"{path}: a tensor does not read: {e}") from None
+        else:
+            q, k, v = build(c)
+    return q, k, v, meta, c
 
 
 def run_regression(path, policy=None) -> dict:

@@ -177,7 +177,7 @@ def _tflops_lines(table: pd.DataFrame, width: int, suite=None, rats=()) -> list[
 
 def save(table: pd.DataFrame, name="bench_h200", *, directory=None, device="cuda", params=None,
          tuning=None):
-    """data/results/<name>.json (or ``directory``), with provenance (atomic write): ``rows``
+    """<results folder>/<name>.json (or ``directory``), with provenance (atomic write): ``rows``
     (one per (shape, impl), with the per-round values), ``ratios`` (per round, with median
     and min-max), ``paired_ratios`` (call-alternated, likewise), ``shapes`` (round
     orders, clocks, autotune picks, seconds), ``timing`` (the method),

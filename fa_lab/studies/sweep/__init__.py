@@ -5,8 +5,9 @@
                        "threshold": [4, 8], "S": [2048], "H": [4]})
     table = sweep.run(grid, name="bf16_cpu")        # a LocalCluster: 2 processes, 1 thread each
     table = sweep.load("bf16_cpu")                  # the tidy table, one row per point
+    sweep.reference("bf16_seed_h200")               # one of the lab's reference sweeps
 
-    fa-lab sweep GRID.yaml [--scheduler tcp://host:8786] [--name N] [--workers 2]
+    fa-lab sweep GRID.yaml [--scheduler tcp://host:8786] [--name N] [--workers 2] [--out-dir D]
 
 **The grid** is a product of named axes (``AXES``; ``seqlen``/``heads``/``batch``/
 ``head_dim`` are accepted for S/H/B/D). ``policy``, ``k_scale`` and ``S`` are required; the
@@ -36,22 +37,28 @@ the rescale counts come free), the fp32 reference, and ``compute_point`` returns
 NaN / inf / bad-row fractions, rel-L2 against fp32, the LSE state of the bad rows, rescale
 counts, wall times and provenance (``SCHEMA`` lists every column).
 
-**Results** are Parquet parts under ``data/atlas/<name>/``: one ``part-<point_id>.parquet``
-per completed point (or per ``batch`` points), written by the client as each task
-completes, to a temp file renamed into place. A rerun skips the points whose rows exist;
-a killed sweep loses only the points in flight. ``load`` returns the pandas view and
-``compact`` merges the parts into one file (for committing a finished grid).
+**Results** are Parquet parts under ``<results folder>/atlas/<name>/`` (the results folder:
+``out=``, ``$FA_LAB_RESULTS`` or ./fa_lab_results, as ``fa_lab.results``): one
+``part-<point_id>.parquet`` per completed point (or per ``batch`` points), written by the
+client as each task completes, to a temp file renamed into place, with the grid as run
+beside them as ``_grid-<hash>.json`` (``pandas.read_parquet(folder)`` skips it). A rerun
+skips the points whose rows exist; a killed sweep loses only the points in flight.
+``load`` returns the pandas view and ``compact`` merges the parts into one file (for
+committing a finished grid). The lab's reference sweeps (``data/atlas/<name>/``) are read
+with ``reference(name)`` and listed by ``references()``; no run writes there unless
+``out=`` names ``data/``.
 """
 
-from .grid import (ROOT, ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
+from .grid import (ROOT, ATLAS, REFERENCE_ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
                    GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError, SweepError,
                    Grid, check_name)
 from .point import FINITENESS_KEYS, COUNT_KEYS, compute_point
-from .store import SCHEMA, sweep_dir, done_points, load, compact
-from .cluster import TorchThreads, WORKER_ENV, local_client, close_local, run
+from .store import SCHEMA, sweep_dir, done_points, load, reference, references, compact
+from .cluster import TorchThreads, WORKER_ENV, local_client, close_local, dashboard, run
 
-__all__ = ["ROOT", "ATLAS_DIR", "AXES", "ALIASES", "REQUIRED", "DEFAULTS", "DTYPES", "BACKENDS",
+__all__ = ["ROOT", "ATLAS", "REFERENCE_ATLAS_DIR", "AXES", "ALIASES", "REQUIRED", "DEFAULTS", "DTYPES", "BACKENDS",
            "GPU_BACKENDS", "CPU_PROXY", "DEVICES", "BY_KV_LEN", "VOLATILE", "GridError",
            "SweepError", "Grid", "check_name", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
-           "SCHEMA", "sweep_dir", "done_points", "load", "compact", "TorchThreads", "WORKER_ENV",
+           "SCHEMA", "sweep_dir", "done_points", "load", "reference", "references", "compact",
+           "TorchThreads", "WORKER_ENV", "dashboard",
            "local_client", "close_local", "run"]

@@ -4,15 +4,22 @@ killed worker or an interrupted sweep resumes where it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import json
+import logging
 import os
-import tempfile
+import signal
+import sys
+import threading
 import uuid
 from pathlib import Path
 
 import pandas as pd
 import torch
+
+from fa_lab import results
 
 from .grid import Grid, GridError, SweepError, _describe, check_name
 from .store import _write_part, done_points, load, sweep_dir
@@ -56,17 +63,30 @@ def local_client(n_workers: int = 2, *, gpu: bool | None = None):
 
     if gpu is None:
         gpu = torch.cuda.is_available()
-    try:
-        import bokeh  # noqa: F401
-        dashboard = ":0"
-    except ImportError:
-        dashboard = None
-    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                           dashboard_address=dashboard, env=dict(WORKER_ENV),
-                           resources={"GPU": 1} if gpu else None)
+    dashboard = ":0"  # a free port: two sweeps on one machine each get theirs
+    with _workers_ignore_ctrl_c():
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                               dashboard_address=dashboard, env=dict(WORKER_ENV),
+                               resources={"GPU": 1} if gpu else None,
+                               silence_logs=logging.ERROR)
     client = Client(cluster)
     client.register_plugin(TorchThreads(1))
     return client
+
+
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c():
+    """SIGINT ignored while the worker processes start, so they inherit that: Ctrl-C at a
+    terminal reaches the whole process group, and only this process should act on it (stop
+    the sweep, keep what was saved, close the cluster) while the workers wait to be closed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def close_local(client) -> None:
@@ -125,7 +145,9 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     """Run the grid's points that have no row yet, one Dask task each, and return the
     sweep's whole table (``load``). ``client``: an existing cluster's ``Client`` (None:
     a LocalCluster of ``workers`` processes, closed afterwards). Results go to
-    ``out/<name>/`` (``out`` defaults to data/atlas, ``name`` to the grid's). ``batch``:
+    ``<out>/atlas/<name>/`` (``out``: the results folder, default ``$FA_LAB_RESULTS`` or
+    ./fa_lab_results; ``name`` defaults to the grid's). With ``progress`` the sweep says on
+    stderr where it runs and the Dask dashboard's address, and shows a progress bar. ``batch``:
     points per Parquet part (1: a killed sweep loses only what is in flight).
     ``counts``: see ``compute_point``. A point that raises is not written (a rerun retries
     it); after the others finish, ``SweepError`` lists the failures (``raise_errors``).
@@ -145,6 +167,7 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     failures = {}
     if todo:
         own = client is None
+        _check_writable(directory)  # before a cluster starts
         if own and any(_needs_gpu(p) for p in todo) and not torch.cuda.is_available():
             raise GridError(grid.spelled["backend"], "points on CUDA (backend 'triton' or device "
                             "'cuda') need a GPU; this machine has none: pass client= (or "
@@ -155,6 +178,10 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
             _check_gpu_workers(client, todo, grid.spelled)
             directory.mkdir(parents=True, exist_ok=True)
             _record_grid(directory, grid)
+            if progress:
+                print(f"sweep {name}: {len(todo)} of {len(points)} points to run, results in "
+                      f"{directory}\n{dashboard(client)} (scheduler {client.scheduler.address})",
+                      file=sys.stderr, flush=True)
             failures = _submit_and_collect(client, todo, name=name, run_id=run_id,
                                            directory=directory, counts=counts, batch=batch,
                                            progress=progress)
@@ -169,14 +196,34 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     return table
 
 
+def _check_writable(directory: Path) -> None:
+    """Refuse a folder that cannot be made or written, naming the path at fault."""
+    p = directory
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise NotADirectoryError(f"{p} is a file, not a folder: the sweep's folder would be "
+                                 f"{directory}")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise PermissionError(f"{p}: no permission to write the sweep's folder {directory}")
+
+
+def dashboard(client) -> str:
+    """Where the cluster's Dask dashboard is, in words (its address, or why there is none)."""
+    services = client.scheduler_info().get("services", {})
+    local = getattr(client, "cluster", None) is not None
+    if "dashboard" not in services or local and importlib.util.find_spec("bokeh") is None:
+        return "Dask dashboard: none (it needs bokeh>=3.1 on the scheduler's machine)"
+    return f"Dask dashboard: {client.dashboard_link}"
+
+
 def _record_grid(directory: Path, grid: Grid) -> None:
+    """The grid as run, as ``_grid-<hash>.json`` beside the parts (the leading ``_`` keeps
+    Parquet readers of the folder off it)."""
     blob = json.dumps(grid.to_dict(), sort_keys=True, default=str, indent=1)
-    path = directory / f"grid-{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"
+    path = directory / f"_grid-{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(blob + "\n")
-        os.replace(tmp, path)
+        results.atomic_write_bytes(path, (blob + "\n").encode())
 
 
 def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch, progress):

@@ -9,6 +9,7 @@ import json
 import math
 import numbers
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,10 @@ from fa_lab import results
 ROOT = results.ROOT  # the checkout: its data/ holds the lab's reference data
 
 
-ATLAS_DIR = ROOT / "data" / "atlas"
+#: A sweep's folder is ``<results folder>/ATLAS/<name>/``; the lab's reference sweeps
+#: are ``REFERENCE_ATLAS_DIR/<name>/`` (data/atlas).
+ATLAS = "atlas"
+REFERENCE_ATLAS_DIR = ROOT / "data" / ATLAS
 
 
 #: The grid's axes, in the order points are expanded (the first varies slowest).
@@ -218,13 +222,25 @@ class Grid:
 
     @classmethod
     def from_yaml(cls, path, *, name: str | None = None) -> "Grid":
+        """The grid in a YAML file. A missing file raises ``FileNotFoundError`` naming it;
+        a file that is not valid YAML, or not a mapping of axes, ``ValueError`` naming it
+        (and the line, for a syntax error)."""
         import yaml
 
         path = Path(path)
-        with open(path) as f:
-            spec = yaml.safe_load(f)
+        if not path.is_file():
+            raise FileNotFoundError(f"no grid file {str(path)!r}"
+                                    + (" (a directory)" if path.is_dir() else ""))
+        try:
+            spec = yaml.safe_load(path.read_bytes())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"{path}: not valid YAML{where}: {what}") from None
         if not isinstance(spec, dict):
-            raise TypeError(f"{path}: a grid file holds a mapping of axis -> values")
+            raise ValueError(f"{path}: a grid file holds a mapping of axis: [values], this one "
+                             f"holds {type(spec).__name__ if spec is not None else 'nothing'}")
         return cls(spec, name=name or spec.get("name") or path.stem)
 
     def __len__(self) -> int:
@@ -272,15 +288,21 @@ def _call_kwargs(point: dict) -> dict:
     return kw
 
 
-def _plan(point: dict, **shape):
+def _plan(point: dict, *, quiet: bool = False, **shape):
     """fa_lab's own check of the point's call, with no work done: ``api.plan`` on
     uninitialised CPU tensors of the point's shape (it reads no data), then
     ``dispatch.plan`` (routing, backend, and every capability of the chosen kernel:
     dtypes, head dims, the policy's vote and rebase, Python rules). ``triton`` needs CUDA
     tensors, so its points are planned as ``interpret``: the same faithful kernels, with
-    the same capabilities, on CPU tensors. Returns (kernel family, resolved policy)."""
+    the same capabilities, on CPU tensors. Returns (kernel family, resolved policy).
+    ``quiet``: a probe at a stand-in shape, whose warnings (a policy that a call of that
+    shape never consults) are not the user's; the point's own shape gives them."""
     from fa_lab import api
 
+    if quiet:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _plan(point, **shape)
     B, S, H, D = (shape.get(a, point[a]) for a in ("B", "S", "H", "D"))
     t = torch.empty((B, S, H, D), dtype=DTYPES[point["dtype"]])
     desc = {"q_descale": 1.0, "k_descale": 1.0, "v_descale": 1.0} if point["dtype"] == "fp8" else {}
@@ -301,7 +323,7 @@ def _expand(grid: Grid) -> list[dict]:
         probe = {"policy": pol, "dtype": dtype, "backend": backend, "threshold": None,
                  "causal": False, "B": 1, "S": 256, "H": 1, "D": 128}
         try:
-            _, resolved[(_policy_name(pol), dtype, backend)] = _plan(probe)
+            _, resolved[(_policy_name(pol), dtype, backend)] = _plan(probe, quiet=True)
         except _REFUSED as e:
             raise GridError(spelled["policy"], f"policy {_policy_name(pol)!r} cannot run with "
                             f"dtype={dtype!r} on backend={backend!r}: {e}") from None
@@ -328,7 +350,7 @@ def _expand(grid: Grid) -> list[dict]:
         if key not in planned:
             if p["threshold"] is not None:
                 try:
-                    _plan(p, B=1, S=256, H=1, D=128)
+                    _plan(p, quiet=True, B=1, S=256, H=1, D=128)
                 except _REFUSED as e:
                     raise GridError(spelled["threshold"], f"threshold {p['threshold']!r} with policy "
                                     f"{_policy_name(p['policy'])!r}, dtype={p['dtype']!r}: {e}") from None
@@ -352,7 +374,7 @@ def _blame_shape(p: dict) -> str:
     good = {"S": 256, "H": 1, "B": 1, "D": 128}
     for axis in ("S", "H", "B", "D"):
         try:
-            _plan(p, **{axis: good[axis]})
+            _plan(p, quiet=True, **{axis: good[axis]})
             return axis
         except _REFUSED:
             continue

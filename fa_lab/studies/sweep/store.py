@@ -1,11 +1,16 @@
 """Where a sweep's rows go: Parquet parts, one per batch of points, written atomically
-into the sweep's folder beside its grid; which points are done; loading and compacting."""
+into the sweep's folder beside its grid; which points are done; loading and compacting.
+
+A user's sweep ``name`` lives in ``<results folder>/atlas/<name>/`` (``out``: the results
+folder, default ``$FA_LAB_RESULTS`` or ./fa_lab_results, as ``fa_lab.results``); the lab's
+reference sweeps in ``data/atlas/<name>/``, read with ``reference(name)``. A sweep folder
+holds ``part-*.parquet`` files and, beside them, files whose names start with ``_``
+(``_grid-<hash>.json``: the grid as run), which Parquet readers skip, so
+``pandas.read_parquet(folder)`` reads the parts alone."""
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -14,7 +19,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from .grid import ATLAS_DIR, check_name
+from fa_lab import results
+
+from .grid import ATLAS, REFERENCE_ATLAS_DIR, check_name
 
 
 _I, _F, _S, _B = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -51,7 +58,9 @@ def _table(rows: list[dict]) -> pa.Table:
 
 
 def sweep_dir(name: str, out=None) -> Path:
-    return Path(ATLAS_DIR if out is None else out) / check_name(name)
+    """The folder of sweep ``name``: ``<out>/atlas/<name>/``, ``out`` the results folder
+    (``fa_lab.results.results_dir``)."""
+    return results.results_dir(out) / ATLAS / check_name(name)
 
 
 def _parts(directory: Path) -> list[Path]:
@@ -59,19 +68,42 @@ def _parts(directory: Path) -> list[Path]:
 
 
 def _write_part(directory: Path, fname: str, rows: list[dict]) -> Path:
-    """Write rows to ``directory/fname`` atomically: a hidden temp file, then os.replace."""
-    table = _table(rows)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".parquet")
+    """Write rows to ``directory/fname`` atomically (``fa_lab.results.atomic_write_bytes``)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(_table(rows), sink)
+    return results.atomic_write_bytes(directory / fname, sink.getvalue().to_pybytes())
+
+
+def _read(files: list[Path], columns=None) -> pa.Table:
+    """The parts as one table. Each part's schema is checked first (its footer alone): a
+    part that is not Parquet, or lacks a column of ``SCHEMA`` (which a dataset read would
+    fill with nulls), raises ``ValueError`` naming the file and what is wrong with it."""
+    for f in files:
+        try:
+            have = pq.read_schema(f)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{f}: not a readable Parquet part of a sweep (truncated or "
+                             f"not Parquet: {_first_line(e)})") from None
+        missing = [n for n in SCHEMA.names if n not in have.names]
+        wrong = [n for n in have.names if n in SCHEMA.names
+                 and not have.field(n).type.equals(SCHEMA.field(n).type)
+                 and not pa.types.is_null(have.field(n).type)]
+        if missing or wrong:
+            what = (f"missing column(s) {', '.join(missing)}" if missing else
+                    "column(s) of another type: " + ", ".join(
+                        f"{n} is {have.field(n).type}, not {SCHEMA.field(n).type}" for n in wrong))
+            raise ValueError(f"{f}: not a part of a sweep of this fa_lab: {what}")
     try:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-        os.replace(tmp, directory / fname)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return directory / fname
+        return pads.dataset([str(f) for f in files], format="parquet",
+                            schema=SCHEMA).to_table(columns=columns)
+    except (pa.ArrowException, OSError) as e:  # a footer that reads over a body that does not
+        raise ValueError(f"{files[0].parent}: a Parquet part does not read: "
+                         f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def done_points(name: str, *, out=None) -> set[str]:
@@ -79,7 +111,7 @@ def done_points(name: str, *, out=None) -> set[str]:
     files = _parts(sweep_dir(name, out))
     if not files:
         return set()
-    t = pads.dataset([str(f) for f in files], format="parquet", schema=SCHEMA).to_table(columns=["point_id"])
+    t = _read(files, columns=["point_id"])
     return set(t.column("point_id").to_pylist())
 
 
@@ -88,12 +120,35 @@ _SORT = ("policy", "dtype", "backend", "device", "B", "S", "H", "D", "causal", "
 
 
 def load(name: str, *, out=None) -> pd.DataFrame:
-    """The sweep's table (one row per point; the newest row where a point ran twice),
-    sorted by the grid's axes."""
-    files = _parts(sweep_dir(name, out))
+    """The table of sweep ``name`` in the results folder ``out`` (one row per point; the
+    newest row where a point ran twice), sorted by the grid's axes. A sweep that has no
+    folder raises ``FileNotFoundError`` naming the folder and the sweeps there."""
+    return _load(sweep_dir(name, out))
+
+
+def reference(name: str) -> pd.DataFrame:
+    """The lab's reference sweep ``name`` (``data/atlas/<name>/``), as ``load``."""
+    return _load(REFERENCE_ATLAS_DIR / check_name(name), what="reference sweep")
+
+
+def references() -> list[str]:
+    """Names of the lab's reference sweeps, sorted."""
+    return _names(REFERENCE_ATLAS_DIR)
+
+
+def _names(atlas: Path) -> list[str]:
+    return sorted(p.name for p in atlas.iterdir() if p.is_dir()) if atlas.is_dir() else []
+
+
+def _load(directory: Path, what: str = "sweep") -> pd.DataFrame:
+    if not directory.is_dir():
+        have = ", ".join(_names(directory.parent)) or "(none)"
+        raise FileNotFoundError(f"no {what} {directory.name!r}: {directory} does not exist; "
+                                f"sweeps in {directory.parent}: {have}")
+    files = _parts(directory)
     if not files:
         return SCHEMA.empty_table().to_pandas()
-    df = pads.dataset([str(f) for f in files], format="parquet", schema=SCHEMA).to_table().to_pandas()
+    df = _read(files).to_pandas()
     df = df.sort_values("timestamp", kind="stable").drop_duplicates("point_id", keep="last")
     return df.sort_values(list(_SORT), kind="stable").reset_index(drop=True)
 
@@ -105,7 +160,7 @@ def compact(name: str, *, out=None) -> Path | None:
     files = _parts(directory)
     if len(files) <= 1:
         return files[0] if files else None
-    df = load(name, out=out)
+    df = _load(directory)
     rows = df.to_dict("records")
     merged = _write_part(directory, f"part-all-{uuid.uuid4().hex[:8]}.parquet",
                          [_from_pandas(r) for r in rows])
