@@ -131,7 +131,7 @@ $(VENDOR_OK): Makefile
 # autosummary never deletes a stub: docs/generated/ is rebuilt each time from docs/api.md.
 docs: setup $(VENDOR_OK)
 	rm -rf docs/generated
-	$(DOCS_ENV) $(VENV)/bin/sphinx-build -W --keep-going -n -q -b html -c docs \
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -b html -c docs \
 		-d _build/doctrees . $(DOCS_OUT)
 
 # The built site in headless Chromium, offline (tests/project/test_docs_site.py).
