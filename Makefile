@@ -128,10 +128,12 @@ $(VENDOR_OK): Makefile
 	rm -rf $(VENDOR)/npm
 	touch $@
 
+# -E: every page is read again each time (the lessons' outputs come from the cache), so a
+# second build reports every warning the first did, not only those of changed pages.
 # autosummary never deletes a stub: docs/generated/ is rebuilt each time from docs/api.md.
 docs: setup $(VENDOR_OK)
 	rm -rf docs/generated
-	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -b html -c docs \
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -E -b html -c docs \
 		-d _build/doctrees . $(DOCS_OUT)
 
 # The built site in headless Chromium, offline (tests/project/test_docs_site.py).

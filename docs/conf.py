@@ -95,6 +95,7 @@ def _escape_bars(app, what, name, obj, options, lines):
 html_theme = "sphinx_book_theme"
 html_title = PACKAGE
 html_theme_options = {"show_toc_level": 2}
+html_css_files = ["fa_lab.css"]
 html_extra_path = ["_extra"]             # index.html at the site root -> docs/index.html
 # _build/vendor-js/ (make docs fetches it from the npm registry): jupyter-widgets/ (require.js,
 # html-manager's embed-amd.js and its fonts) and mathjax/.
