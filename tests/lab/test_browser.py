@@ -308,7 +308,7 @@ def test_lesson_dashboard_fits_and_redraws(lab, results, lesson):
             raise
         finally:
             browser.close()
-    assert not stderr, stderr
+    # recorded before the stderr check: a stray warning in a lesson does not hide its timings
     results[lesson] = {
         "notebook": notebook, "k_scale_from": k0, "moves": MOVES,
         "first_move_loaded_s": round(times["loaded"][0], 3),
@@ -319,11 +319,15 @@ def test_lesson_dashboard_fits_and_redraws(lab, results, lesson):
                           and statistics.median(times["loaded"][1:]) < TARGET_S),
         "times_idle_s": [round(t, 3) for t in times["idle"]],
         "times_loaded_s": [round(t, 3) for t in times["loaded"]],
+        # the kernel's clock on each move: (main figure sent, all done)
+        "kernel_loaded_s": [[round(x, 3) for x in k] for k in kernel["loaded"]],
+        "kernel_idle_s": [[round(x, 3) for x in k] for k in kernel["idle"]],
         **{f"kernel_{what}_median_{condition}_s":
            round(statistics.median(k[i] for k in kernel[condition]), 3)
            for i, what in enumerate(("main_figure", "all")) for condition in ("idle", "loaded")},
         "boxes": boxes,
     }
+    assert not stderr, stderr
     # Loose bounds (a slow or shared CI machine must not fail here); the times and whether
     # they meet the goals are recorded.
     assert times["loaded"][0] < 10.0 and statistics.median(times["loaded"]) < 5.0, times
