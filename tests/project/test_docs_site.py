@@ -129,11 +129,16 @@ def test_lesson_plotly_figure_hovers(new_page):
     page.wait_for_selector(".js-plotly-plot .hoverlayer .hovertext", timeout=5_000)
 
 
+def _follow(page, css: str, text: str):
+    """Click the one link ``css`` that reads ``text``."""
+    link = page.locator(css, has_text=text)
+    assert link.count() == 1, (text, link.count())
+    link.click()
+
+
 def test_api_page_lists_flash_attn_func(new_page):
     page = new_page("docs/api.html")
-    link = page.locator("table.autosummary a", has_text="flash_attn_func")
-    assert link.count() == 1
-    link.click()
+    _follow(page, "table.autosummary a", "flash_attn_func")
     page.wait_for_load_state("load")
     sig = page.locator("dt.sig#fa_lab\\.flash_attn_func")
     assert sig.count() == 1
@@ -166,9 +171,7 @@ def test_math_renders_offline(new_page):
 
 def test_guide_links_reach_the_lessons(new_page):
     page = new_page("README.html")
-    link = page.locator("article a", has_text="00 a tour")
-    assert link.count() == 1
-    link.click()
+    _follow(page, "article a", "00 a tour")
     page.wait_for_url("**/notebooks/00_tour.html")
     assert page.locator("h1").first.inner_text().startswith("00")
 
