@@ -1,4 +1,5 @@
-"""Sphinx configuration: `make docs` runs `sphinx-build -W --keep-going -n -b html -c docs . _build/html`.
+"""Sphinx configuration of the docs site. `make docs` runs, from the repository root,
+`python -m sphinx -W --keep-going -n -E -b html -c docs -d _build/doctrees . _build/html`.
 
 The source folder is the repository root (not docs/), so README.md, docs/*.md and
 notebooks/*.ipynb keep the relative links that work on GitHub and in JupyterLab
