@@ -1,12 +1,12 @@
 # make setup | make test | make test-quick | make test-wheel | make test-triton-floor | make test-gpu
-# make lab | make table | make strip | make screenshots
+# make lab | make table | make strip | make screenshots | make docs | make docs-test | make docs-clean
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
 .PHONY: setup test test-quick test-wheel test-triton-floor test-gpu check-gpu-record lab table strip \
-	screenshots clean
+	screenshots clean docs docs-test docs-clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,docs]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -124,6 +124,51 @@ strip:
 # docs/img/ for the README; needs Debian's chromium.
 screenshots: setup
 	FA_LAB_SCREENSHOT_DIR=docs/img OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q tests/lab/test_browser.py
+
+# make docs: the site in _build/html (open _build/html/index.html) from README.md, docs/*.md,
+# the lessons (executed once, their outputs cached in _build/jupyter_cache-*; a change to
+# fa_lab/, kernels/ or data/ starts a fresh cache) and the docstrings (docs/api.md).
+# -W --keep-going: every warning fails the build, all of them listed; -n: every
+# cross-reference must resolve. The page JavaScript that Sphinx and MyST-NB would load from
+# CDNs comes from the npm registry once, into _build/vendor-js/ (npm pack: no node_modules,
+# no lock file): require.js and html-manager (ipywidgets 8's page runtime) for the lessons'
+# widgets, MathJax 3 for the math. The built site needs no network.
+DOCS_OUT  := _build/html
+VENDOR    := _build/vendor-js
+VENDOR_OK := _build/vendor-js.stamp
+HTML_MANAGER := 1.0.15
+REQUIREJS    := 2.3.8
+MATHJAX      := 3.2.2
+DOCS_ENV  := OMP_WAIT_POLICY=PASSIVE
+
+$(VENDOR_OK): Makefile
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/npm $(VENDOR)/jupyter-widgets $(VENDOR)/mathjax/output/chtml/fonts
+	cd $(VENDOR)/npm && npm pack --silent @jupyter-widgets/html-manager@$(HTML_MANAGER) \
+		requirejs@$(REQUIREJS) mathjax@$(MATHJAX) >/dev/null
+	cd $(VENDOR)/npm && for t in *.tgz; do mkdir $${t%.tgz} && tar -xzf $$t -C $${t%.tgz}; done
+	cp $(VENDOR)/npm/jupyter-widgets-html-manager-$(HTML_MANAGER)/package/dist/embed-amd.js \
+		$(VENDOR)/npm/jupyter-widgets-html-manager-$(HTML_MANAGER)/package/dist/*.woff* \
+		$(VENDOR)/npm/requirejs-$(REQUIREJS)/package/require.js $(VENDOR)/jupyter-widgets/
+	cp $(VENDOR)/npm/mathjax-$(MATHJAX)/package/es5/tex-chtml-full.js $(VENDOR)/mathjax/
+	cp -r $(VENDOR)/npm/mathjax-$(MATHJAX)/package/es5/output/chtml/fonts/woff-v2 \
+		$(VENDOR)/mathjax/output/chtml/fonts/
+	rm -rf $(VENDOR)/npm
+	touch $@
+
+# -E: every page is read again each time (the lessons' outputs come from the cache), so a
+# second build reports every warning the first did, not only those of changed pages.
+# autosummary never deletes a stub: docs/generated/ is rebuilt each time from docs/api.md.
+docs: setup $(VENDOR_OK)
+	rm -rf docs/generated
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -E -b html -c docs \
+		-d _build/doctrees . $(DOCS_OUT)
+
+# The built site in headless Chromium, offline (tests/project/test_docs_site.py).
+docs-test: docs
+	$(PY) -m pytest -q -p no:cacheprovider tests/project/test_docs_site.py
+
+docs-clean:
+	rm -rf _build docs/generated
 
 clean:
 	rm -rf $(VENV) .venv-triton*/ .pytest_cache

@@ -1,7 +1,7 @@
 """A learner's view: the lessons' dashboards in real JupyterLab, in headless Chromium.
 
 Starts JupyterLab from this virtual environment on a free localhost port, in a temporary
-directory holding copies of lessons 00, 02 and 03 (and the glossary they link to), with the
+directory holding copies of lessons 02 and 03 (and the glossary they link to), with the
 environment ``make lab`` sets (one OpenMP thread that sleeps when idle). For each lesson it
 opens the notebook in headless Chromium at 1600 x 1000 (Debian's /usr/bin/chromium, driven
 by playwright; no browser is ever downloaded), runs every cell, scrolls to the dashboard and
@@ -12,11 +12,13 @@ checks that
 * no cell wrote to stderr (e.g. a figure that sent NaN through the widget protocol).
 
 It times each redraw end to end (key press to the new main figure and summary in the
-page), first with the machine as it is, then with a CPU-bound process running beside it,
-and records the medians in ``data/results/browser_redraw.json`` (``FA_LAB_BROWSER_RESULTS``
-names another file), beside the kernel's clock on the same redraws (the dashboard prints
-it under its summary: when the main figure was sent, and when the summary's numbers were
-done, which after a move made in the browser waits for the main figure to be drawn).
+page): first with a CPU-bound process running beside the lab, starting with the first move
+after Run All (issue 32's case: that move must stay under 1 s, the later ones' median under
+0.3 s), then with the machine as it is. It records the times in
+``data/results/browser_redraw.json`` (``FA_LAB_BROWSER_RESULTS`` names another file),
+beside the kernel's clock on the same redraws (the dashboard prints it under its summary:
+when the main figure was sent, and when the summary's numbers were done, which after a move
+made in the browser waits for the main figure to be drawn).
 Screenshots of each dashboard go to ``$FA_LAB_SCREENSHOT_DIR`` (``docs/img`` for the
 README's), else to the temporary directory. Skipped only when /usr/bin/chromium is absent.
 
@@ -56,11 +58,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1600, "height": 1000}
 #: lesson -> (notebook, the dashboard's CSS class, the label of its scale slider)
-LESSONS = {"00": ("00_quickstart.ipynb", "fa-lab-rescale-dashboard", "K scale"),
-           "02": ("02_lazy_rescale_nan.ipynb", "fa-lab-rescale-dashboard", "K scale"),
-           "03": ("03_fp8_rescale.ipynb", "fa-lab-fp8-dashboard", "k scale")}
+LESSONS = {"02": ("02_lazy_rescale.ipynb", "fa-lab-rescale-dashboard", "K scale"),
+           "03": ("03_fp8.ipynb", "fa-lab-fp8-dashboard", "k scale")}
 MOVES = 5                # slider moves timed per condition
-TARGET_S = 0.3           # the redraw goal, recorded beside the medians
+TARGET_S = 0.3           # the redraw goal (median), recorded beside the medians
+FIRST_TARGET_S = 1.0     # the goal for the first move after Run All, under load
 # Each run records its medians in data/results (the committed file is the last run a
 # developer kept); FA_LAB_BROWSER_RESULTS names another file.
 RESULTS = Path(os.environ.get("FA_LAB_BROWSER_RESULTS",
@@ -164,12 +166,15 @@ def results():
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "name": "browser_redraw",
-            "what": ("seconds from a K-scale key press to the redrawn main figure in JupyterLab "
-                     "(headless Chromium, 1600 x 1000), one torch thread (make lab's "
-                     "environment); 'loaded': with one CPU-bound process beside it; "
+            "what": ("seconds from a K-scale key press to the redrawn main figure and summary "
+                     "in JupyterLab (headless Chromium, 1600 x 1000), one torch thread (make "
+                     "lab's environment); 'loaded': with one CPU-bound process beside it, "
+                     "the first of them the first move after Run All (first_move_loaded_s; "
+                     "median_loaded_later_s: the moves after it); 'idle': then without it; "
                      "kernel_*: the kernel's clock on the same redraws, from the move's "
                      "arrival to the main figure sent, and to the summary's numbers done"),
             "target_s": TARGET_S,
+            "first_move_target_s": FIRST_TARGET_S,
             "provenance": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            "cpus": os.cpu_count(), "machine": platform.machine(),
                            "python": platform.python_version(),
@@ -275,9 +280,10 @@ def test_lesson_dashboard_fits_and_redraws(lab, results, lesson):
             handle = slider.locator(".noUi-handle")
             state = page.evaluate(_READ_STATE)
             k0 = _scale(state)
-            times = {"idle": [], "loaded": []}
-            kernel = {"idle": [], "loaded": []}
-            for condition in ("idle", "loaded"):
+            times = {"loaded": [], "idle": []}
+            kernel = {"loaded": [], "idle": []}
+            # loaded first: the first move after Run All is the one a learner makes first
+            for condition in ("loaded", "idle"):
                 with (cpu_burner() if condition == "loaded" else contextlib.nullcontext()):
                     for _ in range(MOVES):
                         seconds, k_s, new = _move_and_time(page, handle, "ArrowRight", state)
@@ -304,21 +310,29 @@ def test_lesson_dashboard_fits_and_redraws(lab, results, lesson):
             raise
         finally:
             browser.close()
-    assert not stderr, stderr
+    # recorded before the stderr check: a stray warning in a lesson does not hide its timings
     results[lesson] = {
         "notebook": notebook, "k_scale_from": k0, "moves": MOVES,
-        "first_move_s": round(times["idle"][0], 3),
-        "median_idle_s": round(statistics.median(times["idle"]), 3),
+        "first_move_loaded_s": round(times["loaded"][0], 3),
+        "median_loaded_later_s": round(statistics.median(times["loaded"][1:]), 3),
         "median_loaded_s": round(statistics.median(times["loaded"]), 3),
+        "median_idle_s": round(statistics.median(times["idle"]), 3),
+        "meets_targets": (times["loaded"][0] < FIRST_TARGET_S
+                          and statistics.median(times["loaded"][1:]) < TARGET_S),
         "times_idle_s": [round(t, 3) for t in times["idle"]],
         "times_loaded_s": [round(t, 3) for t in times["loaded"]],
+        # the kernel's clock on each move: (main figure sent, all done)
+        "kernel_loaded_s": [[round(x, 3) for x in k] for k in kernel["loaded"]],
+        "kernel_idle_s": [[round(x, 3) for x in k] for k in kernel["idle"]],
         **{f"kernel_{what}_median_{condition}_s":
            round(statistics.median(k[i] for k in kernel[condition]), 3)
            for i, what in enumerate(("main_figure", "all")) for condition in ("idle", "loaded")},
         "boxes": boxes,
     }
-    # A loose bound (a slow CI machine must not fail here); the medians are recorded.
-    assert statistics.median(times["loaded"]) < 5.0, times
+    assert not stderr, stderr
+    # Loose bounds (a slow or shared CI machine must not fail here); the times and whether
+    # they meet the goals are recorded.
+    assert times["loaded"][0] < 10.0 and statistics.median(times["loaded"]) < 5.0, times
 
 
 # ---- the lab itself ----------------------------------------------------------------------
@@ -337,21 +351,21 @@ def test_lab_saves_lessons_without_outputs(tmp_path):
     config = runpy.run_path(str(REPO / ".jupyter" / "jupyter_server_config.py"),
                             init_globals={"get_config": lambda: cfg})
     hook = config["strip_lesson_outputs"]
-    lesson = nbformat.read(REPO / "notebooks" / "00_quickstart.ipynb", as_version=4)
+    lesson = nbformat.read(REPO / "notebooks" / "00_tour.ipynb", as_version=4)
     cell = next(c for c in lesson.cells if c.cell_type == "code")
     cell.outputs = [new_output("stream", text="hi")]
     cell.execution_count = 7
     cell.metadata["execution"] = {"iopub.status.busy": "now"}
     lesson.metadata["widgets"] = {"state": {}}
     model = {"type": "notebook", "content": json.loads(nbformat.writes(lesson))}
-    hook(model=model, path="00_quickstart.ipynb", contents_manager=_Manager(REPO / "notebooks"))
+    hook(model=model, path="00_tour.ipynb", contents_manager=_Manager(REPO / "notebooks"))
     saved = model["content"]
     code = [c for c in saved["cells"] if c["cell_type"] == "code"]
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
     assert "widgets" not in saved["metadata"] and "execution" not in code[0]["metadata"]
     assert [c["id"] for c in saved["cells"]] == [c.id for c in lesson.cells]
     assert saved == json.loads(nbformat.writes(nbformat.read(
-        REPO / "notebooks" / "00_quickstart.ipynb", as_version=4)))   # = the stripped file
+        REPO / "notebooks" / "00_tour.ipynb", as_version=4)))   # = the stripped file
     elsewhere = {"type": "notebook", "content": {"cells": [{"cell_type": "code", "outputs": [1],
                                                             "execution_count": 1, "metadata": {}}],
                                                  "metadata": {}}}

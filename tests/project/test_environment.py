@@ -23,11 +23,11 @@ def _own(extra: str) -> list[str]:
 
 
 def test_environment_yml_matches_pyproject():
-    """environment.yml installs the dependencies and the [lab] and [dev] extras, with the
-    pinned torch build in place of the library's lower bound."""
+    """environment.yml installs the dependencies and the [lab], [dev] and [docs] extras (what
+    make setup installs), with the pinned torch build in place of the library's lower bound."""
     project = _project()
     core = [r for r in project["dependencies"] if not norm(r).startswith("torch")]
-    wanted = {norm(r) for r in core + _own("lab") + _own("dev")} | {"torch==2.13.0"}
+    wanted = {norm(r) for r in core + _own("lab") + _own("dev") + _own("docs")} | {"torch==2.13.0"}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     deps = env["dependencies"]
     assert "python=3.11" in deps

@@ -1,0 +1,160 @@
+"""Sphinx configuration of the docs site. `make docs` runs, from the repository root,
+`python -m sphinx -W --keep-going -n -E -b html -c docs -d _build/doctrees . _build/html`.
+
+The source folder is the repository root (not docs/), so README.md, docs/*.md and
+notebooks/*.ipynb keep the relative links that work on GitHub and in JupyterLab
+(README -> docs/semantics.md, a lesson -> ../docs/semantics.md#anchor); include_patterns
+keeps everything else out. The built site needs no network: plotly.js, the widget runtime
+and MathJax are served from _static.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import anywidget
+import plotly
+
+DOCS = Path(__file__).resolve().parent
+REPO = DOCS.parent
+PACKAGE = "fa_lab"
+
+project = PACKAGE
+author = f"{PACKAGE} developers"
+copyright = f"2026, {PACKAGE} developers"
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+]
+
+root_doc = "docs/index"
+include_patterns = ["README.md", "docs/**", "notebooks/*.ipynb"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints", "docs/_extra"]
+
+# --- MyST: Markdown as GitHub renders it
+myst_heading_anchors = 3                 # GitHub-style links: semantics.md#72-the-three-outcomes
+myst_enable_extensions = ["dollarmath"]  # $...$ and $$...$$
+# MathJax 3 from _static (make docs fetches it), not Sphinx 9's default MathJax 4 from a CDN.
+mathjax_path = "mathjax/tex-chtml-full.js"
+
+# --- MyST-NB: lessons run at build time, once, through jupyter-cache
+nb_execution_mode = "cache"
+nb_execution_timeout = 600               # seconds per cell
+nb_execution_raise_on_error = True       # a failing cell fails the build
+nb_merge_streams = True
+# Kernels that the build starts run this file first (IPython runs $PYTHONSTARTUP): plotly
+# figures become HTML that needs plotly.js on the page, not a mime type MyST-NB can't show.
+os.environ["PYTHONSTARTUP"] = str(DOCS / "docs_kernel_startup.py")
+nb_execution_show_tb = True              # a failing lesson's traceback in the build log
+# jupyter-cache keys a lesson by its code cells alone: a change to the package, the kernels,
+# the reference data the lessons read, the kernel startup file or plotly would leave stale
+# outputs. The cache's folder name carries a digest of them, so such a change starts a fresh
+# cache (and, being a changed setting, a full re-read). Old caches stay until `make docs-clean`.
+_sources = sorted(f for top in (PACKAGE, "kernels", "data") for f in (REPO / top).rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts)
+_sources.append(DOCS / "docs_kernel_startup.py")
+_digest = hashlib.sha256()
+for _f in _sources:
+    _digest.update(str(_f.relative_to(REPO)).encode() + b"\0" + _f.read_bytes())
+_digest.update(f"plotly {plotly.__version__} anywidget {anywidget.__version__}".encode())
+nb_execution_cache_path = str(REPO / "_build" / f"jupyter_cache-{_digest.hexdigest()[:12]}")
+
+# --- API reference: autosummary pages in docs/generated/ (not tracked)
+autosummary_generate = True
+# undoc-members: autosummary's class pages list every attribute; each needs a target (-n)
+autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
+autodoc_typehints = "description"
+# No napoleon: the docstrings are prose with ``literals``, no Parameters/Returns sections.
+# -n (nitpicky): every cross-reference must resolve. intersphinx would need the network at
+# build time, so types from other packages stay unlinked and are not reported.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(numpy|np|torch|pandas|pd|plotly|go|ipywidgets|dask|distributed)(\..*)?"),
+    (r"py:.*", r"(pathlib|os|collections|typing|datetime|contextlib)\..*"),   # the stdlib
+]
+
+
+# fa_lab's docstrings are plain text with ``literals``: a bare "|" is a character (|o - 1|,
+# an absolute value), never the start of an RST substitution, which the project never
+# defines. Escaped here, outside literals, rather than in every docstring.
+_LITERAL = re.compile(r"(``.+?``)")
+
+
+def _escape_bars(app, what, name, obj, options, lines):
+    for i, line in enumerate(lines):
+        if "|" in line:
+            parts = _LITERAL.split(line)
+            lines[i] = "".join(p if p.startswith("``") else re.sub(r"(?<!\\)\|", r"\\|", p)
+                               for p in parts)
+
+
+# --- HTML
+html_theme = "sphinx_book_theme"
+html_title = PACKAGE
+html_theme_options = {"show_toc_level": 2}
+html_css_files = ["fa_lab.css"]
+html_extra_path = ["_extra"]             # index.html at the site root -> docs/index.html
+# _build/vendor-js/ (make docs fetches it from the npm registry): jupyter-widgets/ (require.js,
+# html-manager's embed-amd.js and its fonts) and mathjax/.
+html_static_path = ["_static", str(REPO / "_build" / "vendor-js")]
+if not (REPO / "_build" / "vendor-js.stamp").exists():
+    raise RuntimeError("_build/vendor-js is missing: run `make docs`, which fetches it")
+
+# Widgets: MyST-NB embeds the widget state saved by the execution and, on pages that have
+# some, loads the ipywidgets page runtime, from CDNs unless told otherwise.
+nb_ipywidgets_js = {
+    "jupyter-widgets/require.js": {},
+    "jupyter-widgets-offline.js": {},    # requirejs paths: anywidget etc. from _static
+    "jupyter-widgets/embed-amd.js": {},
+}
+
+_PLOTLY_DATA = Path(plotly.__file__).parent / "package_data"
+_PLOTLY_JS = _PLOTLY_DATA / "plotly.min.js"                # plotly.js, for go.Figure output
+_PLOTLY_WIDGET_JS = _PLOTLY_DATA / "widgetbundle.js"       # FigureWidget's anywidget module
+_ANYWIDGET_JS = Path(anywidget.__file__).parent / "nbextension" / "index.js"  # AMD build
+# A FigureWidget's saved state holds plotly's whole widget bundle (its `_esm`, ~5 MB with
+# plotly.js inside) once per figure. Each page gets a stub instead that imports one shared
+# copy from _static, located from the page's own jupyter-widgets-offline.js tag.
+_PLOTLY_WIDGET_STUB = (
+    "const here = document.querySelector('script[src*=\"jupyter-widgets-offline.js\"]').src;\n"
+    "const m = await import(new URL('jupyter-widgets/plotly-widgetbundle.js', here).href);\n"
+    "export default m.default;\n")
+
+
+def _plotly_js_on_figure_pages(app, pagename, templatename, context, doctree):
+    if "plotly-graph-div" in context.get("body", ""):
+        app.add_js_file("plotly.min.js", priority=400)
+
+
+def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
+    js_files = getattr(app.env, "nb_metadata", {}).get(pagename, {}).get("js_files", {})
+    if "ipywidgets_state" not in js_files:
+        return
+    uri, kwargs = js_files["ipywidgets_state"]
+    state = json.loads(kwargs["body"])
+    bundle = _PLOTLY_WIDGET_JS.read_text(encoding="utf-8")
+    for model in state.get("state", {}).values():
+        if model.get("state", {}).get("_esm") == bundle:
+            model["state"]["_esm"] = _PLOTLY_WIDGET_STUB
+    body = json.dumps(state).replace("</script>", r"<\/script>")
+    js_files["ipywidgets_state"] = (uri, {**kwargs, "body": body})
+
+
+def _copy_js(app, exc):
+    if exc is None and app.builder.format == "html":
+        static = Path(app.outdir) / "_static"
+        shutil.copyfile(_PLOTLY_JS, static / "plotly.min.js")
+        shutil.copyfile(_ANYWIDGET_JS, static / "jupyter-widgets" / "anywidget.js")
+        shutil.copyfile(_PLOTLY_WIDGET_JS, static / "jupyter-widgets" / "plotly-widgetbundle.js")
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _escape_bars)
+    app.connect("html-page-context", _plotly_js_on_figure_pages)
+    # before MyST-NB's own handler (priority 500) puts the page's widget state on it
+    app.connect("html-page-context", _share_plotly_widget_bundle, priority=400)
+    app.connect("build-finished", _copy_js)

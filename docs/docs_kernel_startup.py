@@ -1,0 +1,29 @@
+"""Runs in every kernel that the docs build starts (conf.py sets PYTHONSTARTUP to this file;
+IPython kernels run it before the first cell). Not part of the package.
+
+Plotly figures become plain HTML: a div and a ``Plotly.newPlot`` call, with neither
+plotly.js nor MathJax in the output. The page loads plotly.js from ``_static`` (conf.py
+adds it to pages that hold a figure), so a built page needs no network. Plotly's own
+defaults don't fit a Sphinx site: under nbclient it emits only
+``application/vnd.plotly.v1+json`` (MyST-NB has no renderer for it: a warning, and no
+figure); ``notebook`` inlines 4.8 MB of plotly.js into every page with a figure;
+``notebook_connected`` loads plotly.js from a CDN; and every HTML renderer adds a MathJax
+<script> from a CDN to each figure.
+"""
+
+try:
+    import plotly.io as pio
+    from plotly.io.base_renderers import MimetypeRenderer
+except ImportError:  # a notebook that never imports plotly still runs
+    pass
+else:
+    class _SphinxPageRenderer(MimetypeRenderer):
+        def to_mimebundle(self, fig_dict):
+            html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False,
+                               full_html=False, default_width="100%", default_height=525,
+                               validate=False, config={"responsive": True})
+            return {"text/html": html}
+
+    pio.renderers["sphinx_page"] = _SphinxPageRenderer()
+    pio.renderers.default = "sphinx_page"
+    del _SphinxPageRenderer, MimetypeRenderer
