@@ -334,7 +334,10 @@ class Request:
             hash(key)
         except TypeError:  # an argument of a type resolve() refuses: let it say so
             return _resolve(*args)
-        return _resolve_cached(key)
+        policy, said = _resolve_cached(key)
+        for message, category in said:  # what resolving said, said again on every call
+            warnings.warn(message, category, stacklevel=3)
+        return policy
 
     def given(self) -> str:
         """The arguments given, as the caller wrote them."""
@@ -353,7 +356,11 @@ def _resolve(fp8, seqlen_kv, rescale, lazy_flag, threshold, bound, headroom, def
 
 @functools.lru_cache(maxsize=512)
 def _resolve_cached(key):
-    return _resolve(*(a for _, a in key))
+    """(the resolved policy, the warnings resolving it gave: (message, category) each)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        policy = _resolve(*(a for _, a in key))
+    return policy, tuple((str(w.message), w.category) for w in said)
 
 
 def resolve(

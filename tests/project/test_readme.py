@@ -215,9 +215,9 @@ def test_shell_lines_run(line, tmp_path):
         assert re.search(r"^\s+32 \|.*%\s+9\.20% \|", out, re.M), out
         assert not (tmp_path / "results").exists()          # --no-save
     elif argv[:2] == ["fa-lab", "sweep"]:
-        out_dir = tmp_path / argv[argv.index("--out") + 1]
+        out_dir = tmp_path / argv[argv.index("--out-dir") + 1]
         grid = yaml.safe_load((tmp_path / argv[2]).read_text())
-        rows = _parts(out_dir / grid["name"])
+        rows = _parts(out_dir / "atlas" / grid["name"])
         assert len(rows) == len(grid["policy"]) * len(grid["k_scale"])
         import pandas as pd
         table = pd.concat(rows)
@@ -226,10 +226,11 @@ def test_shell_lines_run(line, tmp_path):
     elif argv[:3] == ["fa-lab", "attack", "lazy_unfixed"]:
         assert "FAILS" in out and "repro: " in out, out
         repro = out.split("repro: ")[1].splitlines()[0]
-        check = subprocess.run([sys.executable, "-c", f"import fa_lab.studies.adversary; "
-                                f"import fa_lab; assert {repro}"], env=env, capture_output=True,
+        # the repro line runs as printed, in a shell, with the venv's python first on PATH
+        check = subprocess.run(["bash", "-c", repro], cwd=tmp_path, env=env, capture_output=True,
                                text=True)
-        assert check.returncode == 0, check.stderr[-2000:]     # the repro runs as printed
+        assert check.returncode == 0 and check.stdout.split()[-1:] == ["True"], \
+            check.stdout[-1000:] + check.stderr[-2000:]
     elif argv[:3] == ["fa-lab", "attack", "lazy"]:
         assert "no failure found" in out, out
     elif argv[:2] == ["fa-lab", "bench"]:
