@@ -287,10 +287,10 @@ def test_bf16_table_curves_values_colours_and_seed():
     for t in fig.data:
         pol = t.legendgroup
         assert t.marker.color == viz.policy_color(pol), t.name
-    seed_rel = [t for t in fig.data if t.name.startswith("lazy (seed")][0]
+    seed_rel = [t for t in fig.data if t.name.startswith("lazy (the bug report")][0]
     assert list(seed_rel.y) == [r["lazy"] for r in seed["rows"]]
     assert seed_rel.marker.symbol.endswith("-open")
-    seed_nan = [t for t in fig.data if t.name.startswith("lazy_unfixed NaN (seed")][0]
+    seed_nan = [t for t in fig.data if t.name.startswith("lazy_unfixed NaN (the bug report")][0]
     assert list(seed_nan.y) == [r["lazy_unfixed_nan_pct"] for r in seed["rows"]]
     assert fig.layout.yaxis.type == "log"
 
@@ -304,18 +304,18 @@ def test_fp8_table_curves_values_zero_edge_and_seed():
     ])
     seed = experiments.seed_table("fp8")
     fig = viz.fp8_table_curves(table, seed)
-    unfixed = [t for t in fig.data if t.legendgroup == "unfixed" and "seed" not in t.name]
+    unfixed = [t for t in fig.data if t.legendgroup == "unfixed" and "bug report" not in t.name]
     mad, zero, nan = unfixed
     assert mad.y[0] == 1e-4 and np.isnan(mad.y[1])
     assert list(zero.x) == [5000] and zero.y[0] < 1e-4  # exactly 0: bottom edge
     assert nan.y[1] == 50.0 and 0 < nan.y[0] < 50.0     # no NaN: the log axis' bottom edge
     assert nan.marker.symbol[0] == "triangle-down" and nan.marker.symbol[1] == "square"
-    b16 = [t for t in fig.data if t.name.startswith("bound 16 (seed")][0]
+    b16 = [t for t in fig.data if t.name.startswith("bound 16 (the bug report")][0]
     want = [r for r in seed["rows"] if r["policy"] == "lazy_capped" and r.get("bound") == 16]
     assert list(b16.x) == [r["k_scale"] for r in want]
     assert list(b16.y) == [r["mean_abs_dev"] for r in want]
     n_seed = 2 * 12288 * 8 * 128
-    seed_nan = [t for t in fig.data if t.name.startswith("unfixed NaN (seed")][0]
+    seed_nan = [t for t in fig.data if t.name.startswith("unfixed NaN (the bug report")][0]
     assert seed_nan.y[1] == pytest.approx(100 * 20.0e6 / n_seed)
     for t in fig.data:
         assert t.marker.color == viz.policy_color(t.legendgroup)

@@ -287,6 +287,7 @@ def test_choosing_a_policy_moves_the_controls_to_its_own_settings(cap24):
         policies.unregister("lift1")
     b = widgets.rescale_dashboard(S=256, H=1, policy="lazy", row=0)
     assert b.controls["threshold"].value == 8.0
+    assert b.controls["threshold"].max == 128.0          # reaches 64-96, where it matters
     b.controls["policy"].value = "cap24"
     assert b.controls["threshold"].value == 6.0 and b.last["label"] == "cap24"
     b.controls["threshold"].value = 7.0

@@ -38,8 +38,8 @@ def _draw_order(name) -> int:
 
 def bf16_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figure:
     """rel-L2 against fp32 (log y) and NaN % of output elements against K scale, one
-    colour per policy; ``seed`` (experiments.seed_table("bf16")) adds the seed's MI355X
-    figures as hollow markers. A missing rel-L2 point means that output had NaN."""
+    colour per policy; ``seed`` (experiments.seed_table("bf16")) adds the bug report's
+    MI355X figures as hollow markers. A missing rel-L2 point means that output had NaN."""
     _check_table(table, ("k_scale", "policy", "rel_l2", "nan_frac"), "bf16_table")
     _check_seed(seed)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
@@ -63,7 +63,7 @@ def bf16_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figur
     if seed is not None:
         rows = seed["rows"]
         setup = seed.get("setup", {})
-        where = f"seed: {setup.get('device', 'upstream')}, S={setup.get('S', '?')}"
+        where = f"the bug report: {setup.get('device', 'upstream')}, S={setup.get('S', '?')}"
         for pol in ("lazy_unfixed", "lazy", "eager"):
             style = dict(mode="markers", legendgroup=pol, marker=dict(
                 symbol=policy_symbol(pol, hollow=True), size=15, color=policy_color(pol),
@@ -72,14 +72,14 @@ def bf16_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figur
                 fig.add_trace(go.Scatter(
                     x=[r["k_scale"] for r in rows], y=[r.get(pol) for r in rows],
                     name=f"{pol} ({where})", **style,
-                    hovertemplate=f"{pol}, seed<br>K x%{{x}}<br>rel-L2 %{{y:.4g}}<extra></extra>"),
+                    hovertemplate=f"{pol}, the bug report<br>K x%{{x}}<br>rel-L2 %{{y:.4g}}<extra></extra>"),
                     row=1, col=1)
             key = f"{pol}_nan_pct"
             if any(key in r for r in rows):
                 fig.add_trace(go.Scatter(
                     x=[r["k_scale"] for r in rows], y=[r.get(key) for r in rows],
                     name=f"{pol} NaN ({where})", showlegend=False, **style,
-                    hovertemplate=f"{pol}, seed<br>K x%{{x}}<br>NaN %{{y:.3g}} %<extra></extra>"),
+                    hovertemplate=f"{pol}, the bug report<br>K x%{{x}}<br>NaN %{{y:.3g}} %<extra></extra>"),
                     row=1, col=2)
         ks = sorted(set(ks) | {r["k_scale"] for r in rows})
     for col in (1, 2):
@@ -101,8 +101,8 @@ def _fp8_seed_label(r) -> str | None:
 def fp8_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figure:
     """mean |o - 1| (V = ones; over the finite elements) and NaN elements (% of output,
     count in the hover) against the k scale, per variant, log x. ``seed``
-    (experiments.seed_table("fp8")) adds the seed's figures as hollow markers, its NaN
-    counts as a share of its own output size. Both y axes are logarithmic, so a leak of a
+    (experiments.seed_table("fp8")) adds the bug report's figures as hollow markers, its
+    NaN counts as a share of its own output size. Both y axes are logarithmic, so a leak of a
     few thousand elements (bound 32) shows beside a NaN share near 100 %; an exact 0 (a
     mean of 0, no NaN at all) cannot sit on a log axis and is drawn as a triangle at the
     bottom edge."""
@@ -170,7 +170,7 @@ def fp8_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figure
         setup = seed.get("setup", {})
         dims = ("B", "S", "H", "D")
         n_seed = math.prod(int(setup[k]) for k in dims) if all(k in setup for k in dims) else None
-        where = f"seed: {setup.get('device', 'upstream')}, S={setup.get('S', '?')}"
+        where = f"the bug report: {setup.get('device', 'upstream')}, S={setup.get('S', '?')}"
         by_label: dict[str, list] = {}
         for r in seed["rows"]:
             label = _fp8_seed_label(r)
@@ -182,13 +182,13 @@ def fp8_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figure
                 symbol=policy_symbol(label, hollow=True), size=15, color=policy_color(label),
                 line=dict(width=2)))
             ys = [r.get("mean_abs_dev") for r in rs]
-            # The seed prints 0.0000 for means below 5e-5: on the bottom edge, like ours.
+            # The bug report prints 0.0000 for means below 5e-5: on the bottom edge, like ours.
             style["marker"]["symbol"] = [("triangle-down-open" if v == 0 else
                                           policy_symbol(label, hollow=True)) for v in ys]
             fig.add_trace(go.Scatter(
                 x=kx, y=[floor if v == 0 else v for v in ys],
                 name=f"{label} ({where})", **style,
-                hovertemplate=f"{label}, seed<br>k x%{{x}}<br>mean |o-1| %{{y:.3g}}<extra></extra>"),
+                hovertemplate=f"{label}, the bug report<br>k x%{{x}}<br>mean |o-1| %{{y:.3g}}<extra></extra>"),
                 row=1, col=1)
             style["marker"]["symbol"] = policy_symbol(label, hollow=True)
             if n_seed:
@@ -199,7 +199,7 @@ def fp8_table_curves(table: pd.DataFrame, seed: dict | None = None) -> go.Figure
                              zip(pct, on_log(pct))],
                     name=f"{label} NaN ({where})", showlegend=False, **style,
                     text=[f"{fmt_number(r.get('nan'))} NaN elements of {n_seed}" for r in rs],
-                    hovertemplate=f"{label}, seed<br>k x%{{x}}<br>%{{text}}<extra></extra>"),
+                    hovertemplate=f"{label}, the bug report<br>k x%{{x}}<br>%{{text}}<extra></extra>"),
                     row=1, col=2)
             ks = sorted(set(ks) | set(kx))
     for col in (1, 2):

@@ -309,8 +309,10 @@ def _row_and_tile(S, row):
 
 
 def _threshold_slider_max(threshold) -> float:
-    """The bf16 threshold slider's top: 32, or a policy's own threshold past it."""
-    return max(32.0, float(threshold))
+    """The bf16 threshold slider's top: 128, where fp32 gives out (the threshold matters
+    once it passes the typical tile-max jump, and the fixed rules fail only near 128), or a
+    policy's own threshold past it."""
+    return max(128.0, float(threshold))
 
 
 def rescale_dashboard(S=CPU_DEFAULTS["S"], H=CPU_DEFAULTS["H"], D=CPU_DEFAULTS["D"], *,
