@@ -180,16 +180,19 @@ def _test_id(parts: list[str], name: str) -> str:
     return ".".join(parts) + "::" + name
 
 
-def run_phase(marker: str, workers: int, phase: int, python: str, env: dict) -> dict:
+def run_phase(marker: str, workers: int, phase: int, python: str, env: dict, cwd: Path) -> dict:
+    """One pytest run of the tests marked ``marker``, from ``cwd`` (see importable_env) with
+    the checkout as pytest's rootdir, so test ids read as they do in the checkout."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-               "--durations=15", f"--junitxml={junit}", "-o", "junit_family=xunit2", "tests"]
+               "--durations=15", f"--junitxml={junit}", "-o", "junit_family=xunit2",
+               f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), str(ROOT / "tests")]
         if workers > 1:
             cmd[3:3] = ["-n", str(workers)]
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()
-        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        code = subprocess.run(cmd, cwd=cwd, env=env).returncode
         seconds = time.perf_counter() - t0
         rows = junit_rows(junit, phase) if junit.exists() else []
     # 5: pytest collected nothing for this marker, which is no failure
@@ -220,19 +223,22 @@ def _umask() -> int:
     return mask
 
 
-def importable_env(python: str) -> dict:
+def importable_env(python: str) -> tuple[dict, Path]:
     """The environment in which ``python`` imports fa_lab (and fa_lab.kernels, which lives in
     kernels/) from this checkout. Where it already does (an editable install), the current
     one; else a tree of links in a temporary folder, put first on PYTHONPATH: ``fa_lab/``
     holding a link to each of the checkout's fa_lab entries and ``kernels`` as
     ``fa_lab/kernels``. No package is built or installed, so a GPU machine with no network
-    and no build tools runs the checkout as it is."""
+    and no build tools runs the checkout as it is. Returns the environment and the folder
+    to run from: ``python -m`` puts the working folder first on sys.path, where the
+    checkout's own ``fa_lab/`` (which holds no ``kernels``) would hide the links, so runs
+    through the links start from the links' own folder."""
     env = dict(os.environ)
     probe = [python, "-c", "import fa_lab.kernels, fa_lab, pathlib; "
              "print(pathlib.Path(fa_lab.__file__).resolve())"]
     got = subprocess.run(probe, cwd=tempfile.gettempdir(), capture_output=True, text=True, env=env)
     if got.returncode == 0 and Path(got.stdout.strip()).parent == ROOT / "fa_lab":
-        return env
+        return env, ROOT
     links = Path(tempfile.mkdtemp(prefix="fa_lab-links-")) / "fa_lab"
     links.mkdir()
     for entry in (ROOT / "fa_lab").iterdir():
@@ -240,23 +246,24 @@ def importable_env(python: str) -> dict:
             (links / entry.name).symlink_to(entry)
     (links / "kernels").symlink_to(ROOT / "kernels")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(links.parent), env.get("PYTHONPATH")]))
-    got = subprocess.run(probe, cwd=tempfile.gettempdir(), capture_output=True, text=True, env=env)
+    got = subprocess.run(probe, cwd=links.parent, capture_output=True, text=True, env=env)
     if got.returncode != 0 or Path(got.stdout.strip()).parent != ROOT / "fa_lab":
         raise SystemExit(f"fa_lab does not import from {ROOT} even through {links}: {got.stderr}")
     print(f"fa_lab runs from {ROOT} through the links in {links.parent}", flush=True)
-    return env
+    return env, links.parent
 
 
 def record_run(record: Path, workers: int, python: str = sys.executable) -> dict:
     gpu = gpu_info()
-    env = importable_env(python)
+    env, cwd = importable_env(python)
     if workers > 1 and subprocess.run([python, "-c", "import xdist"]).returncode:
         print("pytest-xdist is not installed: the shared phase runs in one process", flush=True)
         workers = 1
     started = datetime.datetime.now(datetime.timezone.utc)
     hashes = trees()
     state = git_state()
-    phases = [run_phase(SHARED, workers, 1, python, env), run_phase(ALONE, 1, 2, python, env)]
+    phases = [run_phase(SHARED, workers, 1, python, env, cwd),
+              run_phase(ALONE, 1, 2, python, env, cwd)]
     rows = [r for p in phases for r in p.pop("rows")]
     after = trees()
     out = {

@@ -141,10 +141,14 @@ def test_a_checkout_that_is_not_installed_runs_through_links(tmp_path):
     spec = importlib.util.spec_from_file_location("copy_gpu_record", tmp_path / "tests" / "gpu_record.py")
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
-    env = copy.importable_env(sys.executable)
-    out = subprocess.run([sys.executable, "-c", "import fa_lab.kernels.swp_bf16.model as m, "
-                          "fa_lab.results as r, pathlib; print(pathlib.Path(m.__file__).resolve()); "
-                          "print(r.ROOT)"], env=env, capture_output=True, text=True, cwd=tmp_path.parent)
+    env, cwd = copy.importable_env(sys.executable)
+    probe = [sys.executable, "-c", "import fa_lab.kernels.swp_bf16.model as m, fa_lab.results as r, "
+             "pathlib; print(pathlib.Path(m.__file__).resolve()); print(r.ROOT)"]
+    out = subprocess.run(probe, env=env, capture_output=True, text=True, cwd=cwd)
     assert out.returncode == 0, out.stderr
     model, root = out.stdout.split()
     assert Path(model) == tmp_path / "kernels" / "swp_bf16" / "model.py" and Path(root) == tmp_path
+    # why the runner does not start from the checkout: its fa_lab/, first on sys.path there,
+    # has no kernels of its own (they come from an install, if any, else not at all)
+    from_root = subprocess.run(probe, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert from_root.returncode != 0 or Path(from_root.stdout.split()[0]) != Path(model)
