@@ -19,8 +19,9 @@ A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md
 * ``name``, ``description`` and ``color`` for tables, legends and dropdowns.
 * ``semantics``: the kernel semantics around the decision (``fa_lab.semantics``: masking,
   empty rows, exponent clamps, the P cast, the epilogue, tiling). The defaults are
-  DUALWAVE_SWP's; only the online-softmax model (``fa_lab.zoo``) implements other values,
-  and ``refuse_semantics`` is how a kernel that does not refuses them by name.
+  DUALWAVE_SWP's; each kernel family states in its capabilities which fields it runs
+  (``fa_lab.capabilities.Caps.semantics``: the online-softmax family runs them all), and
+  a family that lacks one refuses the policy, naming the field.
 
 ``Policy.from_rule(rule, name=...)`` wraps a Python rule ``rule(m, mt, threshold) ->
 m_new`` over one wave's rows (``[..., 32]`` tensors); rows whose max changes rescale by
@@ -174,8 +175,8 @@ class Policy:
 
     @property
     def codes(self) -> Codes:
-        """The kernels' encoding of a resolved declarative policy."""
-        refuse_semantics(self, kernel="the Triton kernels")
+        """The kernels' encoding of a resolved declarative policy (the semantics fields are
+        refused, or not, by the kernel's capabilities: ``capabilities.check_policy``)."""
         if self.rule is not None:
             raise ValueError(f"policy {self.name!r} is a Python rule; it runs on the models only "
                              "(backend='emulator')")
@@ -193,16 +194,6 @@ class Policy:
         if not isinstance(self.p_headroom, bool) and self.p_headroom:
             parts.append(f"H={self.p_headroom:.3f}")
         return " ".join(parts)
-
-
-def refuse_semantics(policy: Policy, *, kernel: str, supported: tuple[str, ...] = ()) -> None:
-    """Raise ValueError naming every ``semantics`` field of ``policy`` that is not at its
-    default and not in ``supported``: ``kernel`` (a name for the message) cannot run it."""
-    missing = [f for f in policy.semantic_fields if f not in supported]
-    if missing:
-        raise ValueError(f"{kernel} cannot run policy {policy.name!r}: it sets semantics "
-                         f"field(s) {', '.join(missing)}, which only the online-softmax model "
-                         "(fa_lab.zoo.forward) implements")
 
 
 #: The registry, in display order: name -> Policy.
@@ -315,12 +306,14 @@ class Request:
         """The policy asked for, before it is resolved against a call."""
         return default if self.rescale is None else as_policy(self.rescale)
 
-    def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy) -> Policy:
+    def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy,
+                headroom_any_dtype: bool = False) -> Policy:
         """The resolved policy for a call (``resolve``), ``default`` where none was named."""
         return resolve(fp8=fp8, seqlen_kv=seqlen_kv, rescale=self.rescale,
                        dualwave_swp_lazy_rescale=self.lazy_flag is not False,
                        rescale_threshold=self.rescale_threshold, rebase_bound=self.rebase_bound,
-                       p_headroom=self.p_headroom, default=default)
+                       p_headroom=self.p_headroom, default=default,
+                       headroom_any_dtype=headroom_any_dtype)
 
     def given(self) -> str:
         """The arguments given, as the caller wrote them."""
@@ -341,10 +334,13 @@ def resolve(
     rebase_bound: float | None = None,
     p_headroom: bool | float | None = None,
     default: Policy | None = None,
+    headroom_any_dtype: bool = False,
 ) -> Policy:
     """Fold the user's rescale arguments into one resolved policy, or raise naming the
     argument. ``default`` is the policy a bare call runs (the upstream version's; lazy or
-    eager by ``dualwave_swp_lazy_rescale`` when not given)."""
+    eager by ``dualwave_swp_lazy_rescale`` when not given). ``headroom_any_dtype``: the
+    kernel lifts P before whatever cast its semantics name (the online-softmax family), so
+    a numeric ``p_headroom`` applies to every dtype; PR #1020's lift (True) stays fp8's."""
     if not isinstance(dualwave_swp_lazy_rescale, bool):
         raise TypeError("dualwave_swp_lazy_rescale must be a bool, "
                         f"got {type(dualwave_swp_lazy_rescale).__name__}")
@@ -352,7 +348,6 @@ def resolve(
         policy = default if default is not None else get("lazy" if dualwave_swp_lazy_rescale else "eager")
     else:
         policy = as_policy(rescale)
-        refuse_semantics(policy, kernel="the FlyDSL kernels")
         if not dualwave_swp_lazy_rescale and policy.lazy:
             raise ValueError(f"rescale={policy.name!r} contradicts dualwave_swp_lazy_rescale=False")
 
@@ -381,7 +376,7 @@ def resolve(
         policy = dataclasses.replace(policy, rebase_bound=bound)
 
     if p_headroom is not None:
-        if not fp8:
+        if not fp8 and (isinstance(p_headroom, bool) or not headroom_any_dtype):
             raise ValueError("p_headroom applies to fp8 inputs only (PR #1020 lifts the fp8 P "
                              "before its cast)")
         if not isinstance(p_headroom, bool):
@@ -398,7 +393,7 @@ def resolve(
             lift = math.log2(E4M3_MAX) - (float(policy.threshold) if policy.lazy else 0.0)
             lift = max(lift, 0.0)
         policy = dataclasses.replace(policy, p_headroom=lift)
-    elif policy.p_headroom and not fp8:
+    elif policy.p_headroom and not fp8 and not headroom_any_dtype:
         raise ValueError(f"policy {policy.name!r} has p_headroom={policy.p_headroom}, which "
                          "applies to fp8 inputs only")
     return dataclasses.replace(policy, threshold=float(policy.threshold))

@@ -1,4 +1,4 @@
-"""The online-softmax model (fa_lab.zoo.model): the plain softmax under the defaults, each
+"""The online-softmax model (fa_lab.kernels.online.model): the plain softmax under the defaults, each
 Semantics field against a hand-computed case, the recording, and every bad argument.
 
 Most hand cases use ``softmax_scale = LOG2_UNITS`` (c = 1 exactly), so a score q.k is its
@@ -12,7 +12,7 @@ import torch
 from fa_lab import Policy, policies as P, reference
 from fa_lab.numerics import f32
 from fa_lab.semantics import FLT_MAX, Semantics
-from fa_lab.zoo.model import LOG2_UNITS, cast_p, epilogue_scale, forward, row_history
+from fa_lab.kernels.online.model import LOG2_UNITS, cast_p, epilogue_scale, forward, row_history
 
 INF = math.inf
 
