@@ -198,6 +198,8 @@ class Policy:
 
 #: The registry, in display order: name -> Policy.
 _REGISTRY: dict[str, Policy] = {}
+#: The registered names that are a library's presets (``register(..., preset=True)``).
+_PRESET_NAMES: set[str] = set()
 _BUILTINS = (
     Policy("tile", "max", name="eager", color="#1b9e77",
            description="rescale every tile to fmax(m, tile max): the reference online softmax"),
@@ -216,9 +218,14 @@ _BUILTINS = (
 BUILTIN_NAMES = tuple(p.name for p in _BUILTINS)
 
 
-def register(policy: Policy, *, replace: bool = False) -> Policy:
+def register(policy: Policy, *, replace: bool = False, preset: bool = False) -> Policy:
     """Make ``policy`` appear wherever policies are listed (dashboards, CLI, tables); gives
-    it a colour of its own if it has none. Returns the registered value."""
+    it a colour of its own if it has none. ``preset``: one of a library's named presets
+    (the failure zoo's): listed and selectable like any policy, but not among the user's
+    own (``user_names``), which views compare on every redraw. Returns the registered
+    value."""
+    if not isinstance(preset, bool):
+        raise TypeError(f"preset must be a bool, got {type(preset).__name__}")
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
     if policy.name in _REGISTRY:
@@ -232,6 +239,7 @@ def register(policy: Policy, *, replace: bool = False) -> Policy:
         free = [c for c in _PALETTE if c not in used] or list(_PALETTE)
         policy = dataclasses.replace(policy, color=free[0])
     _REGISTRY[policy.name] = policy
+    (_PRESET_NAMES.add if preset else _PRESET_NAMES.discard)(policy.name)
     return policy
 
 
@@ -242,6 +250,7 @@ def unregister(name: str) -> None:
     if name not in _REGISTRY:
         raise KeyError(f"no policy named {name!r} is registered")
     del _REGISTRY[name]
+    _PRESET_NAMES.discard(name)
 
 
 for _p in _BUILTINS:
@@ -266,6 +275,11 @@ def names() -> tuple[str, ...]:
 
 def registered() -> tuple[Policy, ...]:
     return tuple(_REGISTRY.values())
+
+
+def user_names() -> tuple[str, ...]:
+    """The registered names that are neither built-ins nor presets: the user's own."""
+    return tuple(n for n in _REGISTRY if n not in BUILTIN_NAMES and n not in _PRESET_NAMES)
 
 
 def as_policy(rescale) -> Policy:

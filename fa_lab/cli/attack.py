@@ -19,8 +19,14 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds of search (shrinking a find takes up to as much again)")
-    p.add_argument("--space", choices=tuple(SPACES), default="scores",
-                   help="the search space: scores (|V| <= 4, default) or values (V up to 2^126)")
+    p.add_argument("--space", choices=tuple(SPACES), default=None,
+                   help="the search space: scores (|V| <= 4; the default), values (V up to "
+                        "2^126) or zoo (KV caches, sentinels, masked rows and tiles; the "
+                        "default for the failure zoo's presets)")
+    p.add_argument("--classes", default=None, metavar="LIST",
+                   help="classes of failure to count, comma-separated: nonfinite, empty, "
+                        "silent, saturation, nan_factor (default: a zoo preset's own, "
+                        "nonfinite for the FlyDSL policies)")
     p.add_argument("--mods", default=None, metavar="LIST",
                    help="score modifiers the search also draws, comma-separated: bias (key "
                         "padding, left padding, block masks with -inf entries, dense), alibi, "
@@ -70,19 +76,19 @@ def run(args) -> int:
     res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
                  baseline=args.baseline, structured=not args.random_starts,
-                 optimizer=args.optimizer)
+                 optimizer=args.optimizer, classes=args.classes)
     rec = res.to_dict()
     if args.regression:
         rec["regression"] = str(save_regression(res, args.regression))
     if not args.no_save:
-        suffix = ("" if args.space == "scores" else f"_{args.space}") + \
-            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "") + \
+        suffix = ("" if args.space in (None, "scores", "zoo") else f"_{args.space}") + \
+            ("_mods" if args.mods else "") + ("_random_starts" if args.random_starts else "") + \
             ("" if args.optimizer == "cma" else f"_{args.optimizer}")
-        rec["saved"] = str(results.save(f"attack_{name}{suffix}", rec))
+        rec["saved"] = str(results.save(f"attack_{name.replace(':', '-')}{suffix}", rec))
     if args.json:
         slim = {k: rec[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
                                     "time_to_first_s", "bad_rows", "space", "baseline", "mods",
-                                    "input_mods", "optimizer")}
+                                    "input_mods", "optimizer", "classes", "found_classes")}
         slim["space"] = rec["space"]["name"]
         print(json.dumps(slim, default=str))
     else:

@@ -287,7 +287,8 @@ _FLASHINFER = dict(mask_value=-5e4, m_init=-5e4, mask_domain="raw", tile_max_flo
 _TRT = dict(mask_value=-FLT_MAX, m_init=-FLT_MAX, tile_max_floor="never", epilogue_guard="one")
 _SDPA = dict(tile_max_floor="never", epilogue_guard="none")
 _CPU_FLASH = dict(block_n=512, tile_max_floor="never", epilogue_guard="none")
-_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache")
+_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache", tile_max_floor="never",
+            empty_row_guard="zero_base")
 _FFPA = dict(vote="row", threshold=8.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
              epilogue_guard="none")
 
@@ -424,7 +425,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                 **{**_FA3, "v_tail": "zero"}),
         nan_cache_tail, nan_in_visible_rows, failure=("nonfinite",),
         note="Data hygiene, not softmax arithmetic: K's tail is harmless because masking "
-             "overwrites its scores."),
+             "overwrites its scores. The SM90 softmax exponentiates an empty (-inf) row max "
+             "against 0 (Check_inf in hopper/softmax.h) and its epilogue scales by 0 where "
+             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN."),
     Entry(
         "ffpa_vote_nan", "ffpa-attn: the warp vote applies an all-masked row's NaN factor "
         "to O",
@@ -485,6 +488,6 @@ def register_presets() -> tuple[str, ...]:
     added = []
     for name, p in PRESETS.items():
         if name not in policies.names():
-            policies.register(p)
+            policies.register(p, preset=True)
             added.append(name)
     return tuple(added)

@@ -347,7 +347,8 @@ def _lengths(seqlen_kv, B: int, Skv: int, dev) -> torch.Tensor:
 
 def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
     """The user's mask padded to [B, H, R, ncols]: visibility (padding rows see every
-    column, padding columns none) and the finite additive part in log2 units."""
+    column, padding columns none) and the finite additive part in log2 units. Columns
+    past ``ncols`` (a cache no sequence's length reaches) are never visited."""
     if mask is None:
         return None, None
     try:
@@ -355,14 +356,16 @@ def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
     except RuntimeError as e:
         raise ValueError(f"mask {tuple(mask.shape)} does not broadcast to [B, H, Sq, Skv] = "
                          f"{[B, H, Sq, Skv]}") from e
+    w = min(Skv, ncols)
+    full = full[..., :w]
     vis = torch.zeros(B, H, R, ncols, dtype=torch.bool, device=dev)
     vis[:, :, Sq:] = True
     bias = torch.zeros(B, H, R, ncols, device=dev)
     if mask.dtype == torch.bool:
-        vis[:, :, :Sq, :Skv] = full
+        vis[:, :, :Sq, :w] = full
     else:
-        vis[:, :, :Sq, :Skv] = full != -math.inf
-        bias[:, :, :Sq, :Skv] = torch.where(full != -math.inf, full.float(), 0.0) * f32(LOG2E)
+        vis[:, :, :Sq, :w] = full != -math.inf
+        bias[:, :, :Sq, :w] = torch.where(full != -math.inf, full.float(), 0.0) * f32(LOG2E)
     return vis, bias
 
 
