@@ -424,7 +424,9 @@ def search(policy, *, space=None, mods=None, budget_s: float = 60.0, seed: int =
         c = canonical(Candidate(**{f: _clip(sp, f, x) for f, x in c.to_dict().items()}))
         if region is not None and not region(c):
             res.outside += 1
-            return c, Verdict(failed=False, bad_rows=[], fitness=-1e3, ref_finite=True,
+            if res.best is None:  # a centre for the optimiser, below any judged input
+                res.best, res.best_fitness = c, -2e3
+            return c, Verdict(failed=False, bad_rows=[], fitness=-2e3, ref_finite=True,
                               max_err=0.0, seconds=0.0)
         v = judge(c, pol, threshold=threshold, tolerance=tolerance, baseline=baseline,
                   classes=classes, silent_tol=silent_tol)
