@@ -84,7 +84,8 @@ class TileRecord:
     its sequence has fewer tiles); the rest are per row [B, H, Sq]: the max before and
     after, the tile max, l after, the factor ``f`` (l's) and ``o_factor`` (what O was
     multiplied by, after the O gate), whether the row moved its max or skipped the tile,
-    the largest P before its cast and how many P lay past the cast's largest value."""
+    the largest P before its cast, how many P lay past the cast's largest value, and the
+    largest |O| after the step (NaN once O holds a NaN)."""
 
     step: int
     tile: torch.Tensor
@@ -98,11 +99,12 @@ class TileRecord:
     skipped: torch.Tensor
     p_max: torch.Tensor
     saturated: torch.Tensor
+    o_max: torch.Tensor | None = None
 
 
 def row_history(records: list[TileRecord], b: int = 0, h: int = 0, row: int = 0) -> list[dict]:
     """One row's steps as plain numbers, for tables and figures."""
-    names = ("m_old", "mt", "m", "l", "factor", "o_factor", "p_max")
+    names = ("m_old", "mt", "m", "l", "factor", "o_factor", "p_max", "o_max")
     out = []
     for r in records:
         step = {"step": r.step, "tile": int(r.tile[b])}
@@ -254,7 +256,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
                 m_old=m[cut], mt=mt[cut], m=torch.where(a, m_new, m)[cut],
                 l=torch.where(a, l_new, l)[cut], factor=f[cut], o_factor=g[cut],
                 moved=(move & a)[cut], skipped=(skip & a)[cut], p_max=P.amax(-1)[cut],
-                saturated=(P > lim).sum(-1)[cut]))
+                saturated=(P > lim).sum(-1)[cut],
+                o_max=torch.where(a[..., None], O_new, O).abs().amax(-1)[cut]))
         lazy = policy.vote != "tile"
         trace.step(s, int(tile[0]) * bn, m=torch.where(a, m_new, m), mt=mt,
                    vote=(vote & a) if lazy else None, fire=(move & a) if lazy else None,

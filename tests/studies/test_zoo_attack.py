@@ -189,3 +189,12 @@ def test_the_command_line_attacks_a_preset(tmp_path):
     assert rec["found"] and rec["found_classes"] == ["empty"] and rec["space"] == "zoo+bias"
     assert [p.name for p in tmp_path.iterdir()] == ["attack_sdpa_masked_row-before.json"]
     assert "sdpa_masked_row:before" in policies.names()
+
+
+def test_a_one_hot_input_with_fewer_rows_than_victims_builds():
+    """The zoo's space lets Sq go down to 1: the one-hot family then places as many victims
+    as there are rows beside the trigger."""
+    for n_rows in (1, 2, 3):
+        c = C(n_rows=n_rows, n_victims=8, n_tiles=1)
+        q, k, v = A.build(c)
+        assert q.shape[1] == n_rows and int((q[0, :, 0] != 0).sum()) == n_rows

@@ -367,11 +367,12 @@ def _offsets(c: Candidate, q, k):
 
 
 def _rows(c: Candidate) -> list[int]:
-    """The trigger's row, then the victims' (distinct, within Sq and D - 1 dims)."""
+    """The trigger's row, then the victims' (distinct, within Sq and D - 1 dims: as many
+    as the rows left beside the trigger allow)."""
     trig = c.trigger_row % c.n_rows
     out = [trig]
     r = c.victim_row % c.n_rows
-    for _ in range(min(1 + c.n_victims, c.D - 1)):
+    for _ in range(min(1 + c.n_victims, c.D - 1, c.n_rows - 1)):
         while r in out:
             r = (r + 1) % c.n_rows
         out.append(r)
