@@ -7,7 +7,8 @@
 are registered in ``fa_lab.policies``; write and ``register`` your own);
 ``reference.attention`` is an fp32 reference; ``metrics`` turns outputs into numbers;
 ``set_upstream`` / ``using_upstream`` pick the FlyDSL version whose defaults a bare call
-takes (``fa_lab.upstream``).
+takes (``fa_lab.upstream``); ``zoo`` holds the ecosystem's public online-softmax failures,
+whose presets are registered policies (``"<entry>:before"``, ``"<entry>:after"``).
 """
 
 from fa_lab import metrics, policies, reference, results, upstream
@@ -16,8 +17,9 @@ from fa_lab.compare import compare
 from fa_lab.policies import Policy, RuleError
 from fa_lab.trace import Trace
 from fa_lab.upstream import set_upstream, using_upstream
+from fa_lab import zoo  # noqa: E402 -- registers the zoo's presets as policies
 
 __all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
            "Policy", "RuleError", "reference", "metrics", "policies", "results", "upstream",
-           "set_upstream", "using_upstream"]
+           "set_upstream", "using_upstream", "zoo"]
 __version__ = "0.1.0"

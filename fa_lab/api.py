@@ -263,7 +263,10 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     (fp8; default True) picks the P cast: clamp to 448 or NaN. ``upstream``: the FlyDSL
     version whose defaults a bare call takes (``fa_lab.upstream``; default ``"fixed"``, or
     what ``fa_lab.set_upstream`` chose). ``kernel``: "swp_bf16", "swp_fp8" or "generic"
-    instead of upstream's routing.
+    instead of upstream's routing, or "online".
+    A policy that sets ``fa_lab.semantics`` fields (the failure zoo's presets, such as
+    ``rescale="fa4_fp8_saturation:before"``) runs on the online-softmax family, the one
+    that implements them (``kernel="online"`` runs any declarative policy there).
     ``backend``: ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the
     faithful Triton ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors
     through Triton's interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so
@@ -331,7 +334,9 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     warn_fp8_scale(call)
     dispatch.run(planned, recorder)
     pol = planned.call.policy
-    per_unit = swp_fp8.log2_scale(call.descales[0], call.descales[1]) if call.fp8 else 1.0
+    # the fp8 kernel records raw fp8-product units; every other family log2 units
+    fp8_units = call.fp8 and planned.family == "swp_fp8"
+    per_unit = swp_fp8.log2_scale(call.descales[0], call.descales[1]) if fp8_units else 1.0
     thr = pol.threshold / per_unit if pol.lazy else float("nan")
     tr = recorder.build(kernel=planned.family, policy=pol, log2_per_unit=per_unit,
                         threshold_units=thr)

@@ -31,7 +31,10 @@ _SWP_FEATURES = frozenset(FEATURES)
 @dataclass(frozen=True)
 class Caps:
     """dtypes ("bf16", "f16", "fp8"), head dims, features (``FEATURES``), the policy
-    fields it runs, and whether it runs Python rules (``Policy.from_rule``)."""
+    fields it runs, whether it runs Python rules (``Policy.from_rule``), the
+    ``fa_lab.semantics`` fields it runs away from their defaults (``semantics``: a policy
+    that sets any other is refused, naming it), and whether a numeric P offset
+    (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only)."""
 
     dtypes: frozenset
     head_dims: tuple
@@ -39,6 +42,8 @@ class Caps:
     votes: frozenset
     rebases: frozenset
     rules: bool = False
+    semantics: frozenset = frozenset()
+    headroom_any_dtype: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,12 +62,15 @@ class Family:
     """A kernel family: its ``name`` (the package's), one line on what it is, its
     implementations by kind (``IMPLEMENTATIONS``; the model is required), and whether
     ``flash_attn_func`` routes to it (``routed``; the SWA kernel has an entry point of its
-    own)."""
+    own), and whether it models one of upstream FlyDSL's kernels (``upstream``: upstream's
+    routing picks among those; a family of fa_lab's own runs where a policy's semantics
+    or ``kernel=`` ask for it)."""
 
     name: str
     description: str
     implementations: dict
     routed: bool = True
+    upstream: bool = True
 
     def __post_init__(self):
         unknown = set(self.implementations) - set(IMPLEMENTATIONS)
@@ -91,7 +99,26 @@ def policy_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
     if policy.rebase not in caps.rebases:
         return (f"policy {policy.name!r} has rebase={policy.rebase!r}, which {where} lacks "
                 f"(it has rebase in {sorted(caps.rebases)})")
-    return None
+    return semantics_refusal(caps, policy, where)
+
+
+def semantics_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
+    """Why ``where`` cannot run ``policy``'s semantics: the ``fa_lab.semantics`` fields it
+    sets away from their defaults that ``caps`` does not run, by name; None when it can."""
+    missing = [f for f in policy.semantic_fields if f not in caps.semantics]
+    if not missing:
+        return None
+    return (f"{where} cannot run policy {policy.name!r}: it sets semantics field(s) "
+            f"{', '.join(missing)}, which only the online-softmax family runs (kernel='online', "
+            "fa_lab.kernels.online)")
+
+
+def check_semantics(policy, family: Family, impl: str) -> None:
+    """For a model's own entry point: ValueError naming the semantics fields of ``policy``
+    that ``family``'s implementation ``impl`` does not run (``semantics_refusal``)."""
+    why = semantics_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
+    if why:
+        raise ValueError(why)
 
 
 def check_policy(policy, family: Family, impl: str) -> None:

@@ -86,6 +86,9 @@ def _entries():
 TABLE: dict[tuple[str, str], Entry] = _entries()
 #: The families ``flash_attn_func`` routes to (``kernel=`` takes these).
 ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
+#: The routed families that model upstream FlyDSL's kernels (upstream's routing picks among
+#: them); the others are fa_lab's own and run where a policy or ``kernel=`` asks for them.
+_FLYDSL = tuple(name for name in ROUTED if FAMILIES[name].upstream)
 
 
 def entry(family: str, backend: str) -> Entry:
@@ -159,13 +162,29 @@ class Plan:
     entry: Entry | None  # None for backend="flydsl"
 
 
+def semantic_family(policy: Policy) -> str | None:
+    """The routed family whose model runs every ``fa_lab.semantics`` field ``policy`` sets
+    away from its default (the online-softmax family), or None for a policy that sets none:
+    no FlyDSL kernel has such semantics, so such a policy runs there whatever the shape."""
+    if policy is None or not policy.semantic_fields:
+        return None
+    able = [f for f in ROUTED if capabilities.semantics_refusal(
+        TABLE[(f, "emulator")].caps, policy, f) is None]
+    if not able:
+        raise ValueError(f"no kernel family runs policy {policy.name!r}: it sets semantics "
+                         f"field(s) {', '.join(policy.semantic_fields)}")
+    return able[0]
+
+
 def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel: str | None = None,
                   has_bias: bool = False, has_alibi: bool = False, has_sink: bool = False,
                   head_dim: int = 128, arch: str = routing.DUALWAVE_ARCH) -> str:
-    """The family ("swp_bf16", "swp_fp8" or "generic") that runs a dense call: upstream's
-    routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or Policy)
-    the routed kernel lacks selects DUALWAVE_SWP, and an explicit ``kernel`` wins but must
-    be able to do what was asked (and the features asked for)."""
+    """The family that runs a dense call ("swp_bf16", "swp_fp8", "generic" or "online"):
+    upstream's routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or
+    Policy) the routed kernel lacks selects DUALWAVE_SWP, a policy with semantics of its
+    own (``Policy.semantic_fields``) selects the family that runs them
+    (``semantic_family``: the online-softmax model), and an explicit ``kernel`` wins but
+    must be able to do what was asked (and the features asked for)."""
     routing.check_positive_int("batch", batch)
     routing.check_positive_int("seqlen_q", seqlen_q)
     routing.check_bool("fp8", fp8)
@@ -176,6 +195,19 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
         raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
                          f"{ROUTED} (the SWA kernel is called through swa_attn_func)")
     policy = None if rescale is None else as_policy(rescale)
+
+    def implements(family):
+        return policy is None or supports(TABLE[(family, "emulator")], policy)
+
+    own = semantic_family(policy)
+    if kernel is None and own is not None:
+        return own
+    if kernel is not None and kernel not in _FLYDSL:
+        # a family of fa_lab's own (not one of upstream's kernels): no upstream routing
+        if not implements(kernel):
+            raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
+                             f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}")
+        return kernel
     if fp8:
         if kernel is not None and kernel != "swp_fp8":
             raise ValueError(f"kernel={kernel!r} does not take float8_e4m3fn inputs; "
@@ -185,15 +217,12 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     if kernel == "swp_fp8":
         raise ValueError("kernel='swp_fp8' takes float8_e4m3fn inputs only; bf16/f16 run on "
                          "'swp_bf16' or 'generic'")
-
-    def implements(family):
-        return policy is None or supports(TABLE[(family, "emulator")], policy)
-
     if kernel is not None:
         if not implements(kernel):
             raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
                              f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}; drop one "
-                             "of the two, or use kernel='swp_bf16'")
+                             "of the two, or use kernel="
+                             f"{semantic_family(policy) or 'swp_bf16'!r}")
         if kernel == "generic" and features:
             raise ValueError(f"kernel='generic' folds in no {features[0]}; use kernel='swp_bf16'")
         if kernel == "swp_bf16" and not routing.can_dualwave(head_dim, arch):
@@ -254,6 +283,8 @@ def route(call: Call) -> str:
                  has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
                  has_sink="sink" in call.mods, head_dim=call.head_dim)
     family = choose_kernel(rescale=wanted, kernel=call.kernel_asked, **shape)
+    if family not in _FLYDSL:
+        return family  # a family of fa_lab's own runs the call as asked: no upstream rules
     upstreams = choose_kernel(**shape) if call.kernel_asked is None and wanted is not None else family
     if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
             and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
@@ -288,7 +319,9 @@ def resolve_policy(call: Call, family: str) -> Policy:
     default = version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
     if not call.policy_asked and not supports(TABLE[(family, "emulator")], default):
         default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
-    policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default)
+    any_dtype = TABLE[(family, "emulator")].caps.headroom_any_dtype
+    policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default,
+                                  headroom_any_dtype=any_dtype)
     # (a block has at least ceil(Skv / BLOCK_N) >= 5 tiles past Skv = 4 * BLOCK_N: no need to look)
     if (call.policy_asked and policy.lazy and family == "swp_bf16" and call.packing is None
             and "num_kv_splits" not in call.mods and call.seqlen_kv <= 4 * BLOCK_N):

@@ -19,8 +19,9 @@ A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md
 * ``name``, ``description`` and ``color`` for tables, legends and dropdowns.
 * ``semantics``: the kernel semantics around the decision (``fa_lab.semantics``: masking,
   empty rows, exponent clamps, the P cast, the epilogue, tiling). The defaults are
-  DUALWAVE_SWP's; only the online-softmax model (``fa_lab.zoo``) implements other values,
-  and ``refuse_semantics`` is how a kernel that does not refuses them by name.
+  DUALWAVE_SWP's; each kernel family states in its capabilities which fields it runs
+  (``fa_lab.capabilities.Caps.semantics``: the online-softmax family runs them all), and
+  a family that lacks one refuses the policy, naming the field.
 
 ``Policy.from_rule(rule, name=...)`` wraps a Python rule ``rule(m, mt, threshold) ->
 m_new`` over one wave's rows (``[..., 32]`` tensors); rows whose max changes rescale by
@@ -181,8 +182,8 @@ class Policy:
 
     @property
     def codes(self) -> Codes:
-        """The kernels' encoding of a resolved declarative policy."""
-        refuse_semantics(self, kernel="the Triton kernels")
+        """The kernels' encoding of a resolved declarative policy (the semantics fields are
+        refused, or not, by the kernel's capabilities: ``capabilities.check_policy``)."""
         if self.rule is not None:
             raise ValueError(f"policy {self.name!r} is a Python rule; it runs on the models only "
                              "(backend='emulator')")
@@ -202,18 +203,10 @@ class Policy:
         return " ".join(parts)
 
 
-def refuse_semantics(policy: Policy, *, kernel: str, supported: tuple[str, ...] = ()) -> None:
-    """Raise ValueError naming every ``semantics`` field of ``policy`` that is not at its
-    default and not in ``supported``: ``kernel`` (a name for the message) cannot run it."""
-    missing = [f for f in policy.semantic_fields if f not in supported]
-    if missing:
-        raise ValueError(f"{kernel} cannot run policy {policy.name!r}: it sets semantics "
-                         f"field(s) {', '.join(missing)}, which only the online-softmax model "
-                         "(fa_lab.zoo.forward) implements")
-
-
 #: The registry, in display order: name -> Policy.
 _REGISTRY: dict[str, Policy] = {}
+#: The registered names that are a library's presets (``register(..., preset=True)``).
+_PRESET_NAMES: set[str] = set()
 _BUILTINS = (
     Policy("tile", "max", name="eager", color="#1b9e77",
            description="rescale every tile to fmax(m, tile max): the reference online softmax"),
@@ -232,9 +225,14 @@ _BUILTINS = (
 BUILTIN_NAMES = tuple(p.name for p in _BUILTINS)
 
 
-def register(policy: Policy, *, replace: bool = False) -> Policy:
+def register(policy: Policy, *, replace: bool = False, preset: bool = False) -> Policy:
     """Make ``policy`` appear wherever policies are listed (dashboards, CLI, tables); gives
-    it a colour of its own if it has none. Returns the registered value."""
+    it a colour of its own if it has none. ``preset``: one of a library's named presets
+    (the failure zoo's): listed and selectable like any policy, but not among the user's
+    own (``user_names``), which views compare on every redraw. Returns the registered
+    value."""
+    if not isinstance(preset, bool):
+        raise TypeError(f"preset must be a bool, got {type(preset).__name__}")
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
     if policy.name in _REGISTRY:
@@ -248,6 +246,7 @@ def register(policy: Policy, *, replace: bool = False) -> Policy:
         free = [c for c in _PALETTE if c not in used] or list(_PALETTE)
         policy = dataclasses.replace(policy, color=free[0])
     _REGISTRY[policy.name] = policy
+    (_PRESET_NAMES.add if preset else _PRESET_NAMES.discard)(policy.name)
     return policy
 
 
@@ -258,6 +257,7 @@ def unregister(name: str) -> None:
     if name not in _REGISTRY:
         raise KeyError(f"no policy named {name!r} is registered")
     del _REGISTRY[name]
+    _PRESET_NAMES.discard(name)
 
 
 for _p in _BUILTINS:
@@ -282,6 +282,11 @@ def names() -> tuple[str, ...]:
 
 def registered() -> tuple[Policy, ...]:
     return tuple(_REGISTRY.values())
+
+
+def user_names() -> tuple[str, ...]:
+    """The registered names that are neither built-ins nor presets: the user's own."""
+    return tuple(n for n in _REGISTRY if n not in BUILTIN_NAMES and n not in _PRESET_NAMES)
 
 
 def as_policy(rescale) -> Policy:
@@ -322,13 +327,14 @@ class Request:
         """The policy asked for, before it is resolved against a call."""
         return default if self.rescale is None else as_policy(self.rescale)
 
-    def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy) -> Policy:
+    def resolve(self, *, fp8: bool, seqlen_kv: int, default: Policy,
+                headroom_any_dtype: bool = False) -> Policy:
         """The resolved policy for a call (``resolve``), ``default`` where none was named.
         Resolution is a pure function of these values: a repeated call takes it from a
         cache (keyed by the Policy objects, so a re-registered name resolves anew)."""
         rescale = None if self.rescale is None else as_policy(self.rescale)
         args = (fp8, seqlen_kv, rescale, self.lazy_flag is not False, self.rescale_threshold,
-                self.rebase_bound, self.p_headroom, default)
+                self.rebase_bound, self.p_headroom, default, headroom_any_dtype)
         try:  # typed: True and 1 (a headroom) are equal and hash alike, and mean different things
             key = tuple((type(a), a) for a in args)
             hash(key)
@@ -348,10 +354,10 @@ class Request:
         return ", ".join(f"{n}={v!r}" for n, v in zip(names, vals) if v is not None)
 
 
-def _resolve(fp8, seqlen_kv, rescale, lazy_flag, threshold, bound, headroom, default):
+def _resolve(fp8, seqlen_kv, rescale, lazy_flag, threshold, bound, headroom, default, any_dtype):
     return resolve(fp8=fp8, seqlen_kv=seqlen_kv, rescale=rescale, dualwave_swp_lazy_rescale=lazy_flag,
                    rescale_threshold=threshold, rebase_bound=bound, p_headroom=headroom,
-                   default=default)
+                   default=default, headroom_any_dtype=any_dtype)
 
 
 @functools.lru_cache(maxsize=512)
@@ -373,10 +379,13 @@ def resolve(
     rebase_bound: float | None = None,
     p_headroom: bool | float | None = None,
     default: Policy | None = None,
+    headroom_any_dtype: bool = False,
 ) -> Policy:
     """Fold the user's rescale arguments into one resolved policy, or raise naming the
     argument. ``default`` is the policy a bare call runs (the upstream version's; lazy or
-    eager by ``dualwave_swp_lazy_rescale`` when not given)."""
+    eager by ``dualwave_swp_lazy_rescale`` when not given). ``headroom_any_dtype``: the
+    kernel lifts P before whatever cast its semantics name (the online-softmax family), so
+    a numeric ``p_headroom`` applies to every dtype; PR #1020's lift (True) stays fp8's."""
     if not isinstance(dualwave_swp_lazy_rescale, bool):
         raise TypeError("dualwave_swp_lazy_rescale must be a bool, "
                         f"got {type(dualwave_swp_lazy_rescale).__name__}")
@@ -384,7 +393,6 @@ def resolve(
         policy = default if default is not None else get("lazy" if dualwave_swp_lazy_rescale else "eager")
     else:
         policy = as_policy(rescale)
-        refuse_semantics(policy, kernel="the FlyDSL kernels")
         if not dualwave_swp_lazy_rescale and policy.lazy:
             raise ValueError(f"rescale={policy.name!r} contradicts dualwave_swp_lazy_rescale=False")
 
@@ -413,7 +421,7 @@ def resolve(
         policy = dataclasses.replace(policy, rebase_bound=bound)
 
     if p_headroom is not None:
-        if not fp8:
+        if not fp8 and (isinstance(p_headroom, bool) or not headroom_any_dtype):
             raise ValueError("p_headroom applies to fp8 inputs only (PR #1020 lifts the fp8 P "
                              "before its cast)")
         if not isinstance(p_headroom, bool):
@@ -430,7 +438,7 @@ def resolve(
             lift = math.log2(E4M3_MAX) - (float(policy.threshold) if policy.lazy else 0.0)
             lift = max(lift, 0.0)
         policy = dataclasses.replace(policy, p_headroom=lift)
-    elif policy.p_headroom and not fp8:
+    elif policy.p_headroom and not fp8 and not headroom_any_dtype:
         raise ValueError(f"policy {policy.name!r} has p_headroom={policy.p_headroom}, which "
                          "applies to fp8 inputs only")
     return dataclasses.replace(policy, threshold=float(policy.threshold))

@@ -4,9 +4,10 @@ A ``Policy`` (``fa_lab.policies``) says how a row decides to keep or move its ru
 (``vote``, ``rebase``, ``threshold``) and how far P is lifted before its cast
 (``p_headroom``). ``Semantics``, which a ``Policy`` holds as ``policy.semantics``, says the
 rest: how masked scores, empty rows, exponent differences, the P cast and the epilogue
-behave. The online-softmax model (``fa_lab.zoo.model``) implements every field; the
-FlyDSL models implement the defaults only and refuse a policy that changes a field
-(``fa_lab.policies.refuse_semantics``). ``docs/semantics.md`` §10 defines each field.
+behave. Each kernel family states which fields it runs (``fa_lab.capabilities.Caps``):
+the online-softmax family (``fa_lab.kernels.online``) runs every field, the FlyDSL
+families the defaults only, so a policy that changes a field routes to the online family
+and any other refuses it, naming the field. ``docs/semantics.md`` §10 defines each field.
 
 The defaults are what the lab's DUALWAVE_SWP kernels do, so every policy that existed
 before these fields behaves exactly as it did. Fields, in log2 units unless stated:

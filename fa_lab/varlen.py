@@ -97,9 +97,12 @@ def check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv) -> Pac
                    cu_seqlens_q, cu_seqlens_kv)
 
 
-def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None, **kw):
+def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None,
+        run_empty: bool = False, **kw):
     """Run ``dense_fn(q_b, k_b, v_b, bias=..., alibi_slopes=..., **kw) -> (out, lse)`` once
-    per sequence and pack the results."""
+    per sequence and pack the results. A sequence with no keys gets out 0 and LSE -inf
+    without a call, unless ``run_empty``: then ``dense_fn`` runs it with Skv = 0 too (for
+    a kernel whose semantics decide what such a row gives)."""
     H = q.shape[1]
     out = torch.zeros_like(q)
     lse = torch.full((packing.batch, H, packing.max_seqlen_q), float("-inf"),
@@ -107,7 +110,7 @@ def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None, **
     for b, q0, q1, k0, k1 in packing.spans():
         if q1 == q0:
             continue
-        if k1 == k0:  # no keys: nothing to attend to (out 0, lse -inf)
+        if k1 == k0 and not run_empty:  # no keys: nothing to attend to (out 0, lse -inf)
             continue
         extra = {}
         if bias is not None:

@@ -29,6 +29,7 @@ _PACKAGES = (
     "swp_fp8",
     "generic",
     "swa",
+    "online",
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}

@@ -22,8 +22,14 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds of search (shrinking a find takes up to as much again)")
-    p.add_argument("--space", choices=tuple(SPACES), default="scores",
-                   help="the search space: scores (|V| <= 4, default) or values (V up to 2^126)")
+    p.add_argument("--space", choices=tuple(SPACES), default=None,
+                   help="the search space: scores (|V| <= 4; the default), values (V up to "
+                        "2^126) or zoo (KV caches, sentinels, masked rows and tiles; the "
+                        "default for the failure zoo's presets)")
+    p.add_argument("--classes", default=None, metavar="LIST",
+                   help="classes of failure to count, comma-separated: nonfinite, empty, "
+                        "silent, saturation, nan_factor (default: a zoo preset's own, "
+                        "nonfinite for the FlyDSL policies)")
     p.add_argument("--mods", default=None, metavar="LIST",
                    help="score modifiers the search also draws, comma-separated: bias (key "
                         "padding, left padding, block masks with -inf entries, dense), alibi, "
@@ -82,14 +88,14 @@ def run(args) -> int:
     res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
                  baseline=args.baseline, structured=not args.random_starts,
-                 optimizer=args.optimizer)
+                 optimizer=args.optimizer, classes=args.classes)
     res.imports = tuple(args.imports)  # the repro registers the user's policy first
     wall = time.perf_counter() - started
     params = {"seed": args.seed, "budget_s": args.budget, "space": args.space,
               "mods": res.mods, "optimizer": args.optimizer, "structured": not args.random_starts,
               "baseline": args.baseline, "threshold": args.threshold,
               "tolerance": args.tolerance, "max_evals": args.max_evals,
-              "imports": list(args.imports),
+              "classes": list(res.classes), "imports": list(args.imports),
               "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
               "command": "fa-lab attack"}
     rec = record(name, [(res, wall)], params=params)
@@ -98,15 +104,16 @@ def run(args) -> int:
         regression = save_regression(res, args.regression)
         rec["regression"] = str(regression)
     if not args.no_save:
-        suffix = ("" if args.space == "scores" else f"_{args.space}") + \
-            ("_mods" if res.mods else "") + ("_random_starts" if args.random_starts else "") + \
+        suffix = ("" if args.space in (None, "scores", "zoo") else f"_{args.space}") + \
+            ("_mods" if args.mods else "") + ("_random_starts" if args.random_starts else "") + \
             ("" if args.optimizer == "cma" else f"_{args.optimizer}")
-        saved = results.save(args.name or f"attack_{name}{suffix}", rec, root=args.out_dir)
+        saved = results.save(args.name or f"attack_{name.replace(':', '-')}{suffix}", rec,
+                             root=args.out_dir)
     if args.json:
         run = rec["runs"][0]
         slim = {k: run[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
                                     "time_to_first_s", "bad_rows", "space", "baseline", "mods",
-                                    "input_mods", "optimizer")}
+                                    "input_mods", "optimizer", "classes", "found_classes")}
         slim["space"] = run["space"]["name"]
         slim["repro_command"] = res.repro_command
         slim["saved"] = None if saved is None else str(saved)

@@ -1,13 +1,19 @@
 """The failure zoo: the ecosystem's public online-softmax failures, reproduced.
 
-``forward`` is the online-softmax model that runs any ``Policy`` with any ``Semantics``
-(``fa_lab.zoo.model``); ``ENTRIES`` holds one ``Entry`` per public report: its sources,
-its mechanism, its semantics before and after the fix (``PRESETS``), the smallest input
-that shows it and the check of its symptom (``fa_lab.zoo.entries``).
+``ENTRIES`` holds one ``Entry`` per public report: its sources, its mechanism, its
+semantics before and after the fix (``PRESETS``, registered as policies named
+``"<entry>:before"``, ``"<entry>:after"`` and ``"<entry>:<variant>"``), the smallest input
+that shows it, the check of its symptom and the class of failure the attack looks for
+(``fa_lab.zoo.entries``). The model that runs them is the online-softmax kernel family
+(``fa_lab.kernels.online``): ``flash_attn_func(..., rescale="fa4_fp8_saturation:before")``
+routes there, and ``forward`` is its model.
 """
 
-from .entries import ENTRIES, PRESETS, Case, Entry, get
-from .model import LOG2_UNITS, TileRecord, forward, row_history
+from fa_lab.kernels.online.model import LOG2_UNITS, TileRecord, forward, row_history
+
+from .entries import ENTRIES, PRESETS, Case, Entry, entry_of, get, register_presets
+
+register_presets()
 
 __all__ = ["forward", "TileRecord", "row_history", "LOG2_UNITS", "ENTRIES", "PRESETS", "Case",
-           "Entry", "get"]
+           "Entry", "get", "entry_of", "register_presets"]

@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 
-from .. import policies, reference
-from ..policies import Policy
-from ..semantics import FLT_MAX, Semantics
-from .model import LOG2_UNITS, forward
+from fa_lab import policies, reference
+from fa_lab.kernels.online.model import LOG2_UNITS, forward
+from fa_lab.policies import Policy
+from fa_lab.semantics import FLT_MAX, Semantics
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +65,9 @@ class Case:
 @dataclass(frozen=True)
 class Entry:
     """One report: ``sources`` as ``owner/repo#N (kind, state)``, ``mechanism`` in one
-    sentence, ``before``/``after`` presets, ``case()`` its smallest input, ``symptom``."""
+    sentence, ``before``/``after`` presets, ``case()`` its smallest input, ``symptom``, and
+    ``failure``: the class(es) of failure the report shows, in the attack's terms
+    (``fa_lab.studies.adversary.CLASSES``: what ``fa-lab attack`` searches for)."""
 
     name: str
     title: str
@@ -77,6 +79,7 @@ class Entry:
     symptom: Callable
     variants: dict = field(default_factory=dict)
     note: str = ""
+    failure: tuple = ()
 
     def policies(self) -> dict[str, Policy]:
         return {"before": self.before, "after": self.after, **self.variants}
@@ -100,9 +103,30 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+#: Each entry's colour: its "before" preset wears it, "after" a light tint, variants a
+#: middle one (so an entry's presets read as one family in a legend).
+_COLORS = {"fa4_fp8_saturation": "#d95f02", "fa4_fp8_offset": "#a6761d",
+           "flydsl_fp8_empty_tile": "#7570b3", "flashinfer_sentinel": "#c51b7d",
+           "trtllm_neg_inf": "#66a61e", "sdpa_masked_row": "#e6ab02",
+           "pytorch_cpu_masked_block": "#1f78b4", "fa3_v_tail_nan": "#b15928",
+           "ffpa_vote_nan": "#6a3d9a"}
+
+
+_SHARES = {"before": 0.0, "after": 0.55, "before_e5m2": 0.2, "threshold_0.75": 0.3,
+           "intermediate": 0.3, "dtype_aware_offset": 0.42}
+
+
+def _tint(color: str, share: float) -> str:
+    """``color`` mixed with white: ``share`` of white (0: the colour itself)."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
+
+
 def _policy(name, vote="tile", threshold=0.0, headroom=0.0, rebase="max", desc="", **sem):
+    entry, _, key = name.partition(":")
+    color = _tint(_COLORS[entry], _SHARES[key])
     return Policy(vote=vote, rebase=rebase, threshold=threshold, p_headroom=headroom, name=name,
-                  description=desc, semantics=Semantics(**sem))
+                  description=desc, color=color, semantics=Semantics(**sem))
 
 
 def _visible_rows(case: Case) -> torch.Tensor:
@@ -263,7 +287,8 @@ _FLASHINFER = dict(mask_value=-5e4, m_init=-5e4, mask_domain="raw", tile_max_flo
 _TRT = dict(mask_value=-FLT_MAX, m_init=-FLT_MAX, tile_max_floor="never", epilogue_guard="one")
 _SDPA = dict(tile_max_floor="never", epilogue_guard="none")
 _CPU_FLASH = dict(block_n=512, tile_max_floor="never", epilogue_guard="none")
-_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache")
+_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache", tile_max_floor="never",
+            empty_row_guard="zero_base")
 _FFPA = dict(vote="row", threshold=8.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
              epilogue_guard="none")
 
@@ -281,7 +306,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "counts it whole, and the dominant keys lose weight with the LSE still exact.",
         _fa4("fa4_fp8_saturation:before", "FA4 fp8 before #2731: threshold 4, max_offset 8"),
         _fa4("fa4_fp8_saturation:after", "#2731 (and #2578): fp8 threshold 0", threshold=0.0),
-        fa4_tile_boundary, silent_mass_loss,
+        fa4_tile_boundary, silent_mass_loss, failure=("silent",),
         variants={
             "threshold_0.75": _fa4("fa4_fp8_saturation:threshold_0.75",
                                    "#2713 / vllm #166: threshold 0.75 < log2(448) - 8",
@@ -302,7 +327,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "instead of 2^8, so a jump of up to the threshold (4) keeps P at or below 256.",
         _fa4("fa4_fp8_offset:before", "FA4 fp8: threshold 4, max_offset 8"),
         _fa4("fa4_fp8_offset:after", "#2694: max_offset 4 for every fp8 dtype", headroom=4.0),
-        fa4_tile_boundary, silent_mass_loss,
+        fa4_tile_boundary, silent_mass_loss, failure=("silent",),
         note="The PR says P is computed against a running max that lags a tile; in FA4 P uses "
              "a max that already includes its tile, and the excess comes only from the stale "
              "max the threshold allows, so this entry models the threshold (max_lag off)."),
@@ -317,7 +342,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                 "floor", **_FLYDSL_FP8),
         _policy("flydsl_fp8_empty_tile:after", desc="#5364: tile max floored at -3e38 always",
                 tile_max_floor="always", **_FLYDSL_FP8),
-        varlen_empty_sequence, nan_in_empty_rows,
+        varlen_empty_sequence, nan_in_empty_rows, failure=("empty", "nonfinite"),
         note="The floor is on the raw-unit max in the kernel and on the log2-unit max in the "
              "model; both stay finite, so the outcome is the same. This is the failure fa_lab's "
              "own FlyDSL models show for a non-causal row whose first tile is all masked."),
@@ -336,7 +361,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("flashinfer_sentinel:after", desc="#4401: -inf sentinel, max floored at "
                 "-FLT_MAX, exponent differences clamped", tile_max_floor="always",
                 floor_value=-FLT_MAX, clamp_exp_diff=True),
-        below_sentinel, zeros_for_visible_rows,
+        below_sentinel, zeros_for_visible_rows, failure=("silent",),
         variants={"intermediate": _policy("flashinfer_sentinel:intermediate",
                                           desc="#4401's intermediate head: -inf sentinel only",
                                           tile_max_floor="never")},
@@ -354,7 +379,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("trtllm_neg_inf:before", desc="CHECK_NEG_INF compiled out", **_TRT),
         _policy("trtllm_neg_inf:after", desc="CHECK_NEG_INF: an empty max exponentiates "
                 "against 0", empty_row_guard="zero_base", **_TRT),
-        causal_more_queries, empty_row_nonzero,
+        causal_more_queries, empty_row_nonzero, failure=("empty",),
         note="No fix is merged; 'after' is the CHECK_NEG_INF path the sliding-window and "
              "custom-mask builds already compile, which the issue asks for."),
     Entry(
@@ -369,7 +394,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("sdpa_masked_row:after", desc="torch >= 2.5 (_safe_softmax): an empty row "
                 "gives 0", empty_row_guard="zero_base", tile_max_floor="never",
                 epilogue_guard="zero"),
-        padded_batch_row, nan_in_empty_rows,
+        padded_batch_row, nan_in_empty_rows, failure=("empty",),
         note="The issue says the MATH backend gives 0; that holds from torch 2.5 only, and "
              "with a finfo.min additive mask the math path gives the mean of V instead. The "
              "reports do not say how the fused kernels were fixed, so 'after' is one set of "
@@ -385,7 +410,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("pytorch_cpu_masked_block:before", desc="kv_split 512, no guard", **_CPU_FLASH),
         _policy("pytorch_cpu_masked_block:after", desc="#130014: skip a block while the max "
                 "is -inf", empty_row_guard="skip", **_CPU_FLASH),
-        old_tokens_hidden, nan_in_visible_rows,
+        old_tokens_hidden, nan_in_visible_rows, failure=("nonfinite",),
         note="The NaN rows are not fully masked: each sees up to 10 keys, all in its second "
              "block."),
     Entry(
@@ -398,9 +423,11 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("fa3_v_tail_nan:before", desc="V tail as loaded from the cache", **_FA3),
         _policy("fa3_v_tail_nan:after", desc="#2407: V rows past seqlen_k zeroed",
                 **{**_FA3, "v_tail": "zero"}),
-        nan_cache_tail, nan_in_visible_rows,
+        nan_cache_tail, nan_in_visible_rows, failure=("nonfinite",),
         note="Data hygiene, not softmax arithmetic: K's tail is harmless because masking "
-             "overwrites its scores."),
+             "overwrites its scores. The SM90 softmax exponentiates an empty (-inf) row max "
+             "against 0 (Check_inf in hopper/softmax.h) and its epilogue scales by 0 where "
+             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN."),
     Entry(
         "ffpa_vote_nan", "ffpa-attn: the warp vote applies an all-masked row's NaN factor "
         "to O",
@@ -411,7 +438,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         _policy("ffpa_vote_nan:before", desc="warp vote gates the O rescale", **_FFPA),
         _policy("ffpa_vote_nan:after", desc="#362 (fp4, native): per-row clamp",
                 **{**_FFPA, "o_gate": "row"}),
-        masked_row_beside_a_jump, nan_factor_on_o,
+        masked_row_beside_a_jump, nan_factor_on_o, failure=("nan_factor",),
         note="The PR says the clamp rejects NaN on all-masked rows. In the native kernel's "
              "code (snapshot 92e1d3b) such a row's P is exp2(fma(-inf, c, +inf)) = NaN too, "
              "so its output is NaN before and after; the fix removes the NaN factor only. "
@@ -423,7 +450,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "unfixed body sets each row's max to its own tile max, so a row whose tile max lies "
         "far below its running max multiplies O and l by 2^(m - mt), which overflows.",
         policies.get("lazy_unfixed"), policies.get("lazy"),
-        dragged_row, nan_in_visible_rows,
+        dragged_row, nan_in_visible_rows, failure=("nonfinite",),
         note="fa_lab's own bug; its FlyDSL models reproduce it at scale."),
 )}
 
@@ -439,3 +466,28 @@ def get(name: str) -> Entry:
     if name not in ENTRIES:
         raise ValueError(f"no zoo entry named {name!r}; choose one of {list(ENTRIES)}")
     return ENTRIES[name]
+
+
+def entry_of(policy) -> tuple[Entry, str] | None:
+    """(entry, key) of the zoo preset ``policy`` (a name or a Policy: "before", "after" or a
+    variant's key), or None for a policy no entry names. The built-ins that
+    ``flydsl_lazy_drag`` uses map to it."""
+    name = getattr(policy, "name", policy)
+    for e in ENTRIES.values():
+        for key, p in e.policies().items():
+            if p.name == name:
+                return e, key
+    return None
+
+
+def register_presets() -> tuple[str, ...]:
+    """Register every entry's presets (``PRESETS``) in ``fa_lab.policies``, so that they
+    appear wherever policies are listed (the dashboards' dropdowns, ``fa-lab table
+    --policies``, ``fa-lab sweep``'s policy axis, ``fa-lab attack``) and ``rescale=NAME``
+    takes them. Idempotent; returns the names registered now."""
+    added = []
+    for name, p in PRESETS.items():
+        if name not in policies.names():
+            policies.register(p, preset=True)
+            added.append(name)
+    return tuple(added)

@@ -66,10 +66,12 @@ import math
 
 import torch
 
+from fa_lab.capabilities import check_semantics
 from fa_lab.checks import check_int, check_qkv
 from fa_lab.numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
 from fa_lab.policies import BY_KV_LEN, Policy, as_policy, check_number
 from fa_lab.trace import TraceRecorder
+from . import FAMILY
 from .._common.models import heads, run_groups
 from .._common.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS, wave_any
 
@@ -96,6 +98,7 @@ def swa_policy(rescale) -> Policy:
         raise ValueError(f"rescale={policy.name!r}: the SWA kernel has vote {SWA_VOTES} and rebase "
                          f"{SWA_REBASES}; this policy's {field} is "
                          f"{getattr(policy, field)!r}")
+    check_semantics(policy, FAMILY, "model")
     if policy.p_headroom:  # True or a number: the fp8 kernel's P lift, absent here
         raise ValueError(f"rescale={policy.name!r}: p_headroom={policy.p_headroom!r} applies to "
                          "the fp8 kernel only; the SWA kernel has no P headroom")

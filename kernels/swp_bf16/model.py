@@ -23,8 +23,10 @@ import torch
 
 from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
                         round_to)
+from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
+from . import FAMILY
 from .._common.models import decide, heads, run_groups
 from .._common.geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
 
@@ -50,6 +52,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     schedule and stores a normalised partial, and a combine pass merges them.
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
     """
+    check_semantics(policy, FAMILY, "model")
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     rnd = round_to(q.dtype)

@@ -20,8 +20,10 @@ import torch
 
 from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
                         guarded_rcp, bf16)
+from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
+from . import FAMILY
 from .._common.models import decide, heads, run_groups
 from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from ..swp_bf16.model import _pad_kv
@@ -45,6 +47,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
+    check_semantics(policy, FAMILY, "model")
     Sq, D = q8.shape[1], q8.shape[3]
     Skv = k8.shape[1]
     ls = log2_scale(q_descale, k_descale, D)

@@ -105,7 +105,7 @@ def rule_fmax(m, mt, threshold):
 
 
 RULE_POLICY = fa_lab.Policy.from_rule(rule_fmax, name="rule_fmax")
-POLICY_CHOICES = (None, *policies.names(), RULE_POLICY)
+POLICY_CHOICES = (None, *policies.BUILTIN_NAMES, RULE_POLICY)  # the zoo's presets: tests/studies
 THRESHOLDS = (None, 0.0, 1.0, 4.0, 8.0, 12.0, 24.0)
 LENGTHS = st.integers(64, 640)
 

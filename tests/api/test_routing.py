@@ -66,12 +66,15 @@ def test_truth_table(kwargs, expected):
 
 def test_every_choice_implements_the_asked_policy():
     grid = itertools.product([1, 8], [64, 192, 256, 4096], [False, True],
-                             [None, *policies.BUILTIN_NAMES])
+                             [None, *policies.BUILTIN_NAMES, "trtllm_neg_inf:before"])
     seen = set()
     for batch, sq, fp8, rescale in grid:
         kernel = choose_kernel(batch=batch, seqlen_q=sq, fp8=fp8, rescale=rescale)
         seen.add(kernel)
-        assert kernel in KERNELS and (kernel == "swp_fp8") == fp8
+        # a policy with semantics of its own runs on the family that implements them
+        semantic = rescale is not None and bool(policies.get(rescale).semantic_fields)
+        assert kernel in KERNELS and (kernel == "online") == semantic
+        assert semantic or (kernel == "swp_fp8") == fp8
         assert rescale is None or supports(TABLE[(kernel, "emulator")], policies.get(rescale))
     assert seen == set(KERNELS)
 

@@ -12,8 +12,8 @@ from fa_lab.semantics import DEFAULT, DEFAULT_FLOOR, FLT_MAX, Semantics
 
 def test_defaults_change_nothing_for_existing_policies():
     assert Semantics().changed() == () and DEFAULT == Semantics() and DEFAULT.describe() == ""
-    for p in P.registered():
-        assert p.semantics == DEFAULT and p.semantic_fields == ()
+    for name in P.BUILTIN_NAMES:
+        assert P.get(name).semantics == DEFAULT and P.get(name).semantic_fields == ()
     # equality and hashing still see only what a policy sets
     assert Policy("wave", "max", name="lazy") == dataclasses.replace(P.get("lazy"), color=None,
                                                                     description="")
@@ -80,17 +80,30 @@ def test_a_policy_takes_only_a_semantics_value():
 
 
 def test_kernels_without_a_field_refuse_it_by_name():
+    """Each family states the semantics fields it runs (Caps.semantics): the FlyDSL
+    families run none, so each of their entry points refuses such a policy, naming every
+    field; the online-softmax family runs them all."""
+    from fa_lab import capabilities as C
+    from fa_lab.kernels import FAMILIES
+
     zoo = Policy("row", "max", threshold=4.0, name="zoo_pol",
                  semantics=Semantics(o_gate="wave", p_cast="e4m3"))
-    with pytest.raises(ValueError, match=r"FlyDSL kernels cannot run policy 'zoo_pol'.*"
-                                         r"o_gate, p_cast.*fa_lab\.zoo\.forward"):
-        P.resolve(fp8=False, seqlen_kv=1024, rescale=zoo)
-    with pytest.raises(ValueError, match="Triton kernels cannot run .*o_gate, p_cast"):
-        zoo.codes  # noqa: B018
-    # a kernel that implements some fields names only the rest
-    with pytest.raises(ValueError, match=r"field\(s\) p_cast,"):
-        P.refuse_semantics(zoo, kernel="k", supported=("o_gate",))
-    P.refuse_semantics(zoo, kernel="k", supported=("o_gate", "p_cast"))
-    # default semantics pass everywhere, as before
+    for fam in ("swp_bf16", "swp_fp8", "generic", "swa"):
+        for kind in FAMILIES[fam].implementations:
+            why = C.semantics_refusal(FAMILIES[fam].caps(kind), zoo, f"the {kind} {fam} kernel")
+            assert why is not None and "field(s) o_gate, p_cast," in why, (fam, kind)
+            assert f"the {kind} {fam} kernel cannot run policy 'zoo_pol'" in why
+        with pytest.raises(ValueError, match=r"o_gate, p_cast.*kernel='online'"):
+            C.check_semantics(zoo, FAMILIES[fam], "model")
+    assert C.semantics_refusal(FAMILIES["online"].caps("model"), zoo, "x") is None
+    # a family that runs some of the fields names only the rest
+    part = C.Caps(frozenset(), (64,), frozenset(), C.ALL_VOTES, C.ALL_REBASES,
+                  semantics=frozenset({"o_gate"}))
+    assert "field(s) p_cast," in C.semantics_refusal(part, zoo, "k")
+    # the Triton kernels' own guard (check_policy) refuses it by name too
+    with pytest.raises(ValueError, match="faithful swp_bf16 kernel cannot run .*o_gate, p_cast"):
+        C.check_policy(zoo, FAMILIES["swp_bf16"], "faithful")
+    # resolving no longer refuses (routing does, by family); the defaults pass everywhere
+    assert P.resolve(fp8=False, seqlen_kv=1024, rescale=zoo) == zoo
     assert P.resolve(fp8=False, seqlen_kv=1024, rescale="lazy") == P.get("lazy")
     assert P.get("lazy").codes == P.Codes(1, 0, 8.0, 0.0, 0.0)

@@ -93,7 +93,6 @@ def _check_for(block: str) -> str:
 def scratch_env(tmp_path: Path):
     """Environment for README commands: results into tmp_path, this venv first on PATH."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-               FA_LAB_RESULTS_DIR=str(tmp_path / "results"),
                FA_LAB_RESULTS=str(tmp_path / "results"),
                OMP_WAIT_POLICY="PASSIVE", BROWSER="true", PYTHONUNBUFFERED="1")
     before = _git_status()

@@ -45,11 +45,14 @@ def test_each_symptom_holds_before_and_not_after(name):
     assert e.shows("before") and not e.shows("after")
 
 
-def test_preset_semantics_are_refused_by_the_flydsl_path():
+def test_preset_semantics_are_refused_by_the_flydsl_families():
+    from fa_lab import capabilities as C
+    from fa_lab.kernels import FAMILIES
+
     for pol in PRESETS.values():
         if pol.semantic_fields:
-            with pytest.raises(ValueError, match="FlyDSL kernels cannot run"):
-                P.resolve(fp8=False, seqlen_kv=128, rescale=pol)
+            with pytest.raises(ValueError, match="swp_bf16 kernel cannot run"):
+                C.check_semantics(pol, FAMILIES["swp_bf16"], "model")
     assert ENTRIES["flashinfer_sentinel"].before.semantic_fields == (
         "mask_value", "m_init", "mask_domain", "tile_max_floor")
 

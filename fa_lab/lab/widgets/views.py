@@ -118,8 +118,9 @@ def view_threshold(policy: str, threshold=None):
 
 
 def compared(base: tuple, selected: str) -> tuple:
-    """``base``, then every registered user policy, then ``selected`` if still missing."""
-    names = [*base, *(n for n in policies.names() if n not in policies.BUILTIN_NAMES and n not in base)]
+    """``base``, then every registered user policy (not the zoo's presets: they are listed,
+    not compared), then ``selected`` if still missing."""
+    names = [*base, *(n for n in policies.user_names() if n not in base)]
     return tuple(names) + (() if selected in names else (selected,))
 
 

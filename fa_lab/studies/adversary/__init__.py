@@ -7,7 +7,8 @@
     results.save("attack_mine", adversary.record("lazy_unfixed", [(res, wall_s)], params={}))
     adversary.load_record("attack_lazy_unfixed", reference=True)   # the lab's reference run
 
-    fa-lab attack POLICY [--budget 60] [--space scores|values] [--mods bias,alibi,sink]
+    fa-lab attack POLICY [--budget 60] [--space scores|values|zoo] [--mods bias,alibi,sink]
+                         [--classes nonfinite,empty,silent,saturation,nan_factor]
                          [--seed 0] [--json] [--baseline eager] [--random-starts]
                          [--optimizer cma|es] [--regression FILE.npz]
 
@@ -80,6 +81,19 @@ towards overflow before any row overflows; every candidate is then judged by the
 itself. Both are deterministic for a seed (given ``max_evals``: the wall-clock budget
 decides how far a run gets), and neither touches numpy's global random state.
 
+**The failure zoo's presets** (``fa_lab.zoo``: policies that set ``fa_lab.semantics``
+fields) run on the online-softmax family's model (``kernel_for``), in the ``"zoo"`` space
+by default: the ``"scores"`` family (each row's scores ``spread`` x N(0, 1) log2 units), an
+outlier key (``jump`` at ``jump_col``), every raw logit ``shift``-ed far below zero, a KV
+cache whose slots past ``seqused`` x Skv hold NaN (``cache``; down to seqlen_kv = 0), and
+masks that hide rows (``pad_rows``), first tiles (``pad_left``) or blocks. A candidate
+fails on the *classes* asked for (``CLASSES``: ``nonfinite``, ``empty`` (a row that sees
+nothing gives anything but 0), ``silent`` (a finite row off the fp64 reference by more than
+``silent_tol`` x max|V|), ``saturation`` and ``nan_factor``); by default a preset's entry's
+own (``Entry.failure``). ``region=`` keeps every judged run inside a region
+(``fa_lab.studies.onset.bound``), and a search that finds nothing reports "nothing in N
+runs".
+
 **Shrinking** a failing input: greedy passes that try fewer tiles, fewer rows, no trim,
 non-causal, D = 64, bf16, no noise, no wobble, no extra victims, a flat tile, V = ones, no
 modifier (each one off), and the smallest magnitudes (bisection: also the padding length)
@@ -94,17 +108,21 @@ folder or (``reference=True``) the lab's reference data.
 
 from .space import (FIELDS, MODS, MOD_ALIASES, parse_mods, Space, SPACES, Candidate, ONEHOT_ONLY,
                     RANDOM_ONLY, canonical, build, SPARSE_BLOCK_ROWS, mask_of, build_mods, KERNEL,
-                    check_mods)
-from .judge import Verdict, judged_rows, judge
-from .optimize import (random_candidate, mutate, STARTS, MOD_STARTS, Attack, OPTIMIZERS, search,
-                       summary)
+                    check_mods, ZOO_FIELDS, kernel_for, check_space, visible, first_tile_visible)
+from .judge import (Verdict, judged_rows, judge, CLASSES, SILENT_TOL, default_classes,
+                    check_classes, zoo_judge, run_online, reference_of)
+from .optimize import (random_candidate, mutate, STARTS, MOD_STARTS, ZOO_STARTS, Attack,
+                       OPTIMIZERS, search, summary)
 from .shrink import shrink_candidate, trace_rows
 from .regression import tensor_digest, save_regression, load_regression, run_regression
 from .record import RECORD_KEYS, RUN_KEYS, summary_row, record, check_record, load_record
 
 __all__ = ["FIELDS", "MODS", "MOD_ALIASES", "parse_mods", "Space", "SPACES", "Candidate", "ONEHOT_ONLY",
            "RANDOM_ONLY", "canonical", "build", "SPARSE_BLOCK_ROWS", "mask_of", "build_mods",
-           "KERNEL", "check_mods", "Verdict", "judged_rows", "judge", "random_candidate", "mutate",
-           "STARTS", "MOD_STARTS", "Attack", "OPTIMIZERS", "search", "summary", "shrink_candidate",
-           "trace_rows", "tensor_digest", "save_regression", "load_regression", "run_regression",
-           "RECORD_KEYS", "RUN_KEYS", "summary_row", "record", "check_record", "load_record"]
+           "KERNEL", "check_mods", "ZOO_FIELDS", "kernel_for", "check_space", "visible",
+           "first_tile_visible", "Verdict", "judged_rows", "judge", "CLASSES", "SILENT_TOL",
+           "default_classes", "check_classes", "zoo_judge", "run_online", "reference_of",
+           "random_candidate", "mutate", "STARTS", "MOD_STARTS", "ZOO_STARTS", "Attack",
+           "OPTIMIZERS", "search", "summary", "shrink_candidate", "trace_rows", "tensor_digest",
+           "save_regression", "load_regression", "run_regression", "RECORD_KEYS", "RUN_KEYS",
+           "summary_row", "record", "check_record", "load_record"]

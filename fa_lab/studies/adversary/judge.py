@@ -1,14 +1,31 @@
 """Judging one candidate: it runs under the policy, against the fp32 reference, and fails
 where a row the reference keeps finite comes out NaN or inf, or its error passes the
-tolerance (``Verdict``); ``fitness`` says how near a finite candidate came."""
+tolerance (``Verdict``); ``fitness`` says how near a finite candidate came.
+
+A policy with semantics of its own (the failure zoo's: ``space.kernel_for``) is judged on
+the online-softmax family's model, for the classes of failure ``CLASSES`` names (its
+entry's, by default: ``default_classes``)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
-from .space import Candidate, KERNEL, build, build_mods
+from .space import Candidate, KERNEL, build, build_mods, first_tile_visible, kernel_for
+
+#: The classes of failure the judge can count. ``nonfinite``: a row that sees a key (its
+#: reference is defined) comes out NaN or inf; ``empty``: a row that sees no key comes out
+#: anything but 0 (NaN, or a finite nonzero value such as the mean of V); ``silent``: a
+#: finite row that sees a key is off the fp64 reference by more than ``silent_tol`` times
+#: max|V| (mass lost or gained, nothing flags it); ``saturation``: some P passed its cast's
+#: largest finite value; ``nan_factor``: a NaN factor multiplied some row's O. The last two
+#: are read from the online-softmax model's per-tile records.
+CLASSES = ("nonfinite", "empty", "silent", "saturation", "nan_factor")
+#: The default ``silent_tol``: above what an e4m3 P cast's rounding (2^-4 of a P) can move
+#: an output, far below the failures' (the FA4 saturation loses up to 89 % of a weight).
+SILENT_TOL = 0.25
 
 
 @dataclass
@@ -26,6 +43,7 @@ class Verdict:
     max_err: float
     seconds: float
     undefined_rows: list = field(default_factory=list)
+    classes: list = field(default_factory=list)
 
 
 def judged_rows(ref: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -35,16 +53,55 @@ def judged_rows(ref: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(ref).all(-1)[0, :, 0] & torch.isfinite(lse)[0, 0, :]
 
 
-def judge(c: Candidate, policy, *, threshold=None, tolerance=None, baseline=None) -> Verdict:
+def default_classes(policy) -> tuple:
+    """What the attack counts for ``policy`` unless told: a zoo preset's entry's class of
+    failure (``Entry.failure``), every class for another policy with semantics of its own,
+    and ``("nonfinite",)`` for the lab's FlyDSL policies (the attack as it always was)."""
+    if kernel_for(policy) == KERNEL:
+        return ("nonfinite",)
+    from fa_lab import zoo
+
+    found = zoo.entry_of(policy)
+    return tuple(found[0].failure) if found is not None else CLASSES
+
+
+def check_classes(policy, classes) -> tuple:
+    """``classes`` (None: ``default_classes``; a comma-separated str or names) as a tuple
+    of ``CLASSES``; the last four need the online-softmax family's model. ValueError or
+    TypeError naming ``classes``."""
+    if classes is None:
+        return default_classes(policy)
+    names = [x.strip() for x in classes.split(",")] if isinstance(classes, str) else list(classes)
+    if not names or not all(isinstance(x, str) for x in names):
+        raise TypeError(f"classes must name classes of failure as str, got {classes!r}")
+    bad = [x for x in names if x not in CLASSES]
+    if bad:
+        raise ValueError(f"classes: unknown class {bad[0]!r}; choose from {', '.join(CLASSES)}")
+    if kernel_for(policy) == KERNEL and set(names) != {"nonfinite"}:
+        raise ValueError(f"classes: {getattr(policy, 'name', policy)!r} runs on {KERNEL}, whose "
+                         "attack counts non-finite rows only (classes='nonfinite'); the other "
+                         "classes are judged on the online-softmax family's model")
+    return tuple(x for x in CLASSES if x in names)
+
+
+def judge(c: Candidate, policy, *, threshold=None, tolerance=None, baseline=None, classes=None,
+          silent_tol: float = SILENT_TOL) -> Verdict:
     """Run the model and the fp64 reference on ``c`` (its score modifiers too) under
     ``policy``. A row fails where the model's output is non-finite and the row is judged
     (``judged_rows``); with ``tolerance``, also where a finite row's max error exceeds
     ``tolerance * max|ref row|``. With ``baseline`` (a policy), a row counts only where the
     baseline's output is finite: the failure is the policy's own, not one every kernel
-    shares."""
+    shares. A policy with semantics of its own is judged for ``classes`` instead
+    (``check_classes``; ``zoo_judge``)."""
     from fa_lab import api, reference
     from fa_lab.studies import onset
 
+    if kernel_for(policy) != KERNEL:
+        if baseline is not None or tolerance is not None:
+            raise ValueError("baseline and tolerance apply to the FlyDSL policies' attack; a "
+                             "policy with semantics of its own is judged by classes")
+        return zoo_judge(c, policy, threshold=threshold, classes=check_classes(policy, classes),
+                         silent_tol=silent_tol)
     t0 = time.perf_counter()
     q, k, v = build(c)
     mods = build_mods(c)
@@ -78,7 +135,105 @@ def judge(c: Candidate, policy, *, threshold=None, tolerance=None, baseline=None
     return Verdict(failed=bool(bad.any()), bad_rows=bad.nonzero().flatten().tolist(), fitness=fit,
                    ref_finite=bool(ref_ok.all()), max_err=float(rel.max()),
                    seconds=time.perf_counter() - t0,
-                   undefined_rows=(~ref_ok).nonzero().flatten().tolist())
+                   undefined_rows=(~ref_ok).nonzero().flatten().tolist(),
+                   classes=["nonfinite"] if bool(bad.any()) else [])
+
+
+def run_online(c: Candidate, policy, *, threshold=None, recorder=None):
+    """(out, lse, records, q, k, v, mods) of ``c`` under ``policy`` on the online-softmax
+    family: the call is checked and resolved as ``flash_attn_func`` would
+    (``api.plan``, kernel="online"), then its model runs with the candidate's KV length
+    (``Candidate.kv_used``: a dense call has no argument for a cache's tail)."""
+    from fa_lab import api
+    from fa_lab.kernels.online import model
+
+    q, k, v = build(c)
+    mods = build_mods(c)
+    planned = api.plan(q, k, v, causal=c.causal, rescale=policy, rescale_threshold=threshold,
+                       backend="emulator", kernel=kernel_for(policy), **mods)
+    records: list = []
+    seqlen = None if c.kv_used == c.seqlen_kv else c.kv_used
+    out, lse = model.forward(q, k, v, policy=planned.call.policy, causal=c.causal,
+                             seqlen_kv=seqlen, record=records, recorder=recorder, **mods)
+    return out, lse, records, planned.call.policy, (q, k, v, mods)
+
+
+def reference_of(c: Candidate, q, k, v, mods):
+    """The fp64 reference of ``c`` over its valid keys (``kv_used``): (out, lse); a row
+    with no valid key gives 0 and LSE -inf. A bias entry whose log2-unit value overflows
+    fp32 (bf16's ``finfo.min``, -3.4e38, times log2 e) masks its key here as it does in
+    every kernel that folds log2 e into the bias: such a key is a mask, not a logit."""
+    from fa_lab import reference
+    from fa_lab.numerics import LOG2E
+
+    n = c.kv_used
+    if n == 0:
+        return (torch.zeros(q.shape, dtype=torch.float64),
+                torch.full((1, 1, q.shape[1]), -math.inf, dtype=torch.float64))
+    bias = mods.get("bias")
+    if bias is not None:
+        bias = bias[:, :n].double()
+        bias = bias.masked_fill(torch.isinf((bias * LOG2E).float()), -math.inf)
+    return reference.attention(q, k[:, :n], v[:, :n], causal=c.causal, dtype=torch.float64,
+                               bias=bias)
+
+
+def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
+              silent_tol: float = SILENT_TOL) -> Verdict:
+    """``judge`` for a policy with semantics of its own: run ``c`` on the online-softmax
+    family (``run_online``) and the fp64 reference over its valid keys, and count the rows
+    that show any of ``classes`` (``CLASSES``). ``undefined_rows``: the rows that see no
+    key (judged for ``empty`` only). The fitness climbs towards a failure of the classes
+    asked for: the error against ``silent_tol`` (silent), the largest P against its
+    format's limit (saturation), and 100 for an input with a row that sees no key or a
+    first visited tile with nothing visible (the shapes the NaN classes need)."""
+    from fa_lab.kernels.online.model import FORMAT_MAX
+
+    t0 = time.perf_counter()
+    out, lse, records, pol, (q, k, v, mods) = run_online(c, policy, threshold=threshold)
+    ref, ref_lse = reference_of(c, q, k, v, mods)
+    o = out.double()[0, :, 0]
+    defined = torch.isfinite(ref_lse)[0, 0]
+    finite = torch.isfinite(o).all(-1)
+    vv = v[:, :c.kv_used].double().abs()
+    vmax = float(vv.max()) if vv.numel() and float(vv.max()) > 0 else 1.0
+    err = torch.where(defined & finite, (o - ref[0, :, 0]).abs().amax(-1) / vmax,
+                      torch.zeros_like(o[:, 0]))
+    rows = {"nonfinite": ~finite & defined,
+            "empty": ~defined & (~finite | (o != 0).any(-1)),
+            "silent": err > silent_tol}
+    sat = torch.zeros_like(defined)
+    nanf = torch.zeros_like(defined)
+    for r in records:
+        sat |= (r.saturated[0, 0] > 0)
+        nanf |= torch.isnan(r.o_factor[0, 0])
+    rows["saturation"], rows["nan_factor"] = sat, nanf
+    bad = torch.zeros_like(defined)
+    found = []
+    for name in classes:
+        if bool(rows[name].any()):
+            found.append(name)
+            bad |= rows[name]
+    fmt = pol.semantics.p_cast if pol.semantics.p_cast != "input" else None
+    fit = -1e3
+    if "silent" in classes and float(err.max()) > 0:
+        fit = max(fit, 128.0 + math.log2(float(err.max()) / silent_tol))
+    if "saturation" in classes and fmt in FORMAT_MAX and records:
+        p_max = max(float(r.p_max[0, 0].nan_to_num(0.0).max()) for r in records)
+        if p_max > 0:
+            fit = max(fit, 128.0 + math.log2(p_max / FORMAT_MAX[fmt]))
+    if {"nonfinite", "empty", "nan_factor"} & set(classes):
+        sem = pol.semantics
+        first = first_tile_visible(c, sem.block_n or 64, sem.kv_order)
+        if bool((~defined | ~first).any()):
+            fit = max(fit, 100.0)
+    fit = min(fit, 127.999)
+    if found:
+        fit = 129.0
+    return Verdict(failed=bool(found), bad_rows=bad.nonzero().flatten().tolist(), fitness=fit,
+                   ref_finite=bool(defined.all()), max_err=float(err.max()),
+                   seconds=time.perf_counter() - t0,
+                   undefined_rows=(~defined).nonzero().flatten().tolist(), classes=found)
 
 
 def _nearness(q, k, v, kw) -> torch.Tensor:

@@ -13,9 +13,9 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from .space import (Candidate, FIELDS, MODS, SPACES, Space, _MOD_OF, canonical, check_mods,
-                    parse_mods)
-from .judge import judge
+from .space import (Candidate, FIELDS, KERNEL, MODS, SPACES, Space, ZOO_FIELDS, _MOD_OF, canonical,
+                    check_mods, check_space, kernel_for, parse_mods)
+from .judge import SILENT_TOL, Verdict, check_classes, judge
 from .shrink import shrink_candidate, trace_rows
 
 
@@ -29,10 +29,11 @@ def _clip(space: Space, f, x):
 
 
 def _fields(space: Space) -> list:
-    """The fields ``space`` searches: every field but those of modifiers it does not draw
-    (so a space without modifiers draws exactly the random numbers it drew before they
-    existed)."""
-    return [f for f in FIELDS if _MOD_OF.get(f) in (None, *space.mods)]
+    """The fields ``space`` searches: every field but those of modifiers it does not draw,
+    and the zoo's unless it draws them (so a space without either draws exactly the random
+    numbers it drew before they existed)."""
+    return [f for f in FIELDS if _MOD_OF.get(f) in (None, *space.mods)
+            and (space.zoo or f not in ZOO_FIELDS)]
 
 
 def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
@@ -101,6 +102,23 @@ MOD_STARTS = (
 )
 
 
+#: Structured starting points of the zoo's space (``SPACES["zoo"]``), tried before random
+#: ones: the shapes the public reports name. Scores of a few log2 units' spread over five
+#: tiles (stale maxima within a threshold), a causal call with more queries than keys (rows
+#: that see nothing), nine tiles of left padding (first tiles with nothing visible),
+#: logits 1e5 below zero (past a finite sentinel), a KV cache with a NaN tail, and a row
+#: that sees nothing beside an outlier key 20 log2 units up.
+ZOO_STARTS = (
+    Candidate(family="scores", spread=4.0, n_tiles=5),
+    Candidate(family="scores", spread=2.0, causal=True, n_rows=48, n_tiles=1, trim=40),
+    Candidate(family="scores", spread=2.0, n_tiles=10, mask="pad_left", mask_len=576),
+    Candidate(family="scores", spread=2.0, n_tiles=2, shift=-1e5),
+    Candidate(family="scores", spread=2.0, n_tiles=2, trim=30, seqused=0.6, cache="nan"),
+    Candidate(family="scores", spread=2.0, n_tiles=3, mask="pad_rows", mask_len=1, jump=20.0,
+              jump_col=100),
+)
+
+
 @dataclass
 class Attack:
     """``search``'s answer. ``found``: a failing input was found; ``first`` is it as found,
@@ -132,6 +150,9 @@ class Attack:
     baseline: str | None = None
     optimizer: str = "cma"
     imports: tuple = ()
+    classes: tuple = ("nonfinite",)
+    found_classes: list = field(default_factory=list)
+    outside: int = 0
 
     @property
     def repro(self) -> str:
@@ -143,10 +164,11 @@ class Attack:
             return ""
         thr = "" if self.threshold is None else f", threshold={self.threshold!r}"
         base = "" if self.baseline is None else f", baseline={self.baseline!r}"
+        cls = "" if self.classes == ("nonfinite",) else f", classes={self.classes!r}"
         first = "".join(_import_line(x) for x in self.imports)
         return (f"{first}from fa_lab.studies import adversary; "
                 f"print(adversary.judge(adversary.Candidate(**{_short(c)}), "
-                f"{self.policy!r}{thr}{base}).failed)")
+                f"{self.policy!r}{thr}{base}{cls}).failed)")
 
     @property
     def repro_command(self) -> str:
@@ -170,7 +192,8 @@ class Attack:
              "shrink_evals": self.shrink_evals, "structured": self.structured,
              "baseline": self.baseline, "optimizer": self.optimizer, "shrink_s": self.shrink_s,
              "best_fitness": self.best_fitness, "bad_rows": self.bad_rows, "repro": self.repro,
-             "trace": self.trace, "history": self.history}
+             "trace": self.trace, "history": self.history, "classes": list(self.classes),
+             "found_classes": self.found_classes, "outside_region": self.outside}
         for key in ("first", "shrunk", "best"):
             c = getattr(self, key)
             d[key] = None if c is None else {**c.to_dict(), "size": c.size}
@@ -354,10 +377,11 @@ def _cma_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
     return None
 
 
-def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: int = 0,
+def search(policy, *, space=None, mods=None, budget_s: float = 60.0, seed: int = 0,
            threshold=None, tolerance=None, shrink: bool = True, max_evals: int | None = None,
            lam: int = 6, structured: bool = True, baseline=None, progress=None,
-           optimizer: str = "cma") -> Attack:
+           optimizer: str = "cma", classes=None, silent_tol: float = SILENT_TOL,
+           region=None) -> Attack:
     """Look for an input of ``space`` on which ``policy`` (a name or ``fa_lab.Policy``)
     fails (see the module docstring), for at most ``budget_s`` seconds of search (the
     shrinking that follows a find has its own budget of as much again). Stops at the first
@@ -373,7 +397,15 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
     restarts, or ``"es"``, the (1 + ``lam``) evolution strategy; see the module
     docstring), refused with a ValueError naming ``optimizer`` before any work when
     unknown; ``lam``: children per generation of ``"es"``. For a given seed (and
-    ``max_evals``) the search is deterministic under either optimiser."""
+    ``max_evals``) the search is deterministic under either optimiser.
+
+    A policy with semantics of its own (the failure zoo's presets: ``kernel_for``) runs on
+    the online-softmax family, in the ``"zoo"`` space by default (``space=None``: "zoo"
+    for such a policy, "scores" otherwise), and fails on the ``classes`` of failure
+    (``judge.CLASSES``; None: its entry's, ``judge.default_classes``) with ``silent_tol``
+    for the silent class. ``region``: a callable(Candidate) -> bool; candidates it rejects
+    are not judged (counted in ``Attack.outside``), so every run counted in ``evals`` lies
+    inside it (``fa_lab.studies.onset.bound``'s safe regions are checked this way)."""
     from fa_lab import policies
 
     if not isinstance(optimizer, str):
@@ -381,6 +413,8 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
                         f"got {type(optimizer).__name__}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}; choose one of {OPTIMIZERS}")
+    if space is None:
+        space = "scores" if kernel_for(policy) == KERNEL else "zoo"
     if isinstance(space, str):
         if space not in SPACES:
             raise ValueError(f"space={space!r}; choose one of {tuple(SPACES)}")
@@ -390,15 +424,20 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
     else:
         raise TypeError(f"space must be a name in {tuple(SPACES)} or a Space, "
                         f"got {type(space).__name__}")
+    check_space(policy, sp)
+    classes = check_classes(policy, classes)
     sp = sp.with_mods(check_mods(policy, (*sp.mods, *parse_mods(mods)), threshold=threshold))
     if baseline is not None:
         check_mods(baseline, sp.mods)
+    if region is not None and not callable(region):
+        raise TypeError(f"region must be None or a callable(Candidate) -> bool, "
+                        f"got {type(region).__name__}")
     pol = policies.as_policy(policy) if isinstance(policy, str) else policy
     name = pol.name if isinstance(pol, policies.Policy) else str(policy)
     res = Attack(policy=name, space=sp.to_dict(), budget_s=float(budget_s), seed=int(seed),
                  threshold=None if threshold is None else float(threshold), structured=structured,
                  baseline=None if baseline is None else getattr(baseline, "name", str(baseline)),
-                 optimizer=optimizer)
+                 optimizer=optimizer, classes=classes)
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
 
@@ -408,7 +447,14 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
 
     def evaluate(c):
         c = canonical(Candidate(**{f: _clip(sp, f, x) for f, x in c.to_dict().items()}))
-        v = judge(c, pol, threshold=threshold, tolerance=tolerance, baseline=baseline)
+        if region is not None and not region(c):
+            res.outside += 1
+            if res.best is None:  # a centre for the optimiser, below any judged input
+                res.best, res.best_fitness = c, -2e3
+            return c, Verdict(failed=False, bad_rows=[], fitness=-2e3, ref_finite=True,
+                              max_err=0.0, seconds=0.0)
+        v = judge(c, pol, threshold=threshold, tolerance=tolerance, baseline=baseline,
+                  classes=classes, silent_tol=silent_tol)
         res.evals += 1
         if v.fitness > res.best_fitness:
             res.best_fitness, res.best = v.fitness, c
@@ -418,7 +464,8 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
 
     found = None
     mod_starts = [c for need, c in MOD_STARTS if set(need) <= set(sp.mods)]
-    starts = [*((*mod_starts, *STARTS) if structured else ()),
+    zoo_starts = list(ZOO_STARTS) if sp.zoo else []
+    starts = [*((*zoo_starts, *mod_starts, *STARTS) if structured else ()),
               *(random_candidate(sp, rng) for _ in range(4))]
     for c in starts:
         if out_of_budget():
@@ -442,14 +489,18 @@ def search(policy, *, space="scores", mods=None, budget_s: float = 60.0, seed: i
     res.time_to_first_s, res.evals_to_first = res.search_s, res.evals
     if shrink:
         t1 = time.perf_counter()
+        keep = region if region is not None else (lambda x: True)
         res.shrunk, res.shrink_evals = shrink_candidate(c, pol, threshold=threshold,
                                                         tolerance=tolerance, baseline=baseline,
-                                                        budget_s=max(10.0, budget_s))
+                                                        budget_s=max(10.0, budget_s),
+                                                        classes=classes, silent_tol=silent_tol,
+                                                        keep=keep)
         res.shrink_s = time.perf_counter() - t1
     else:
         res.shrunk = c
-    final = judge(res.shrunk, pol, threshold=threshold, tolerance=tolerance, baseline=baseline)
-    res.bad_rows = final.bad_rows
+    final = judge(res.shrunk, pol, threshold=threshold, tolerance=tolerance, baseline=baseline,
+                  classes=classes, silent_tol=silent_tol)
+    res.bad_rows, res.found_classes = final.bad_rows, final.classes
     res.trace = trace_rows(res.shrunk, pol, final.bad_rows[:1], threshold=threshold)
     return res
 
@@ -459,11 +510,16 @@ def summary(res: Attack) -> str:
     if res.found:
         s = res.shrunk
         mods = "".join(f"; {m} {d}" for m, d in s.mod_summary().items())
-        return (f"{res.policy}: FAILS. First failure after {res.time_to_first_s:.1f} s "
+        what = ("non-finite rows" if res.classes == ("nonfinite",)
+                else f"{', '.join(res.found_classes)} rows")
+        return (f"{res.policy}: FAILS ({', '.join(res.found_classes) or 'nonfinite'}). "
+                f"First failure after {res.time_to_first_s:.1f} s "
                 f"({res.evals_to_first} model runs) in space {res.space['name']!r}; shrunk in "
                 f"{res.shrink_evals} runs to Sq={s.seqlen_q} Skv={s.seqlen_kv} D={s.D} "
-                f"({s.family}, {s.dtype}, causal={s.causal}{mods}); non-finite rows "
+                f"({s.family}, {s.dtype}, causal={s.causal}{mods}); {what} "
                 f"{res.bad_rows}\n  repro: {res.repro_command}")
-    return (f"{res.policy}: no failure found in {res.search_s:.1f} s ({res.evals} model runs, "
-            f"budget {res.budget_s:g} s, space {res.space['name']!r}); best fitness "
-            f"{res.best_fitness:.1f} (128 means a predicted overflow)")
+    inside = "" if not res.outside else f" inside the region ({res.outside} outside it skipped)"
+    return (f"{res.policy}: no failure found in {res.evals} runs{inside} ({res.search_s:.1f} s, budget "
+            f"{res.budget_s:g} s, space {res.space['name']!r}, classes "
+            f"{', '.join(res.classes)}); best fitness {res.best_fitness:.1f} (128 means a "
+            "failure: a predicted overflow, or an error at the tolerance)")

@@ -14,8 +14,8 @@ import torch
 from fa_lab import results
 
 from .optimize import Attack
-from .space import Candidate, KERNEL, _dtype, build, build_mods
-from .judge import judged_rows
+from .space import Candidate, KERNEL, _dtype, build, build_mods, kernel_for
+from .judge import judge, judged_rows
 
 
 _INT_VIEWS = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32)}
@@ -60,6 +60,7 @@ def save_regression(res: Attack, path, *, expect: str | None = None) -> Path:
     mods = build_mods(c)
     sparse = c.family == "onehot" and c.v_kind == "ones"
     meta = {"policy": res.policy, "threshold": res.threshold, "baseline": res.baseline,
+            "classes": list(res.classes),
             "dtype": c.dtype, "causal": c.causal, "expect": expect, "candidate": c.to_dict(),
             "size": c.size, "bad_rows": res.bad_rows, "space": res.space["name"],
             "budget_s": res.budget_s, "seed": res.seed, "found": res.found,
@@ -130,11 +131,18 @@ def run_regression(path, policy=None) -> dict:
     """Run a regression file's input (its score modifiers too) under its policy (or
     ``policy``): whether the model's output has a non-finite row among the judged rows
     (``judged_rows``), which rows, whether the fp64 reference is finite on every row, and
-    the rows it leaves undefined."""
+    the rows it leaves undefined. A zoo preset's input is judged by its classes of failure
+    (``judge``: ``failed`` and ``classes`` too)."""
     from fa_lab import api, reference
 
     q, k, v, meta, mods = load_regression(path, with_mods=True)
     pol = meta["policy"] if policy is None else policy
+    if kernel_for(pol) != KERNEL:  # a zoo preset: judged on the online family, by class
+        v_ = judge(Candidate(**meta["candidate"]), pol, classes=meta.get("classes"),
+                   threshold=meta["threshold"] if policy is None else None)
+        return {"policy": getattr(pol, "name", pol), "nonfinite": "nonfinite" in v_.classes,
+                "failed": v_.failed, "classes": v_.classes, "bad_rows": v_.bad_rows,
+                "ref_finite": v_.ref_finite, "undefined_rows": v_.undefined_rows, "meta": meta}
     out = api.flash_attn_func(q, k, v, causal=meta["causal"], rescale=pol,
                               rescale_threshold=meta["threshold"] if policy is None else None,
                               backend="emulator", kernel=KERNEL, **mods)

@@ -1,5 +1,6 @@
 """What the attack searches: the fields of a candidate input (scores, a mask, score
-modifiers), the named search spaces, and how a candidate becomes q, k, v and its mods."""
+modifiers, and for the failure zoo's kernels KV caches, sentinels and outliers), the named
+search spaces, and how a candidate becomes q, k, v and its mods."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 #: The candidate fields: (kind, choices or (low, high)).
 FIELDS = {
-    "family": ("choice", ("onehot", "random")),
+    "family": ("choice", ("onehot", "random", "scores")),
     "dtype": ("choice", ("bf16", "f16")),
     "D": ("choice", (64, 128)),
     "causal": ("choice", (False, True)),
@@ -34,7 +35,8 @@ FIELDS = {
     "v_log2": ("float", (0.0, 2.0)),
     "seed": ("int", (0, 2 ** 31 - 1)),
     # score modifiers (pinned off unless the space asks for them: MODS)
-    "mask": ("choice", ("none", "pad_right", "pad_left", "block_diag", "block_sparse")),
+    "mask": ("choice", ("none", "pad_right", "pad_left", "block_diag", "block_sparse",
+                        "pad_rows")),
     "mask_len": ("int", (1, 512)),
     "mask_density": ("float", (0.1, 0.9)),
     "mask_value": ("choice", ("-inf", "min")),
@@ -42,7 +44,22 @@ FIELDS = {
     "alibi_slope": ("float", (0.0, 1.0)),
     "sink": ("choice", (False, True)),
     "sink_logit": ("float", (-16.0, 16.0)),
+    # the failure zoo's fields (pinned to their defaults unless the space draws them:
+    # ``Space.zoo``): scores of a given spread, an outlier key, a huge negative offset of
+    # every logit, and a KV cache whose slots past the sequence's length hold NaN
+    "spread": ("float", (0.0, 64.0)),
+    "jump": ("float", (-16.0, 64.0)),
+    "jump_col": ("int", (0, 3071)),
+    "shift": ("float", (-3e5, 0.0)),
+    "seqused": ("float", (0.0, 1.0)),
+    "cache": ("choice", ("finite", "nan")),
 }
+
+#: The zoo's fields (``FIELDS``), drawn only by a space with ``zoo=True``.
+ZOO_FIELDS = ("spread", "jump", "jump_col", "shift", "seqused", "cache")
+#: What the spaces drawn before the zoo's existed choose from (they pin these choices).
+_CLASSIC = {"family": ("onehot", "random"),
+            "mask": ("none", "pad_right", "pad_left", "block_diag", "block_sparse")}
 
 
 #: The score modifiers a search can draw, by ``flash_attn_func``'s argument name (the
@@ -98,13 +115,14 @@ class Space:
     bounds: dict
     description: str = ""
     mods: tuple = ()
+    zoo: bool = False
 
     def kind(self, f):
         return FIELDS[f][0]
 
     def range(self, f):
         mod = _MOD_OF.get(f)
-        if mod is not None and mod not in self.mods:
+        if (mod is not None and mod not in self.mods) or (f in ZOO_FIELDS and not self.zoo):
             off = getattr(Candidate(), f)
             return (off,) if self.kind(f) == "choice" else (off, off)
         return self.bounds.get(f, FIELDS[f][1])
@@ -122,13 +140,20 @@ class Space:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "mods": list(self.mods),
-                "fields": {f: list(self.range(f)) for f in FIELDS}}
+                "zoo": self.zoo, "fields": {f: list(self.range(f)) for f in FIELDS}}
 
 
 SPACES = {
-    "scores": Space("scores", {}, "score structure only: |V| <= 4, bf16/f16, one wave or two"),
-    "values": Space("values", {"v_log2": (0.0, 126.0)},
+    "scores": Space("scores", dict(_CLASSIC),
+                    "score structure only: |V| <= 4, bf16/f16, one wave or two"),
+    "values": Space("values", {**_CLASSIC, "v_log2": (0.0, 126.0)},
                     "as 'scores', and V up to 2^126 (still finite in bf16 and in the reference)"),
+    "zoo": Space("zoo", {"n_rows": (1, 64), "n_tiles": (1, 48)},
+                 "the failure zoo's inputs: 'scores' with scores of a given spread, an outlier "
+                 "key, logits shifted far below zero, a KV cache whose tail past the "
+                 "sequence holds NaN (seqlen_kv down to 0), and -inf or finite masks that "
+                 "hide keys, whole first tiles or whole rows; 1 to 64 rows, 1 to 48 tiles",
+                 mods=("bias",), zoo=True),
 }
 
 
@@ -165,6 +190,12 @@ class Candidate:
     alibi_slope: float = 0.0
     sink: bool = False
     sink_logit: float = 0.0
+    spread: float = 0.0
+    jump: float = 0.0
+    jump_col: int = 0
+    shift: float = 0.0
+    seqused: float = 1.0
+    cache: str = "finite"
 
     @property
     def mods(self) -> tuple:
@@ -198,9 +229,18 @@ class Candidate:
         return max(1, 64 * self.n_tiles - self.trim)
 
     @property
+    def kv_used(self) -> int:
+        """The sequence's valid keys: all ``seqlen_kv`` unless ``seqused`` < 1 makes the
+        rest a KV cache's tail (then as few as 0)."""
+        return self.seqlen_kv if self.seqused >= 1 else int(round(self.seqused * self.seqlen_kv))
+
+    @property
     def size(self) -> dict:
-        return {"Sq": self.seqlen_q, "Skv": self.seqlen_kv, "D": self.D,
-                "tiles": math.ceil(self.seqlen_kv / 64)}
+        out = {"Sq": self.seqlen_q, "Skv": self.seqlen_kv, "D": self.D,
+               "tiles": math.ceil(self.seqlen_kv / 64)}
+        if self.kv_used != self.seqlen_kv:
+            out["seqlen_kv"] = self.kv_used
+        return out
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -213,11 +253,19 @@ ONEHOT_ONLY = ("trigger_row", "victim_row", "n_victims", "start", "fall", "rise"
 RANDOM_ONLY = ("k_scale",)
 
 
+SCORES_ONLY = ("spread",)
+
+
 def canonical(c: Candidate) -> Candidate:
     """The same input with the fields it does not use at their defaults (so equal inputs
     compare equal and a repro names only what matters)."""
     base = Candidate()
-    unused = list(RANDOM_ONLY if c.family == "onehot" else ONEHOT_ONLY)
+    unused = list({"onehot": (*RANDOM_ONLY, *SCORES_ONLY), "random": (*ONEHOT_ONLY, *SCORES_ONLY),
+                   "scores": (*ONEHOT_ONLY, *RANDOM_ONLY)}[c.family])
+    if c.jump == 0:
+        unused.append("jump_col")
+    if c.kv_used == c.seqlen_kv:
+        unused += ["seqused", "cache"]
     if c.mask == "none":
         unused += ["mask_len", "mask_density", "mask_value"]
     elif c.mask != "block_sparse":
@@ -226,7 +274,8 @@ def canonical(c: Candidate) -> Candidate:
         unused.append("sink_logit")
     vals = {f: getattr(base, f) for f in unused}
     random_bias = c.bias_scale > 0 or c.mask == "block_sparse"
-    if c.family == "onehot" and c.noise == 0 and c.v_kind == "ones" and not random_bias:
+    plain = c.family == "onehot" and c.noise == 0 or c.family == "scores" and c.spread == 0
+    if plain and c.v_kind == "ones" and not random_bias:
         vals["seed"] = base.seed
     return dataclasses.replace(c, **vals)
 
@@ -245,6 +294,8 @@ def build(c: Candidate):
     if c.family == "random":
         q = torch.randn(1, Sq, 1, D, generator=g)
         k = torch.randn(1, Skv, 1, D, generator=g) * c.k_scale
+    elif c.family == "scores":
+        q, k = _scores(c, g)
     else:
         qv = 8.0
         qs = float(torch.tensor(qv * softmax_scale_log2(D)).to(dt))
@@ -270,15 +321,58 @@ def build(c: Candidate):
     else:
         v = torch.randn(1, Skv, 1, D, generator=g)
     v = v * 2.0 ** c.v_log2
+    if c.shift or c.jump:
+        q, k = _offsets(c, q, k)
+    if c.cache == "nan" and c.kv_used < Skv:
+        k[:, c.kv_used:] = math.nan
+        v[:, c.kv_used:] = math.nan
     return q.to(dt), k.to(dt), v.to(dt)
 
 
+#: The value of Q on a row's own dimension (one-hot and scores families): exact in bf16 and
+#: f16, and large enough that K's values stay well inside both ranges.
+_QV = 8.0
+
+
+def _scale_log2(D: int) -> float:
+    from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
+
+    return softmax_scale_log2(D)
+
+
+def _scores(c: Candidate, g):
+    """The ``scores`` family: row r's scores are ``spread`` x N(0, 1) log2 units, drawn per
+    (key, dimension): row r reads dimension r mod (D - 2) (rows past D - 2 share one), Q = 8
+    there; the last two dimensions carry ``shift`` and ``jump`` (``_offsets``)."""
+    Sq, Skv, D = c.seqlen_q, c.seqlen_kv, c.D
+    dims = D - 2
+    q = torch.zeros(1, Sq, 1, D)
+    q[0, torch.arange(Sq), 0, torch.arange(Sq) % dims] = _QV
+    k = torch.zeros(1, Skv, 1, D)
+    k[0, :, 0, :dims] = c.spread * torch.randn(Skv, dims, generator=g) / (_QV * _scale_log2(D))
+    return q, k
+
+
+def _offsets(c: Candidate, q, k):
+    """Every row's raw logit q.k shifted by ``shift`` (dimension D - 1) and key
+    ``jump_col``'s score raised by ``jump`` log2 units (dimension D - 2), through Q = 8 on
+    both dimensions for every row (their other values on those dimensions are replaced)."""
+    D = c.D
+    q, k = q.clone(), k.clone()
+    q[0, :, 0, D - 2:] = _QV
+    k[0, :, 0, D - 2:] = 0.0
+    k[0, :, 0, D - 1] = c.shift / _QV
+    k[0, min(c.jump_col, c.seqlen_kv - 1), 0, D - 2] = c.jump / (_QV * _scale_log2(D))
+    return q, k
+
+
 def _rows(c: Candidate) -> list[int]:
-    """The trigger's row, then the victims' (distinct, within Sq and D - 1 dims)."""
+    """The trigger's row, then the victims' (distinct, within Sq and D - 1 dims: as many
+    as the rows left beside the trigger allow)."""
     trig = c.trigger_row % c.n_rows
     out = [trig]
     r = c.victim_row % c.n_rows
-    for _ in range(min(1 + c.n_victims, c.D - 1)):
+    for _ in range(min(1 + c.n_victims, c.D - 1, c.n_rows - 1)):
         while r in out:
             r = (r + 1) % c.n_rows
         out.append(r)
@@ -291,7 +385,8 @@ SPARSE_BLOCK_ROWS = 16
 
 
 def mask_of(c: Candidate) -> torch.Tensor:
-    """[Sq, Skv] bool: the entries the candidate's ``mask`` hides (all False for "none")."""
+    """[Sq, Skv] bool: the entries the candidate's ``mask`` hides (all False for "none");
+    ``pad_rows`` hides every key from the first ``mask_len`` query rows."""
     Sq, Skv, L = c.seqlen_q, c.seqlen_kv, max(1, int(c.mask_len))
     rows, cols = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]
     if c.mask == "none":
@@ -307,7 +402,30 @@ def mask_of(c: Candidate) -> torch.Tensor:
         g = torch.Generator().manual_seed(int(c.seed) + 1)
         shown = torch.rand(-(-Sq // SPARSE_BLOCK_ROWS), -(-Skv // L), generator=g) < c.mask_density
         return ~shown[rows // SPARSE_BLOCK_ROWS, cols // L]
+    if c.mask == "pad_rows":
+        return (rows < L).expand(Sq, Skv)
     raise ValueError(f"mask={c.mask!r}; choose one of {FIELDS['mask'][1]}")
+
+
+def visible(c: Candidate) -> torch.Tensor:
+    """[Sq, kv_used] bool: the keys each query row sees (the mask, the causal diagonal
+    aligned to the sequence's end, the valid keys only)."""
+    n = c.kv_used
+    vis = ~mask_of(c)[:, :n]
+    if c.causal:
+        rows = torch.arange(c.seqlen_q)[:, None] + (n - c.seqlen_q)
+        vis = vis & (torch.arange(n)[None, :] <= rows)
+    return vis
+
+
+def first_tile_visible(c: Candidate, block_n: int, kv_order: str = "ascending") -> torch.Tensor:
+    """[Sq] bool: whether a row sees a key in the first tile of ``block_n`` columns a
+    kernel visits (the last, partial tile with ``kv_order="descending"``); False for a row
+    that sees nothing at all."""
+    vis = visible(c)
+    n = c.kv_used
+    t0 = 0 if kv_order == "ascending" else max(0, -(-n // block_n) - 1)
+    return vis[:, t0 * block_n:(t0 + 1) * block_n].any(-1)
 
 
 def build_mods(c: Candidate) -> dict:
@@ -336,9 +454,28 @@ def build_mods(c: Candidate) -> dict:
 KERNEL = "swp_bf16"
 
 
+def kernel_for(policy) -> str:
+    """The family the attack runs ``policy`` on: ``KERNEL`` for the lab's FlyDSL policies,
+    the family that runs a policy's own semantics (the online-softmax family) for one that
+    sets ``fa_lab.semantics`` fields (the failure zoo's presets)."""
+    from fa_lab import dispatch, policies
+
+    return dispatch.semantic_family(policies.as_policy(policy)) or KERNEL
+
+
+def check_space(policy, space) -> None:
+    """A space that draws the zoo's inputs (KV caches, finite sentinels) runs on the
+    online-softmax family only; ValueError naming ``space`` for any other policy."""
+    if space.zoo and kernel_for(policy) == KERNEL:
+        name = getattr(policy, "name", policy)
+        raise ValueError(f"space={space.name!r} draws KV caches with a tail past the sequence, "
+                         f"which only the online-softmax family takes; policy {name!r} runs on "
+                         f"{KERNEL}: attack it on 'scores' or 'values'")
+
+
 def check_mods(policy, mods, *, threshold=None) -> tuple:
     """Refuse, before any work, what the search could not run: ``policy`` with
-    ``threshold`` on the model of the kernel under attack (``KERNEL``, backend
+    ``threshold`` on the model of the kernel under attack (``kernel_for``, backend
     ``"emulator"``), then each score modifier of ``mods`` there, through the same checks a
     call makes (``api.plan``: checks, routing, capabilities).
     A modifier's refusal is a ValueError naming ``mods``. Returns ``parse_mods(mods)``."""
@@ -349,7 +486,7 @@ def check_mods(policy, mods, *, threshold=None) -> tuple:
     q = torch.zeros(1, Sq, 1, D, dtype=torch.bfloat16)
     k = torch.zeros(1, Skv, 1, D, dtype=torch.bfloat16)
     kw = {"causal": False, "rescale": policy, "rescale_threshold": threshold,
-          "backend": "emulator", "kernel": KERNEL}
+          "backend": "emulator", "kernel": kernel_for(policy)}
     api.plan(q, k, k, **kw)
     probe = {"bias": torch.zeros(Sq, Skv, dtype=torch.bfloat16),
              "alibi_slopes": torch.zeros(1), "sink": torch.zeros(1)}

@@ -11,6 +11,9 @@
     onset.predict(q, k, v, rescale="lazy", tiles=tiles)  # ... shared by every policy
     onset.validate_grid(S=2048, H=4, k_scales=(8, 32, 64))  # predictor vs model on a grid
 
+    region = onset.bound("fa4_fp8_saturation:before")   # the safe region in closed form
+    region.contains(onset.measure(q, k, v, policy="fa4_fp8_saturation:before"))
+
 **The mechanism** (``docs/semantics.md`` §7). Every row keeps a base ``m`` and, in real
 arithmetic, ``l = 2^(M - m) L`` and ``O_d = 2^(M - m) L o_d``, where ``M`` is the best score
 it has seen, ``L = sum 2^(s - M)`` is in [1, n] and ``o`` is its correct partial output. The
@@ -56,7 +59,8 @@ The sink, split-K and varlen are not modelled here (``predict`` takes no such ar
 from .recurrences import OVERFLOW_LOG2, PACK_LIMIT_LOG2, PACK_FLOOR_LOG2, SCORE_MODS, Tiles
 from .predict import LEVELS, Onset, tile_maxima, predict, KERNELS, CHUNK_ELEMENTS
 from .validate import model_bad_rows, validate, validate_grid, worst_cell
+from .bound import Hazard, Measure, Region, bound, measure
 
 __all__ = ["OVERFLOW_LOG2", "PACK_LIMIT_LOG2", "PACK_FLOOR_LOG2", "SCORE_MODS", "Tiles", "LEVELS", "Onset",
            "tile_maxima", "predict", "KERNELS", "CHUNK_ELEMENTS", "model_bad_rows", "validate",
-           "validate_grid", "worst_cell"]
+           "validate_grid", "worst_cell", "Hazard", "Measure", "Region", "bound", "measure"]

@@ -1,4 +1,4 @@
-"""The online-softmax model (fa_lab.zoo.model): the plain softmax under the defaults, each
+"""The online-softmax model (fa_lab.kernels.online.model): the plain softmax under the defaults, each
 Semantics field against a hand-computed case, the recording, and every bad argument.
 
 Most hand cases use ``softmax_scale = LOG2_UNITS`` (c = 1 exactly), so a score q.k is its
@@ -12,7 +12,7 @@ import torch
 from fa_lab import Policy, policies as P, reference
 from fa_lab.numerics import f32
 from fa_lab.semantics import FLT_MAX, Semantics
-from fa_lab.zoo.model import LOG2_UNITS, cast_p, epilogue_scale, forward, row_history
+from fa_lab.kernels.online.model import LOG2_UNITS, cast_p, epilogue_scale, forward, row_history
 
 INF = math.inf
 
@@ -334,3 +334,17 @@ def test_bad_arguments_name_themselves(change, exc, words):
     args.update(change)
     with pytest.raises(exc, match=words):
         forward(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_a_mask_over_a_cache_longer_than_the_sequence():
+    """A mask given for the whole cache ([Sq, Skv]) while seqlen_kv ends tiles earlier: the
+    columns no tile reaches are never read, and the answer is the short sequence's."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 3, 1, 8, generator=g)
+    k, v = (torch.randn(1, 300, 1, 8, generator=g) for _ in range(2))
+    bias = torch.randn(3, 300, generator=g)
+    bias[1, :40] = -INF
+    p = pol(vote="tile")
+    out, lse = forward(q, k, v, policy=p, mask=bias, seqlen_kv=70)
+    short, short_lse = forward(q, k[:, :70], v[:, :70], policy=p, mask=bias[:, :70])
+    assert torch.equal(out, short) and torch.equal(lse, short_lse)

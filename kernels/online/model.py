@@ -19,10 +19,17 @@ Scores are kept in one domain, log2 units: ``c = f32(f32(softmax_scale) * f32(lo
 (``softmax_scale = LOG2_UNITS`` makes c exactly 1, so q.k are log2 units). Kernels that keep
 raw maxima and fold c into exp2 (FA4, flashinfer, FlyDSL fp8), or exponentiate in base e
 (TensorRT-LLM, PyTorch), differ from it by roundings only; their constants enter as the
-fields give them (``mask_domain``). Rows are padded to whole waves with Q = 0, as the
-FlyDSL kernels' padding rows are; they vote, and their outputs are dropped. Every row
-visits every tile of its sequence, at least one (a kernel loads a first tile before it
-tests the length).
+fields give them (``mask_domain``). Rows are padded to whole waves (and to whole 32-row
+groups, the unit the rescale counters read) with Q = 0, as the FlyDSL kernels' padding rows
+are; they vote, and their outputs are dropped. Every row visits every tile of its
+sequence, at least one (a kernel loads a first tile before it tests the length).
+
+The family's entry for ``fa_lab.dispatch`` is the same ``forward``: a call's ``bias``
+[Sq, Skv] (natural-log units, -inf = masked) is its additive mask; fp8 (e4m3) inputs come
+with their descales, which fold into c (q, k) and the output (v); ``saturate=False``
+(``fp8_saturate``) makes the P cast non-saturating; a ``recorder`` (``fa_lab.trace``'s
+``TraceRecorder`` or a rescale counter) receives every step, with m, mt and the
+threshold in log2 units.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
-from ..policies import BY_KV_LEN, Policy
+from fa_lab import varlen
+from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from fa_lab.policies import BY_KV_LEN, Policy
 
 #: Columns per step when ``semantics.block_n`` is None.
 DEFAULT_BLOCK_N = 64
@@ -43,7 +51,10 @@ LOG2_UNITS = math.log(2.0)
 #: Largest finite value of each P format, and the dtype that holds it.
 FORMAT_MAX = {"bf16": 3.3895313892515355e38, "f16": 65504.0, "e4m3": 448.0, "e5m2": 57344.0}
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "e5m2": torch.float8_e5m2}
-_INPUT_FORMATS = {torch.float32: "none", torch.bfloat16: "bf16", torch.float16: "f16"}
+_INPUT_FORMATS = {torch.float32: "none", torch.bfloat16: "bf16", torch.float16: "f16",
+                  torch.float8_e4m3fn: "e4m3"}
+#: Rows are padded to a multiple of this as well as of the wave: the counters' group.
+_GROUP_ROWS = 32
 #: e5m2's rounding boundary to inf: the midpoint of 57344 and 2**16 ties to the even inf.
 _E5M2_INF = 61440.0
 
@@ -73,7 +84,8 @@ class TileRecord:
     its sequence has fewer tiles); the rest are per row [B, H, Sq]: the max before and
     after, the tile max, l after, the factor ``f`` (l's) and ``o_factor`` (what O was
     multiplied by, after the O gate), whether the row moved its max or skipped the tile,
-    the largest P before its cast and how many P lay past the cast's largest value."""
+    the largest P before its cast, how many P lay past the cast's largest value, and the
+    largest |O| after the step (NaN once O holds a NaN)."""
 
     step: int
     tile: torch.Tensor
@@ -87,11 +99,12 @@ class TileRecord:
     skipped: torch.Tensor
     p_max: torch.Tensor
     saturated: torch.Tensor
+    o_max: torch.Tensor | None = None
 
 
 def row_history(records: list[TileRecord], b: int = 0, h: int = 0, row: int = 0) -> list[dict]:
     """One row's steps as plain numbers, for tables and figures."""
-    names = ("m_old", "mt", "m", "l", "factor", "o_factor", "p_max")
+    names = ("m_old", "mt", "m", "l", "factor", "o_factor", "p_max", "o_max")
     out = []
     for r in records:
         step = {"step": r.step, "tile": int(r.tile[b])}
@@ -104,30 +117,45 @@ def row_history(records: list[TileRecord], b: int = 0, h: int = 0, row: int = 0)
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy,
             causal: bool = False, mask: torch.Tensor | None = None, seqlen_kv=None,
-            softmax_scale: float | None = None, record: list | None = None):
-    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] (fp32, bf16 or f16; fp8 values may come as
-    fp32 tensors holding them). ``Skv`` may be 0. Returns (out [B, Sq, H, D] in q's dtype,
-    lse [B, H, Sq] fp32, natural log) under ``policy`` and its ``semantics``.
+            softmax_scale: float | None = None, record: list | None = None, recorder=None,
+            bias: torch.Tensor | None = None, q_descale: float | None = None,
+            k_descale: float | None = None, v_descale: float | None = None,
+            saturate: bool = True):
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] (fp32, bf16, f16 or float8_e4m3fn; fp8
+    values may also come as fp32 tensors holding them). ``Skv`` may be 0. Returns
+    (out [B, Sq, H, D] in q's dtype (bf16 for fp8 inputs), lse [B, H, Sq] fp32, natural
+    log) under ``policy`` and its ``semantics``.
 
     ``mask``: bool (True = visible) or float (natural-log units added to the scaled score;
-    -inf = masked), broadcastable to [B, H, Sq, Skv]. ``causal``: bottom-right aligned to
+    -inf = masked), broadcastable to [B, H, Sq, Skv]; ``bias`` is the same as a float mask
+    (dispatch's name for it; give one of the two). ``causal``: bottom-right aligned to
     each sequence's length. ``seqlen_kv``: an int or B ints, each sequence's valid keys
     (default Skv); columns past it are masked, and their V rows in the last tile are
-    ``semantics.v_tail``. ``softmax_scale`` defaults to 1/sqrt(D). ``record``: a list that
-    receives one ``TileRecord`` per step."""
-    B, Sq, H, D, Skv = _check(q, k, v, policy, causal, mask, softmax_scale, record)
+    ``semantics.v_tail``. ``softmax_scale`` defaults to 1/sqrt(D). fp8 inputs need
+    ``q_descale``, ``k_descale`` and ``v_descale``; ``saturate=False`` turns the P cast's
+    clamp off whatever ``semantics.p_saturate`` says. ``record``: a list that receives one
+    ``TileRecord`` per step; ``recorder``: a ``fa_lab.trace.TraceRecorder`` (or a counter
+    with its interface) that receives every step."""
+    B, Sq, H, D, Skv = _check(q, k, v, policy, causal, mask, bias, softmax_scale, record,
+                              (q_descale, k_descale, v_descale), saturate)
+    if bias is not None:
+        mask = bias
     sem = policy.semantics
     dev = q.device
+    fp8 = q.dtype == torch.float8_e4m3fn
+    qd, kd, vd = (q_descale, k_descale, v_descale) if fp8 else (1.0, 1.0, 1.0)
     bn, W = sem.block_n or DEFAULT_BLOCK_N, sem.wave_rows
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    c = f32(f32(scale) * f32(LOG2E))
+    c = f32(f32(scale * qd * kd) * f32(LOG2E))
     lens = _lengths(seqlen_kv, B, Skv, dev)
     n_tiles = ((lens + bn - 1) // bn).clamp(min=1)
     T = int(n_tiles.max()) if B else 1
-    R, ncols = -(-Sq // W) * W, T * bn
+    unit = max(W, _GROUP_ROWS)
+    R, ncols = -(-Sq // unit) * unit, T * bn
     to_scaled = (lambda t: t) if sem.mask_domain == "scaled" else (lambda t: f32(t * c))
     mask_s, init_s = to_scaled(sem.mask_value), to_scaled(sem.m_init)
     fmt = sem.p_cast if sem.p_cast != "input" else _INPUT_FORMATS[q.dtype]
+    sat = sem.p_saturate and saturate
     thr, H_off = float(policy.threshold), float(policy.p_headroom)
 
     # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
@@ -141,7 +169,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     kh, vh = kv(k), kv(v)
     if sem.v_tail == "zero":
         vh = vh.masked_fill((cols_all[None, :] >= lens[:, None])[..., None, None], 0.0)
-    vis_user, bias = _user_mask(mask, B, H, Sq, Skv, R, ncols, dev)
+    vis_user, bias_s = _user_mask(mask, B, H, Sq, Skv, R, ncols, dev)
 
     rows = torch.arange(R, device=dev)
     empty_at = (-math.inf, mask_s, init_s)
@@ -161,6 +189,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         w = flags.reshape(B, H, R // W, W).any(-1, keepdim=True)
         return w.expand(B, H, R // W, W).reshape(B, H, R)
 
+    trace = _Tracer(recorder, B, k.shape[2], H, R)
     m = torch.full((B, H, R), init_s, device=dev)
     l = torch.zeros(B, H, R, device=dev)
     O = torch.zeros(B, H, R, D, device=dev)
@@ -179,7 +208,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         if vis_user is not None:
             idx = cols[:, None, None, :].expand(B, H, R, bn)
             vis = vis & vis_user.gather(3, idx)
-            x = x + bias.gather(3, idx)
+            x = x + bias_s.gather(3, idx)
         x = torch.where(vis, x, torch.full_like(x, mask_s))
 
         mt = x.amax(-1)
@@ -187,7 +216,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
             mt = fmax(mt, sem.floor_value)
         d = mt - m
         if policy.vote == "tile":
-            move = torch.ones_like(m, dtype=torch.bool)
+            vote = move = torch.ones_like(m, dtype=torch.bool)
         else:
             vote = ~le(d, thr)
             move = vote if policy.vote == "row" else waves(vote)
@@ -207,7 +236,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         p_base = torch.where(lag, base(m), base(m_new))
         P = exp2(clamp(x - p_base[..., None]) + H_off)
         P = P.masked_fill(skip[..., None], 0.0)
-        pv = (cast_p(P, fmt, sem.p_saturate).double() @ vt.double()).float()
+        pv = (cast_p(P, fmt, sat).double() @ vt.double()).float()
         pv = pv.masked_fill(skip[..., None], 0.0)  # a skipped tile's PV is not issued
         psum = P.double().sum(-1).float()
         if sem.o_gate == "always":
@@ -227,15 +256,69 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
                 m_old=m[cut], mt=mt[cut], m=torch.where(a, m_new, m)[cut],
                 l=torch.where(a, l_new, l)[cut], factor=f[cut], o_factor=g[cut],
                 moved=(move & a)[cut], skipped=(skip & a)[cut], p_max=P.amax(-1)[cut],
-                saturated=(P > lim).sum(-1)[cut]))
+                saturated=(P > lim).sum(-1)[cut],
+                o_max=torch.where(a[..., None], O_new, O).abs().amax(-1)[cut]))
+        lazy = policy.vote != "tile"
+        trace.step(s, int(tile[0]) * bn, m=torch.where(a, m_new, m), mt=mt,
+                   vote=(vote & a) if lazy else None, fire=(move & a) if lazy else None,
+                   dragged=(move & a & (mt < m)) if lazy else None, corr=f,
+                   l=torch.where(a, l_new, l), O=torch.where(a[..., None], O_new, O))
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
 
-    out = (O * epilogue_scale(l, sem.epilogue_guard)[..., None])[:, :, :Sq]
-    out = out.permute(0, 2, 1, 3).to(q.dtype).contiguous()  # one RNE rounding to q's dtype
+    out = O * epilogue_scale(l, sem.epilogue_guard)[..., None]
+    out = out * f32(vd) if fp8 else out
     lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
-    lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)[:, :, :Sq].contiguous()
-    return out, lse
+    lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)
+    out_dtype = torch.bfloat16 if fp8 else q.dtype
+    trace.finish(out.to(out_dtype).float(), lse)
+    out = out[:, :, :Sq].permute(0, 2, 1, 3).to(out_dtype).contiguous()  # one RNE rounding
+    return out, lse[:, :, :Sq].contiguous()
+
+
+class _Tracer:
+    """Hands every step to a ``recorder`` (``fa_lab.trace.TraceRecorder`` or a rescale
+    counter) in its layout: per-row state as [B, Hkv, G, R], O as [B, Hkv, G, R, D]. A
+    row's ``vote`` is its own jump past the threshold, ``fire`` whether it moved its max,
+    ``dragged`` whether it moved while its tile max sat below its old max; an eager policy
+    votes nothing (all False), as the FlyDSL models record it."""
+
+    def __init__(self, recorder, B: int, Hkv: int, H: int, R: int):
+        self.rec, self.shape = recorder, (B, Hkv, H // Hkv, R)
+        if recorder is not None:
+            recorder.bind_group(torch.arange(R))
+
+    def _g(self, t):
+        return t.reshape(*self.shape, *t.shape[3:])
+
+    def step(self, step: int, col0: int, *, m, mt, vote, fire, dragged, corr, l, O):
+        if self.rec is None or not self.rec.active:
+            return
+        false = torch.zeros_like(m, dtype=torch.bool)
+        self.rec.record(step, col0, "loop", m=self._g(m), mt=self._g(mt),
+                        vote=self._g(false if vote is None else vote),
+                        fire=self._g(false if fire is None else fire),
+                        dragged=self._g(false if dragged is None else dragged),
+                        corr=self._g(corr), l=self._g(l), O=self._g(O))
+
+    def finish(self, out, lse):
+        if self.rec is not None:
+            self.rec.finish_group(self._g(out), self._g(lse))
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, *,
+                   policy: Policy, causal: bool = False, bias=None, **kw):
+    """A packed (varlen) batch, q [total_q, H, D], k and v [total_kv, Hkv, D]: one
+    ``forward`` per sequence, a sequence with no keys included (Skv = 0: what its rows give
+    is the policy's semantics, not a convention). ``bias`` [total_q, max_seqlen_kv].
+    Returns (out [total_q, H, D], lse [B, H, max_seqlen_q])."""
+    packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+
+    def dense(qb, kb, vb, **extra):
+        return forward(qb, kb, vb, policy=policy, causal=causal, **extra, **kw)
+
+    out, lse = varlen.run(packing, q, k, v, dense, bias=bias, run_empty=True)
+    return out.to(torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype), lse
 
 
 def epilogue_scale(l: torch.Tensor, guard: str) -> torch.Tensor:
@@ -267,7 +350,8 @@ def _lengths(seqlen_kv, B: int, Skv: int, dev) -> torch.Tensor:
 
 def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
     """The user's mask padded to [B, H, R, ncols]: visibility (padding rows see every
-    column, padding columns none) and the finite additive part in log2 units."""
+    column, padding columns none) and the finite additive part in log2 units. Columns
+    past ``ncols`` (a cache no sequence's length reaches) are never visited."""
     if mask is None:
         return None, None
     try:
@@ -275,18 +359,20 @@ def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
     except RuntimeError as e:
         raise ValueError(f"mask {tuple(mask.shape)} does not broadcast to [B, H, Sq, Skv] = "
                          f"{[B, H, Sq, Skv]}") from e
+    w = min(Skv, ncols)
+    full = full[..., :w]
     vis = torch.zeros(B, H, R, ncols, dtype=torch.bool, device=dev)
     vis[:, :, Sq:] = True
     bias = torch.zeros(B, H, R, ncols, device=dev)
     if mask.dtype == torch.bool:
-        vis[:, :, :Sq, :Skv] = full
+        vis[:, :, :Sq, :w] = full
     else:
-        vis[:, :, :Sq, :Skv] = full != -math.inf
-        bias[:, :, :Sq, :Skv] = torch.where(full != -math.inf, full.float(), 0.0) * f32(LOG2E)
+        vis[:, :, :Sq, :w] = full != -math.inf
+        bias[:, :, :Sq, :w] = torch.where(full != -math.inf, full.float(), 0.0) * f32(LOG2E)
     return vis, bias
 
 
-def _check(q, k, v, policy, causal, mask, softmax_scale, record):
+def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales, saturate):
     """Every argument, before any work: TypeError/ValueError naming it."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -294,7 +380,11 @@ def _check(q, k, v, policy, causal, mask, softmax_scale, record):
         if t.dim() != 4:
             raise ValueError(f"{name} must be [B, S, H, D], got shape {tuple(t.shape)}")
         if t.dtype not in _INPUT_FORMATS:
-            raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+            raise TypeError(f"{name} must be float32, bfloat16, float16 or float8_e4m3fn, "
+                            f"got {t.dtype}")
+        if (t.dtype == torch.float8_e4m3fn) != (q.dtype == torch.float8_e4m3fn):
+            raise TypeError(f"{name} has dtype {t.dtype} and q {q.dtype}: fp8 inputs come as "
+                            "three float8_e4m3fn tensors")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     B, Sq, H, D = q.shape
@@ -314,13 +404,30 @@ def _check(q, k, v, policy, causal, mask, softmax_scale, record):
                          "p_headroom as numbers")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be None or a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.is_floating_point():
-            raise TypeError(f"mask must be bool or floating point, got {mask.dtype}")
-        if mask.is_floating_point() and bool((torch.isnan(mask) | (mask == math.inf)).any()):
-            raise ValueError("mask must not hold NaN or +inf (-inf masks a position)")
+    if mask is not None and bias is not None:
+        raise ValueError("give mask or bias, not both (bias is an additive float mask)")
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.is_floating_point()):
+        raise TypeError(f"bias must be a floating-point tensor, got {type(bias).__name__}")
+    for name, mk in (("mask", mask), ("bias", bias)):
+        if mk is None:
+            continue
+        if not isinstance(mk, torch.Tensor):
+            raise TypeError(f"{name} must be None or a torch.Tensor, got {type(mk).__name__}")
+        if mk.dtype != torch.bool and not mk.is_floating_point():
+            raise TypeError(f"{name} must be bool or floating point, got {mk.dtype}")
+        if mk.is_floating_point() and bool((torch.isnan(mk) | (mk == math.inf)).any()):
+            raise ValueError(f"{name} must not hold NaN or +inf (-inf masks a position)")
+    fp8 = q.dtype == torch.float8_e4m3fn
+    for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if fp8 and x is None:
+            raise ValueError(f"float8_e4m3fn inputs need {name}")
+        if not fp8 and x is not None:
+            raise ValueError(f"{name} applies to float8_e4m3fn inputs only, got {q.dtype}")
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                              or not math.isfinite(x) or x <= 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {x!r}")
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}")

@@ -1,0 +1,145 @@
+"""Record the failure zoo's attack and bound checks: data/results/zoo_attack.json and
+data/results/zoo_bounds.json (the lab's reference results for issue 33, with provenance).
+
+``attack``: per entry, ``fa-lab attack``'s search on its preset before the fix (the entry's
+own class of failure, budget 60 s, seeds 0-2, from the zoo's starting points and from
+random starts only), the shrunk input's symptom, and the search against the fix (budget
+30 s): what it found, or "nothing in N runs".
+
+``bounds``: every built-in policy's and preset's region (``onset.bound``), checked two ways:
+an attack inside the region (``boundcheck.attack_inside``: every class, budget 15 s), and
+each hazard's measured boundary against its formula (``boundcheck.sweep`` /
+``builtin_sweep`` / ``fp8_floor_sweep``, and the atlas data/atlas/bf16_seed_h200 for the
+DUALWAVE_SWP policies' overflow over K scale).
+
+    OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py attack
+    OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py bounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+
+import torch
+
+from fa_lab import policies, results
+from fa_lab.studies import adversary as A
+from fa_lab.studies import onset
+from fa_lab.studies.onset import boundcheck as BC
+from fa_lab.zoo import ENTRIES
+
+
+def _symptom(entry, cand, policy, classes) -> dict:
+    """The shrunk input's numbers: which rows show which class, the error against the fp64
+    reference (as a fraction of max|V|), and the output and reference of the first bad row."""
+    v = A.judge(cand, policy, classes=classes)
+    out = {"classes": v.classes, "bad_rows": v.bad_rows[:8], "max_err_over_vmax": v.max_err,
+           "undefined_rows": len(v.undefined_rows)}
+    if A.kernel_for(policy) != A.KERNEL and v.bad_rows:
+        o, lse, rec, pol, (q, k, vv, mods) = A.run_online(cand, policy)
+        ref, rl = A.reference_of(cand, q, k, vv, mods)
+        r = v.bad_rows[0]
+        out.update(row=r, out=o[0, r, 0, :4].float().tolist(), ref=ref[0, r, 0, :4].tolist(),
+                   lse=float(lse[0, 0, r]), ref_lse=float(rl[0, 0, r]),
+                   p_max=max(float(x.p_max[0, 0, r].nan_to_num(0)) for x in rec),
+                   saturated=sum(int(x.saturated[0, 0, r]) for x in rec))
+    return out
+
+
+def attack(budget: float, after_budget: float, seeds) -> dict:
+    runs = []
+    for name, e in ENTRIES.items():
+        before, after = e.before, e.after
+        for structured in (True, False):
+            for seed in seeds:
+                t0 = time.perf_counter()
+                res = A.search(before, budget_s=budget, seed=seed, structured=structured)
+                rec = {"entry": name, "policy": before.name, "fix": False, "seed": seed,
+                       "starts": "structured" if structured else "random only",
+                       "classes": list(res.classes), "found": res.found,
+                       "found_classes": res.found_classes, "time_to_first_s": res.time_to_first_s,
+                       "evals_to_first": res.evals_to_first, "evals": res.evals,
+                       "wall_s": time.perf_counter() - t0, "summary": A.summary(res),
+                       "repro": res.repro if res.found else None,
+                       "shrunk": None if res.shrunk is None else {**res.shrunk.to_dict(),
+                                                                   "size": res.shrunk.size}}
+                if res.found:
+                    rec["symptom"] = _symptom(e, res.shrunk, before, res.classes)
+                print(rec["summary"], flush=True)
+                runs.append(rec)
+        t0 = time.perf_counter()
+        res = A.search(after, budget_s=after_budget, seed=0, classes=e.failure)
+        rec = {"entry": name, "policy": after.name, "fix": True, "seed": 0, "starts": "structured",
+               "classes": list(res.classes), "found": res.found, "found_classes": res.found_classes,
+               "time_to_first_s": res.time_to_first_s, "evals": res.evals,
+               "wall_s": time.perf_counter() - t0, "summary": A.summary(res),
+               "repro": res.repro if res.found else None,
+               "shrunk": None if res.shrunk is None else {**res.shrunk.to_dict(),
+                                                           "size": res.shrunk.size}}
+        if res.found:
+            rec["symptom"] = _symptom(e, res.shrunk, after, res.classes)
+        print(rec["summary"], flush=True)
+        runs.append(rec)
+    table = [{k: r[k] for k in ("entry", "policy", "fix", "seed", "starts", "found",
+                                "found_classes", "time_to_first_s", "evals_to_first", "evals")
+              if k in r} for r in runs]
+    return {"budget_s": budget, "after_budget_s": after_budget, "seeds": list(seeds),
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "table": table, "runs": runs}
+
+
+def bounds(budget: float) -> dict:
+    names = list(policies.BUILTIN_NAMES) + [n for n in policies.names()
+                                             if n not in policies.BUILTIN_NAMES]
+    regions = {n: onset.bound(n).to_dict() for n in names}
+    regions_fp8 = {n: onset.bound(n, dtype="fp8").to_dict() for n in policies.BUILTIN_NAMES}
+    inside = []
+    for n in names:
+        r = BC.attack_inside(n, budget_s=budget)
+        print(r["summary"], flush=True)
+        inside.append(r)
+    sweeps = []
+    for n in names:
+        for hz in BC.SWEPT:
+            r = (BC.builtin_sweep(n, hz) if n in policies.BUILTIN_NAMES else BC.sweep(n, hz))
+            if r is not None:
+                print(n, hz, r["formula_boundary"], r["measured_onset"], r["sound"],
+                      r["within_one_binade_or_tile"], flush=True)
+                sweeps.append(r)
+    fp8 = [BC.fp8_floor_sweep(n) for n in policies.BUILTIN_NAMES]
+    atlas = []
+    for n in ("lazy_unfixed", "lazy_capped", "lazy", "fa4_row"):
+        r = BC.atlas_onset(n)
+        print(n, "atlas", r["k_formula"], r["first_failing_k"], r["sound"], r["within_one_binade"],
+              flush=True)
+        atlas.append(r)
+    return {"tolerance": onset.bound("eager").tolerance, "regions": regions,
+            "regions_fp8": regions_fp8, "attack_inside": inside, "sweeps": sweeps,
+            "fp8_floor": fp8, "atlas": atlas}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("attack", "bounds"))
+    p.add_argument("--budget", type=float, default=None)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--name", default=None, help="result name (default zoo_<what>)")
+    args = p.parse_args(argv)
+    warnings.simplefilter("ignore")
+    t0 = time.perf_counter()
+    if args.what == "attack":
+        rec = attack(args.budget or 60.0, 30.0, [int(s) for s in args.seeds.split(",")])
+    else:
+        rec = bounds(args.budget or 15.0)
+    rec["wall_s"] = time.perf_counter() - t0
+    path = results.save(args.name or f"zoo_{args.what}", rec,
+                        params={"what": args.what, "budget": args.budget, "seeds": args.seeds})
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""The attack on the failure zoo's presets: the zoo's space (scores of a given spread,
+outliers, logits far below zero, KV caches with a NaN tail, masked rows and tiles), the
+classes of failure the judge counts (each on a constructed case), and the search finding
+every entry's reported failure."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fa_lab import Policy, policies
+from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
+from fa_lab.semantics import Semantics
+from fa_lab.studies import adversary as A
+from fa_lab.zoo import ENTRIES
+
+C = A.Candidate
+
+
+def test_the_old_spaces_draw_what_they_drew():
+    """The zoo's fields and choices are pinned in 'scores' and 'values': their draws, and so
+    the FlyDSL policies' attack, are what they were."""
+    for name in ("scores", "values"):
+        sp = A.SPACES[name]
+        assert not sp.zoo and sp.range("family") == ("onehot", "random")
+        assert "pad_rows" not in sp.with_mods("bias").range("mask")
+        for f in A.ZOO_FIELDS:
+            assert sp.range(f) in ((getattr(C(), f),), (getattr(C(), f),) * 2)
+        fields = A.optimize._fields(sp)
+        assert not set(A.ZOO_FIELDS) & set(fields)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            c = A.random_candidate(sp, rng)
+            assert c.family in ("onehot", "random")
+            assert all(getattr(c, f) == getattr(C(), f) for f in A.ZOO_FIELDS)
+    zoo = A.SPACES["zoo"]
+    assert zoo.zoo and zoo.mods == ("bias",) and "scores" in zoo.range("family")
+    assert set(A.ZOO_FIELDS) <= set(A.optimize._fields(zoo))
+
+
+def test_the_scores_family_builds_the_scores_it_names():
+    """Row r reads its own dimension: its log2-unit score of key j is spread * N(0, 1) up
+    to one bf16 rounding of K; ``shift`` moves every raw logit q.k by itself (rounded once,
+    as K holds shift / 8 in bf16) and ``jump`` lifts key ``jump_col`` by that many log2
+    units."""
+    c = C(family="scores", spread=4.0, n_rows=3, n_tiles=1, trim=0, seed=7)
+    q, k, v = A.build(c)
+    cl = softmax_scale_log2(64)
+    s = (q.double()[0, :, 0] @ k.double()[0, :, 0].T) * cl
+    g = torch.Generator().manual_seed(7)
+    want = 4.0 * torch.randn(64, 62, generator=g)
+    assert torch.allclose(s.float(), want[:, :3].T, rtol=2 ** -8, atol=1e-6)
+    shifted = A.build(C(**{**c.to_dict(), "shift": -1e5, "jump": 20.0, "jump_col": 5}))
+    s2 = shifted[0].double()[0, :, 0] @ shifted[1].double()[0, :, 0].T
+    lift = torch.zeros(64, dtype=torch.float64)
+    lift[5] = 20.0 / cl
+    shift = float(torch.tensor(-1e5 / 8).to(torch.bfloat16)) * 8      # -99840
+    assert torch.allclose(s2 - s / cl, torch.full_like(s2, shift) + lift, rtol=0, atol=0.5)
+
+
+def test_a_kv_cache_tail_holds_nan_past_the_length():
+    c = C(family="scores", spread=1.0, n_tiles=2, trim=28, seqused=0.25, cache="nan")
+    assert c.seqlen_kv == 100 and c.kv_used == 25 and c.size["seqlen_kv"] == 25
+    q, k, v = A.build(c)
+    assert torch.isnan(k[0, 25:].float()).all() and torch.isnan(v[0, 25:].float()).all()
+    assert torch.isfinite(k[0, :25].float()).all()
+    assert C(seqused=0.0, n_tiles=1).kv_used == 0
+    # canonical drops a cache that has no tail
+    assert A.canonical(C(cache="nan")).cache == "finite"
+
+
+def test_visibility_and_first_tiles():
+    c = C(n_rows=4, n_tiles=3, trim=0, mask="pad_left", mask_len=130)
+    assert A.first_tile_visible(c, 128).tolist() == [False] * 4
+    assert A.first_tile_visible(c, 128, "descending").tolist() == [True] * 4
+    c = C(n_rows=4, n_tiles=1, trim=62, causal=True)             # 2 keys, 4 rows
+    assert A.visible(c).sum(-1).tolist() == [0, 0, 1, 2]
+    assert A.visible(C(n_rows=3, mask="pad_rows", mask_len=2)).any(-1).tolist() == [False, False, True]
+
+
+def test_each_class_on_a_constructed_case():
+    """One input per class, with the numbers by hand."""
+    # empty: 2 causal rows over 1 key: row 0 sees nothing; TensorRT-LLM's finite mask gives
+    # it weight 1 on every visited column: 1 real key and 63 zero-filled ones, V = ones
+    c = C(family="scores", causal=True, n_rows=2, n_tiles=1, trim=63)
+    v = A.judge(c, "trtllm_neg_inf:before")
+    assert v.failed and v.classes == ["empty"] and v.bad_rows == [0] and v.undefined_rows == [0]
+    out, *_ = A.run_online(c, "trtllm_neg_inf:before")
+    assert out[0, 0, 0].float().tolist() == [1 / 64] * 64
+    assert not A.judge(c, "trtllm_neg_inf:after").failed
+    # silent: every raw logit at -1e5, below flashinfer's -5e4 sentinel: P = 2^((s - m) c)
+    # with m = -5e4 underflows, output 0 where the reference is 1 (V = ones)
+    c = C(family="scores", n_rows=1, n_tiles=1, trim=0, shift=-1e5)
+    v = A.judge(c, "flashinfer_sentinel:before")
+    assert v.classes == ["silent"] and v.max_err == pytest.approx(1.0, abs=1e-9)  # out 0, ref 1
+    assert not A.judge(c, "flashinfer_sentinel:after").failed
+    # saturation: FA4 visits columns 128..191 first (scores 0), then tile 0 whose key 0 is
+    # 3 log2 units up, within the threshold 4: P = 2^(8 + 3) > 448
+    c = C(family="scores", n_rows=1, n_tiles=3, trim=0, jump=3.0, jump_col=0)
+    v = A.judge(c, "fa4_fp8_saturation:before", classes="saturation")
+    assert v.classes == ["saturation"]
+    out, lse, recs, *_ = A.run_online(c, "fa4_fp8_saturation:before")
+    assert [int(r.saturated[0, 0, 0]) for r in recs] == [0, 1]
+    assert float(recs[1].p_max[0, 0, 0]) == pytest.approx(2.0 ** 11, rel=2 ** -7)
+    assert not A.judge(c, "fa4_fp8_saturation:after", classes="saturation").failed
+    # nan_factor: row 0 sees nothing (its factor is exp2(-inf + inf)); row 1's key 64 jumps
+    # 20 log2 units past the threshold 8, so the 16-row warp's vote multiplies row 0's O
+    c = C(family="scores", n_rows=2, n_tiles=2, trim=0, mask="pad_rows", mask_len=1,
+          jump=20.0, jump_col=64)
+    assert A.judge(c, "ffpa_vote_nan:before").classes == ["nan_factor"]
+    assert not A.judge(c, "ffpa_vote_nan:after").failed
+    # nonfinite: 576 keys of left padding: PyTorch's first 512-key block is all masked
+    c = C(family="scores", spread=2.0, n_rows=2, n_tiles=10, trim=0, mask="pad_left",
+          mask_len=576)
+    v = A.judge(c, "pytorch_cpu_masked_block:before")
+    assert v.classes == ["nonfinite"] and v.bad_rows == [0, 1]
+    assert not A.judge(c, "pytorch_cpu_masked_block:after").failed
+
+
+def test_a_finfo_min_bias_masks_its_key_in_the_reference_too():
+    """bf16's finfo.min times log2 e overflows fp32 in every kernel: a key masked by it is
+    masked in the reference as well (the row sees nothing), not a logit of -3.4e38."""
+    c = C(family="scores", causal=True, n_rows=1, n_tiles=1, trim=63, mask="pad_right",
+          mask_len=5, mask_value="min")
+    q, k, v = A.build(c)
+    ref, lse = A.reference_of(c, q, k, v, A.build_mods(c))
+    assert lse[0, 0, 0] == -math.inf and (ref == 0).all()
+    assert not A.judge(c, "fa4_fp8_saturation:after").failed
+
+
+def test_classes_default_to_the_entry_and_are_checked():
+    for e in ENTRIES.values():
+        assert set(e.failure) <= set(A.CLASSES) and e.failure
+        assert A.default_classes(e.before) == e.failure
+    assert A.default_classes("lazy") == ("nonfinite",)
+    own = Policy("tile", "max", name="mine", semantics=Semantics(o_gate="row"))
+    assert A.default_classes(own) == A.CLASSES
+    assert A.check_classes(own, "silent, empty") == ("empty", "silent")
+    with pytest.raises(ValueError, match="classes: unknown class 'nan'"):
+        A.check_classes(own, "nan")
+    with pytest.raises(TypeError, match="classes"):
+        A.check_classes(own, [1])
+    with pytest.raises(ValueError, match="classes:.*nonfinite"):
+        A.check_classes("lazy", "silent")
+    with pytest.raises(ValueError, match="space='zoo'"):
+        A.search("lazy", space="zoo", max_evals=1)
+    with pytest.raises(ValueError, match="baseline and tolerance"):
+        A.judge(C(), "trtllm_neg_inf:before", tolerance=0.1)
+    with pytest.raises(TypeError, match="region"):
+        A.search("trtllm_neg_inf:before", region=3, max_evals=1)
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_the_attack_finds_each_entry_before_its_fix(name):
+    """Deterministic for a seed and an evaluation count: each entry's reported class of
+    failure is found from the zoo's starting points within a few model runs."""
+    e = ENTRIES[name]
+    res = A.search(e.before, seed=0, max_evals=40, budget_s=600, shrink=False)
+    assert res.found and set(res.found_classes) <= set(e.failure), A.summary(res)
+    again = A.judge(res.shrunk, e.before, classes=e.failure)
+    assert again.failed and again.classes == res.found_classes
+
+
+def test_a_region_keeps_the_search_inside_it():
+    inside = lambda c: not c.causal and c.mask == "none"  # noqa: E731
+    res = A.search("trtllm_neg_inf:before", seed=1, max_evals=15, budget_s=600, region=inside,
+                   shrink=False)
+    assert not res.found and res.evals == 15 and res.outside > 0
+    s = A.summary(res)
+    assert s.startswith("trtllm_neg_inf:before: no failure found in 15 runs inside the region")
+    d = res.to_dict()
+    assert d["classes"] == ["empty"] and d["outside_region"] == res.outside
+    none = A.search("trtllm_neg_inf:before", max_evals=5, budget_s=2, region=lambda c: False)
+    assert none.evals == 0 and none.outside > 0 and not none.found
+
+
+def test_the_command_line_attacks_a_preset(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fa_lab", "attack", "--policy",
+                        "sdpa_masked_row:before", "--budget", "20", "--json"],
+                       capture_output=True, text=True,
+                       env={**__import__("os").environ, "FA_LAB_RESULTS": str(tmp_path),
+                            "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rec["found"] and rec["found_classes"] == ["empty"] and rec["space"] == "zoo+bias"
+    assert [p.name for p in tmp_path.iterdir()] == ["attack_sdpa_masked_row-before.json"]
+    assert "sdpa_masked_row:before" in policies.names()
+
+
+def test_a_one_hot_input_with_fewer_rows_than_victims_builds():
+    """The zoo's space lets Sq go down to 1: the one-hot family then places as many victims
+    as there are rows beside the trigger."""
+    for n_rows in (1, 2, 3):
+        c = C(n_rows=n_rows, n_victims=8, n_tiles=1)
+        q, k, v = A.build(c)
+        assert q.shape[1] == n_rows and int((q[0, :, 0] != 0).sum()) == n_rows
