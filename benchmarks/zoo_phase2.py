@@ -49,43 +49,36 @@ def _symptom(entry, cand, policy, classes) -> dict:
     return out
 
 
+def _run(entry, policy, *, fix: bool, seed: int, structured: bool, **search) -> dict:
+    """One search, as a record: what it found, how fast, the shrunk input and its symptom."""
+    t0 = time.perf_counter()
+    res = A.search(policy, seed=seed, structured=structured, **search)
+    rec = {"entry": entry.name, "policy": policy.name, "fix": fix, "seed": seed,
+           "starts": "structured" if structured else "random only",
+           "classes": list(res.classes), "found": res.found, "found_classes": res.found_classes,
+           "time_to_first_s": res.time_to_first_s, "evals_to_first": res.evals_to_first,
+           "evals": res.evals, "wall_s": time.perf_counter() - t0, "summary": A.summary(res),
+           "repro": res.repro if res.found else None,
+           "shrunk": None if res.shrunk is None else {**res.shrunk.to_dict(),
+                                                       "size": res.shrunk.size}}
+    if res.found:
+        rec["symptom"] = _symptom(entry, res.shrunk, policy, res.classes)
+    print(rec["summary"], flush=True)
+    return rec
+
+
 def attack(budget: float, after_budget: float, seeds) -> dict:
     runs = []
-    for name, e in ENTRIES.items():
-        before, after = e.before, e.after
+    for e in ENTRIES.values():
         for structured in (True, False):
             for seed in seeds:
-                t0 = time.perf_counter()
-                res = A.search(before, budget_s=budget, seed=seed, structured=structured)
-                rec = {"entry": name, "policy": before.name, "fix": False, "seed": seed,
-                       "starts": "structured" if structured else "random only",
-                       "classes": list(res.classes), "found": res.found,
-                       "found_classes": res.found_classes, "time_to_first_s": res.time_to_first_s,
-                       "evals_to_first": res.evals_to_first, "evals": res.evals,
-                       "wall_s": time.perf_counter() - t0, "summary": A.summary(res),
-                       "repro": res.repro if res.found else None,
-                       "shrunk": None if res.shrunk is None else {**res.shrunk.to_dict(),
-                                                                   "size": res.shrunk.size}}
-                if res.found:
-                    rec["symptom"] = _symptom(e, res.shrunk, before, res.classes)
-                print(rec["summary"], flush=True)
-                runs.append(rec)
-        t0 = time.perf_counter()
-        res = A.search(after, budget_s=after_budget, seed=0, classes=e.failure)
-        rec = {"entry": name, "policy": after.name, "fix": True, "seed": 0, "starts": "structured",
-               "classes": list(res.classes), "found": res.found, "found_classes": res.found_classes,
-               "time_to_first_s": res.time_to_first_s, "evals": res.evals,
-               "wall_s": time.perf_counter() - t0, "summary": A.summary(res),
-               "repro": res.repro if res.found else None,
-               "shrunk": None if res.shrunk is None else {**res.shrunk.to_dict(),
-                                                           "size": res.shrunk.size}}
-        if res.found:
-            rec["symptom"] = _symptom(e, res.shrunk, after, res.classes)
-        print(rec["summary"], flush=True)
-        runs.append(rec)
+                runs.append(_run(e, e.before, fix=False, seed=seed, structured=structured,
+                                 budget_s=budget))
+        runs.append(_run(e, e.after, fix=True, seed=0, structured=True, budget_s=after_budget,
+                         classes=e.failure))
     table = [{k: r[k] for k in ("entry", "policy", "fix", "seed", "starts", "found",
-                                "found_classes", "time_to_first_s", "evals_to_first", "evals")
-              if k in r} for r in runs]
+                                "found_classes", "time_to_first_s", "evals_to_first", "evals")}
+             for r in runs]
     return {"budget_s": budget, "after_budget_s": after_budget, "seeds": list(seeds),
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "table": table, "runs": runs}

@@ -66,12 +66,16 @@ def mechanism_strip(histories: dict, *, title: str, p_limit: float | None = None
 def boundary_curves(x, curves: dict, *, boundary: float, x_title: str, y_title: str,
                     title: str, colors: dict | None = None) -> go.Figure:
     """Measured curves (name -> y over ``x``) beside a hazard's formula: a vertical line at
-    ``boundary``, the region's edge."""
+    ``boundary``, the region's edge. Curves that lie on each other stay apart by their
+    dashes and markers."""
     fig = go.Figure()
-    for name, y in curves.items():
+    dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+    symbols = ("circle", "square", "diamond", "triangle-up", "cross", "x")
+    for i, (name, y) in enumerate(curves.items()):
         fig.add_trace(go.Scatter(x=list(x), y=list(y), mode="lines+markers", name=name,
-                                 marker=dict(size=5),
-                                 line=dict(color=(colors or {}).get(name))))
+                                 marker=dict(size=5, symbol=symbols[i % len(symbols)]),
+                                 line=dict(color=(colors or {}).get(name),
+                                           dash=dashes[i % len(dashes)])))
     fig.add_vline(x=boundary, line=dict(color="#444444", dash="dash"),
                   annotation_text=f"formula: {boundary:.4g}", annotation_position="top left")
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, height=380,
