@@ -72,10 +72,12 @@ def _dtype_names(dtypes) -> str:
 
 
 def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
-              names=("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
+              names=("q", "k", "v"), min_kv: int = 1) -> tuple[int, int, int, int, int, int]:
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]: tensors, rank, dtypes (one of ``dtypes``,
-    all alike), device, shapes, GQA grouping and head dim. ``names`` are what the errors
-    call the three (a kernel taking fp8 says q8, k8, v8). Returns (B, Sq, H, D, Skv, Hkv)."""
+    all alike), device, shapes, GQA grouping and head dim (any where ``head_dims`` is None).
+    ``names`` are what the errors call the three (a kernel taking fp8 says q8, k8, v8);
+    ``min_kv`` is the fewest keys taken (0 for a model that defines an empty cache's rows).
+    Returns (B, Sq, H, D, Skv, Hkv)."""
     qn, kn, vn = names
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
@@ -96,12 +98,13 @@ def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
         raise ValueError(f"{kn} and {vn} must be [B={B}, Skv, Hkv, D={D}]; {kn} has batch "
                          f"{k.shape[0]} and head dim {k.shape[3]}")
     Skv, Hkv = k.shape[1], k.shape[2]
-    if min(B, Sq, Skv, H, Hkv) < 1:
+    if min(B, Sq, H, Hkv) < 1 or Skv < min_kv:
+        keys = "" if min_kv == 1 else f" (keys >= {min_kv})"
         raise ValueError(f"empty input: {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}; batch, "
-                         "sequence lengths and heads must be >= 1")
+                         f"sequence lengths and heads must be >= 1{keys}")
     if H % Hkv:
         raise ValueError(f"{qn} heads H={H} must be a multiple of the kv heads Hkv={Hkv} (GQA/MQA)")
-    if D not in head_dims:
+    if head_dims is not None and D not in head_dims:
         raise ValueError(f"head dim D={D} is not supported; {kernel} takes D = "
                          f"{' or '.join(map(str, head_dims))}")
     return B, Sq, H, D, Skv, Hkv

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_lab import varlen
+from fa_lab.checks import check_qkv
 from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
 from fa_lab.policies import BY_KV_LEN, Policy
 
@@ -374,26 +375,8 @@ def _user_mask(mask, B, H, Sq, Skv, R, ncols, dev):
 
 def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales, saturate):
     """Every argument, before any work: TypeError/ValueError naming it."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be [B, S, H, D], got shape {tuple(t.shape)}")
-        if t.dtype not in _INPUT_FORMATS:
-            raise TypeError(f"{name} must be float32, bfloat16, float16 or float8_e4m3fn, "
-                            f"got {t.dtype}")
-        if (t.dtype == torch.float8_e4m3fn) != (q.dtype == torch.float8_e4m3fn):
-            raise TypeError(f"{name} has dtype {t.dtype} and q {q.dtype}: fp8 inputs come as "
-                            "three float8_e4m3fn tensors")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    B, Sq, H, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"k and v must be [B={B}, Skv, Hkv, D={D}], got {tuple(k.shape)}")
-    if k.shape[2] < 1 or H % k.shape[2]:
-        raise ValueError(f"H={H} must be a multiple of the KV heads Hkv={k.shape[2]}")
+    B, Sq, H, D, _, _ = check_qkv(q, k, v, dtypes=tuple(_INPUT_FORMATS), head_dims=None,
+                                  kernel="the online-softmax model", min_kv=0)
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
     if policy.rule is not None:

@@ -306,9 +306,9 @@ def test_records_and_batch_lengths():
 @pytest.mark.parametrize("change, exc, words", [
     (dict(q=[1.0]), TypeError, "q must be a torch.Tensor"),
     (dict(k=torch.ones(1, 2, 1)), ValueError, "k must be"),
-    (dict(v=torch.ones(1, 2, 1, 1, dtype=torch.float64)), TypeError, "v must be float32"),
-    (dict(v=torch.ones(1, 3, 1, 1)), ValueError, "one shape"),
-    (dict(k=torch.ones(1, 2, 2, 1), v=torch.ones(1, 2, 2, 1)), ValueError, "multiple of the KV"),
+    (dict(v=torch.ones(1, 2, 1, 1, dtype=torch.float64)), TypeError, "v has dtype torch.float64; the online-softmax model takes float32"),
+    (dict(v=torch.ones(1, 3, 1, 1)), ValueError, "must have the same shape"),
+    (dict(k=torch.ones(1, 2, 2, 1), v=torch.ones(1, 2, 2, 1)), ValueError, "multiple of the kv heads"),
     (dict(q=torch.ones(2, 1, 1, 1)), ValueError, r"\[B=2"),
     (dict(policy="eager"), TypeError, "policy"),
     (dict(policy=Policy.from_rule(lambda m, mt, t: mt, name="r")), ValueError, "rule"),
