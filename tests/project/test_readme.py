@@ -77,6 +77,10 @@ CHECKS = {
         assert out.isnan().any()                      # the unfixed body, on K x48 inputs
         assert fa_lab.upstream.current() == "fixed"   # the block left the session as it was
     """,
+    "zoo.get(": """
+        assert e.shows("before") and not e.shows("after")
+        assert {h.kind for h in onset.bound("sdpa_masked_row:before").hazards} >= {"nan"}
+    """,
     "onset.predict(": """
         assert abs(pred.nan_frac - nan_before) < 0.005, (pred.nan_frac, nan_before)
     """,
@@ -230,6 +234,8 @@ def test_shell_lines_run(line, tmp_path):
                                text=True)
         assert check.returncode == 0 and check.stdout.split()[-1:] == ["True"], \
             check.stdout[-1000:] + check.stderr[-2000:]
+    elif argv[:3] == ["fa-lab", "attack", "sdpa_masked_row:before"]:
+        assert "FAILS (empty)" in out and "repro: " in out, out
     elif argv[:3] == ["fa-lab", "attack", "lazy"]:
         assert "no failure found" in out, out
     elif argv[:2] == ["fa-lab", "bench"]:
