@@ -4,7 +4,7 @@ data/results/zoo_bounds.json (the lab's reference results for issue 33, with pro
 ``attack``: per entry, ``fa-lab attack``'s search on its preset before the fix (the entry's
 own class of failure, budget 60 s, seeds 0-2, from the zoo's starting points and from
 random starts only), the shrunk input's symptom, and the search against the fix (budget
-30 s): what it found, or "no failure found in N runs".
+30 s): what it found, or "nothing in N runs found a failure".
 
 ``bounds``: every built-in policy's and preset's region (``onset.bound``), checked two ways:
 an attack inside the region (``boundcheck.attack_inside``: every class, budget 15 s), and

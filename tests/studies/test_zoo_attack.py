@@ -171,7 +171,7 @@ def test_a_region_keeps_the_search_inside_it():
                    shrink=False)
     assert not res.found and res.evals == 15 and res.outside > 0
     s = A.summary(res)
-    assert s.startswith("trtllm_neg_inf:before: no failure found in 15 runs inside the region")
+    assert s.startswith("trtllm_neg_inf:before: nothing in 15 runs inside the region found a failure")
     d = res.to_dict()
     assert d["classes"] == ["empty"] and d["outside_region"] == res.outside
     none = A.search("trtllm_neg_inf:before", max_evals=5, budget_s=2, region=lambda c: False)

@@ -91,8 +91,8 @@ fails on the *classes* asked for (``CLASSES``: ``nonfinite``, ``empty`` (a row t
 nothing gives anything but 0), ``silent`` (a finite row off the fp64 reference by more than
 ``silent_tol`` x max|V|), ``saturation`` and ``nan_factor``); by default a preset's entry's
 own (``Entry.failure``). ``region=`` keeps every judged run inside a region
-(``fa_lab.studies.onset.bound``), and a search that finds nothing reports "no failure found
-in N runs".
+(``fa_lab.studies.onset.bound``), and a search that finds nothing reports "nothing in N runs
+found a failure".
 
 **Shrinking** a failing input: greedy passes that try fewer tiles, fewer rows, no trim,
 non-causal, D = 64, bf16, no noise, no wobble, no extra victims, a flat tile, V = ones, no

@@ -2,7 +2,7 @@
 each hazard lies within one binade (or one tile) of its formula.
 
 * ``attack_inside(policy)``: ``fa_lab.studies.adversary.search`` with a region filter, so
-  every judged run lies inside ``bound(policy)``; it should report "no failure found in N runs".
+  every judged run lies inside ``bound(policy)``; it should report "nothing in N runs found a failure".
 * ``sweep(policy, hazard)``: one parameter of a worst-case input stepped across the
   hazard's boundary; at every step the model runs and the region's margin is read. The
   check holds when no step with margin >= 0 fails (sound) and the first failing step's
