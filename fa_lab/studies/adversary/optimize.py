@@ -518,8 +518,9 @@ def summary(res: Attack) -> str:
                 f"{res.shrink_evals} runs to Sq={s.seqlen_q} Skv={s.seqlen_kv} D={s.D} "
                 f"({s.family}, {s.dtype}, causal={s.causal}{mods}); {what} "
                 f"{res.bad_rows}\n  repro: {res.repro_command}")
-    inside = "" if not res.outside else f" inside the region ({res.outside} outside it skipped)"
+    inside, skipped = ("", "") if not res.outside else \
+        (" inside the region", f"{res.outside} outside it skipped; ")
     return (f"{res.policy}: nothing in {res.evals} runs{inside} found a failure "
-            f"({res.search_s:.1f} s, budget {res.budget_s:g} s, space {res.space['name']!r}, "
+            f"({skipped}{res.search_s:.1f} s, budget {res.budget_s:g} s, space {res.space['name']!r}, "
             f"classes {', '.join(res.classes)}); best fitness {res.best_fitness:.1f} (128 means a "
             "failure: a predicted overflow, or an error at the tolerance)")
