@@ -52,6 +52,8 @@ before these fields behaves exactly as it did. Fields, in log2 units unless stat
 * ``v_tail`` (``"zero"``): V rows past the sequence's end inside its last tile: ``"zero"``
   (zero-filled loads) or ``"cache"`` (whatever the KV cache holds there: TMA loads whole
   tiles).
+
+``choices()`` lists the values of each field that takes one of a fixed set.
 """
 
 from __future__ import annotations
@@ -150,3 +152,14 @@ class Semantics:
 
 #: The defaults: DUALWAVE_SWP's semantics.
 DEFAULT = Semantics()
+
+
+def choices() -> dict[str, tuple]:
+    """The values each ``Semantics`` field with a fixed set of them accepts, in field order:
+    ``{field: (choice, ...)}``, the default among them (``wave_rows``, the named choices,
+    and False/True for the switches). ``mask_value``, ``m_init``, ``floor_value`` and
+    ``block_n`` take a number and are not listed (module docstring)."""
+    fields = dataclasses.fields(Semantics)
+    fixed = {"wave_rows": WAVE_ROWS, **_CHOICES,
+             **{f.name: (False, True) for f in fields if isinstance(f.default, bool)}}
+    return {f.name: fixed[f.name] for f in fields if f.name in fixed}

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fa_lab import Policy, policies as P
-from fa_lab.semantics import DEFAULT, DEFAULT_FLOOR, FLT_MAX, Semantics
+from fa_lab.semantics import DEFAULT, DEFAULT_FLOOR, FLT_MAX, Semantics, choices
 
 
 def test_defaults_change_nothing_for_existing_policies():
@@ -69,6 +69,20 @@ def test_changed_lists_fields_in_order():
 def test_bad_semantics_name_the_field(kw, exc, words):
     with pytest.raises(exc, match=words):
         Semantics(**kw)
+
+
+def test_choices_list_every_fixed_field_with_its_default():
+    c = choices()
+    free = {"mask_value", "m_init", "floor_value", "block_n"}
+    assert list(c) == [f.name for f in dataclasses.fields(Semantics) if f.name not in free]
+    assert c["o_gate"] == ("always", "row", "wave") and c["clamp_exp_diff"] == (False, True)
+    assert c["wave_rows"] == (16, 32, 64) and "e4m3" in c["p_cast"]
+    for name, values in c.items():
+        assert getattr(DEFAULT, name) in values, name
+        for value in values:                         # every listed choice is accepted
+            assert getattr(Semantics(**{name: value}), name) == value
+    c["o_gate"] = ()                                 # a fresh dict each call
+    assert choices()["o_gate"] == ("always", "row", "wave")
 
 
 def test_a_policy_takes_only_a_semantics_value():

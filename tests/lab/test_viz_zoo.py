@@ -40,3 +40,19 @@ def test_boundary_curves_draw_the_formula():
                               x_title="x", y_title="y", title="t")
     assert fig.data[0].y == (0, 0, 1)
     assert fig.layout.shapes[0].x0 == pytest.approx(0.807, abs=1e-3)
+
+
+def test_a_long_strip_title_wraps_at_a_word():
+    from fa_lab.lab.viz.zoo import TITLE_WIDTH, wrap_title
+
+    e = ENTRIES["fa3_v_tail_nan"]
+    assert len(e.title) > TITLE_WIDTH
+    wrapped = wrap_title(e.title)
+    lines = wrapped.split("<br>")
+    assert len(lines) == 2 and " ".join(lines) == e.title
+    assert all(len(line) <= TITLE_WIDTH for line in lines) and lines[1].endswith("0 * NaN")
+    assert wrap_title("short title") == "short title" and wrap_title("x" * 80) == "x" * 80
+    hist = {k: row_history(e.run(k)[3]) for k in ("before", "after")}
+    fig = viz.mechanism_strip(hist, title=e.title)
+    assert fig.layout.title.text.startswith(wrapped + "<br><sup>")
+    assert fig.layout.margin.t > 90 and fig.layout.height > 330      # room for the second line

@@ -33,11 +33,28 @@ def _kind(name: str, x: float, p_limit: float | None) -> int:
     return 0
 
 
+#: A strip's title longer than this many characters is broken into lines at spaces.
+TITLE_WIDTH = 70
+
+
+def wrap_title(text: str, width: int = TITLE_WIDTH) -> str:
+    """``text`` with ``<br>`` between words so that no line passes ``width`` characters (a
+    single longer word keeps a line of its own)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
 def mechanism_strip(histories: dict, *, title: str, p_limit: float | None = None) -> go.Figure:
     """One row's state per step under each policy: ``histories`` maps a column title (e.g.
     "before: ..." and "after: ...") to ``fa_lab.kernels.online.row_history`` output (one
     dict per step). Each cell shows the value; its colour says whether it is finite, past
-    ``p_limit`` (the P cast's largest value, for ``p_max``), -inf, +inf or NaN."""
+    ``p_limit`` (the P cast's largest value, for ``p_max``), -inf, +inf or NaN. A ``title``
+    longer than ``TITLE_WIDTH`` characters is wrapped at spaces."""
     if not histories:
         raise ValueError("histories is empty: give at least one policy's row history")
     names = list(histories)
@@ -57,9 +74,11 @@ def mechanism_strip(histories: dict, *, title: str, p_limit: float | None = None
                       row=1, col=col)
     fig.update_yaxes(autorange="reversed")
     legend = "   ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in CELL_KINDS)
-    fig.update_layout(title=dict(text=f"{title}<br><sup>{legend}</sup>"), height=330,
+    title = wrap_title(title)
+    extra = title.count("<br>") * 34                 # each further title line
+    fig.update_layout(title=dict(text=f"{title}<br><sup>{legend}</sup>"), height=330 + extra,
                       width=max(600, 260 * sum(len(h) for h in histories.values()) + 160),
-                      margin=dict(l=110, r=20, t=90, b=40), plot_bgcolor="white")
+                      margin=dict(l=110, r=20, t=90 + extra, b=40), plot_bgcolor="white")
     return fig
 
 
