@@ -265,15 +265,17 @@ _WARNED: set = set()
 
 
 def _warn_once(key, message: str) -> None:
+    """Warn at the line that called ``plan``'s caller (``flash_attn_func``, ``trace``, ...)."""
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def route(call: Call) -> str:
+def route(call: Call, notes: list) -> str:
     """The family that runs ``call``: upstream's routing (``choose_kernel``), then fa_lab's
     own rules for what upstream's kernels do not model (split-K and varlen are DUALWAVE_SWP
-    builds; the fast kernels implement DUALWAVE_SWP's semantics at every length)."""
+    builds; the fast kernels implement DUALWAVE_SWP's semantics at every length). A reroute
+    the user should know of is appended to ``notes`` as (key, message)."""
     version = upstream_versions.get(call.upstream)
     wanted = None
     if call.policy_asked:
@@ -289,12 +291,12 @@ def route(call: Call) -> str:
     if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
             and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
         has = "a Python rule" if wanted.rule is not None else f"vote={wanted.vote!r}"
-        _warn_once(("rerouted", upstreams, wanted.vote, wanted.rebase, wanted.rule),
+        notes.append((("rerouted", upstreams, wanted.vote, wanted.rebase, wanted.rule),
                    f"{call.request.given()}: upstream runs this call (B={call.batch}, "
                    f"Sq={call.seqlen_q}) on the {upstreams} kernel, which is eager and cannot "
                    f"apply {wanted.name!r} ({has}); fa_lab runs it on {family} instead, where "
                    f"it applies. Pass kernel={family!r} to ask for that explicitly (and no "
-                   "warning), or leave the rescale out to run what upstream runs")
+                   "warning), or leave the rescale out to run what upstream runs"))
     if "num_kv_splits" in call.mods and family == "generic":
         if call.kernel_asked == "generic":
             raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
@@ -309,12 +311,12 @@ def route(call: Call) -> str:
     return family
 
 
-def resolve_policy(call: Call, family: str) -> Policy:
+def resolve_policy(call: Call, family: str, notes: list) -> Policy:
     """The policy ``family`` runs for ``call``: the one asked for, resolved against the call,
     or the upstream version's default where the family runs it (else eager, as upstream
     hands the lazy flag to DUALWAVE_SWP only). A policy asked for that DUALWAVE_SWP would
-    never consult (no KV tile of the call reaches its lazy loop) is run, and a warning
-    (once) says so."""
+    never consult (no KV tile of the call reaches its lazy loop) is run, and a note in
+    ``notes`` says so."""
     version = upstream_versions.get(call.upstream)
     default = version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
     if not call.policy_asked and not supports(TABLE[(family, "emulator")], default):
@@ -330,19 +332,28 @@ def resolve_policy(call: Call, family: str) -> Policy:
         if n <= 4:
             # keyed by the rule, not its numbers: a policy's variants (a dashboard's moved
             # threshold) are the same policy here
-            _warn_once(("never consulted", family, policy.vote, policy.rebase, policy.rule),
-                       f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP decides "
-                       f"lazily only on KV tiles 1 .. N-4 of each 256-row block, and Skv="
-                       f"{call.seqlen_kv} gives N = {n}, so every tile rescales eagerly")
+            notes.append((("never consulted", family, policy.vote, policy.rebase, policy.rule),
+                          f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP "
+                          f"decides lazily only on KV tiles 1 .. N-4 of each 256-row block, and "
+                          f"Skv={call.seqlen_kv} gives N = {n}, so every tile rescales eagerly"))
     return policy
 
 
 def plan(call: Call) -> Plan:
     """Route (``route``), resolve the policy for that family (``resolve_policy``), then
     pick the backend and check every capability; raises ValueError naming what the chosen
-    backend cannot do. Does no work on the tensors' data."""
-    family = route(call)
-    call = dataclasses.replace(call, policy=resolve_policy(call, family))
+    backend cannot do. Does no work on the tensors' data. Routing's warnings (each once) are
+    given only once every check has passed: a call that is refused is refused in silence."""
+    notes: list = []
+    planned = _plan(call, notes)
+    for key, message in notes:
+        _warn_once(key, message)
+    return planned
+
+
+def _plan(call: Call, notes: list) -> Plan:
+    family = route(call, notes)
+    call = dataclasses.replace(call, policy=resolve_policy(call, family, notes))
     backend = _resolve_backend(call, family)
     if backend == "flydsl":
         return Plan(call, family, backend, None)

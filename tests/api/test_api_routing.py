@@ -48,6 +48,21 @@ def test_a_lazy_request_upstream_would_drop_runs_on_dualwave_and_says_so(short, 
     assert fa_lab.trace(q, k, v, rows=[5], rescale="lazy").kernel == "swp_bf16"
 
 
+
+def test_a_refused_call_gives_no_routing_warning(short, monkeypatch):
+    """A call that would be rerouted, but whose threshold is bad, is refused with the error
+    alone: the reroute warning is not given, and the next valid call still gives it (it was
+    not spent on the refused one)."""
+    q, k, v = short
+    monkeypatch.setattr(fa_lab.dispatch, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="rescale_threshold"):
+            fa_lab.flash_attn_func(q, k, v, causal=True, rescale="lazy", rescale_threshold=-8)
+    assert [str(w.message) for w in said] == []
+    with pytest.warns(UserWarning, match="upstream runs this call"):
+        fa_lab.flash_attn_func(q, k, v, causal=True, rescale="lazy")
+
 def test_a_policy_with_no_lazy_step_to_decide_warns(monkeypatch):
     """DUALWAVE_SWP decides lazily on KV tiles 1 .. N-4 only: at Skv <= 256 a policy is
     never consulted (a rule is never called), and the call says so; from Skv = 320 it is."""
