@@ -150,6 +150,7 @@ def _subprocess_env(**extra):
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.slow
 def test_default_results_folder_is_under_the_working_directory(tmp_path):
     """With neither root= nor $FA_LAB_RESULTS a save lands in ./fa_lab_results of the
     process's working directory, never in data/results."""

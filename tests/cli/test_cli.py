@@ -120,6 +120,7 @@ def test_bad_value_exits_2_with_one_line_naming_the_flag(bad_runs, key):
     assert not (d / "results").exists()  # nothing ran, nothing saved
 
 
+@pytest.mark.slow
 def test_name_outside_the_results_dir_writes_nothing(bad_runs):
     d, _ = bad_runs["name_dotdot"]
     assert not (d / "x.json").exists() and not (d.parent / "x.json").exists()
@@ -287,6 +288,7 @@ def test_a_new_command_is_a_module_and_its_name(monkeypatch, capsys):
     assert e.value.code == 2 and "argument --dry" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_table_writes_to_out_dir_else_the_results_folder_never_data(tmp_path):
     """``fa-lab table`` saves in ``--out-dir``, else ``$FA_LAB_RESULTS``, else
     ./fa_lab_results of the working directory; data/results is left as it was."""

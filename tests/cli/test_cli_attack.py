@@ -35,6 +35,7 @@ def _printed_repro(stdout: str) -> str:
     return lines[0].strip()[len("repro: "):]
 
 
+@pytest.mark.slow
 def test_the_printed_repro_runs_as_printed(tmp_path):
     r = attack(tmp_path, "lazy_unfixed", "--budget", "5")
     assert r.returncode == 0, r.stderr
@@ -60,6 +61,7 @@ policies.register(Policy(vote="wave", rebase="capped", threshold=6.0, rebase_bou
 '''
 
 
+@pytest.mark.slow
 def test_a_user_policy_repro_registers_the_policy_first(tmp_path):
     (tmp_path / "mypolicies.py").write_text(USER_POLICY)
     r = attack(tmp_path, "cap24", "--import", "mypolicies.py", "--budget", "5", "--json")
@@ -77,6 +79,7 @@ def test_a_user_policy_repro_registers_the_policy_first(tmp_path):
     assert rec["user_policy"] is True and rec["params"]["imports"] == ["mypolicies.py"]
 
 
+@pytest.mark.slow
 def test_the_record_has_the_reference_schema_the_lesson_reads(tmp_path):
     """A fresh record and the lab's reference one have the same keys, at the top, in each
     run and in each summary row, and the lesson's reads (``rec["runs"][0]`` and the rest)

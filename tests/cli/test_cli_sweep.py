@@ -46,6 +46,7 @@ GRID = {"policy": ["lazy"], "k_scale": [8], "S": [512], "D": [64]}
 @pytest.mark.parametrize("case", ["yaml_syntax", "yaml_indent", "not_a_mapping", "missing_file",
                                   "a_directory", "bad_axis_value", "unknown_axis", "bad_workers",
                                   "out_dir_is_a_file", "bad_name"])
+@pytest.mark.slow
 def test_every_sweep_error_is_one_line_and_exit_2(tmp_path, case):
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump(GRID))
@@ -81,6 +82,7 @@ def test_every_sweep_error_is_one_line_and_exit_2(tmp_path, case):
     assert not (tmp_path / "fa_lab_results").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_what_was_saved_says_how_to_resume_and_exits_130(tmp_path):
     """SIGINT to the sweep's process group, as a terminal's Ctrl-C sends it, once two points
     are saved: exit 130, a last line saying how many points are saved where and that the
@@ -132,6 +134,7 @@ def test_ctrl_c_keeps_what_was_saved_says_how_to_resume_and_exits_130(tmp_path):
     assert len(pd.read_parquet(folder)) == total  # a plain Parquet read of the folder
 
 
+@pytest.mark.slow
 def test_the_sweep_writes_to_out_dir_and_files_follow_the_umask(tmp_path):
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({**GRID, "k_scale": [8, 16]}))

@@ -259,6 +259,7 @@ def test_compare_view_names_the_fp8_policy_as_run(cap24):
     assert list(moved["stats"].policy) == ["lazy_unfixed", "lazy", "eager", "cap24 (thr 8)", "fp8"]
 
 
+@pytest.mark.slow
 def test_choosing_a_policy_moves_the_controls_to_its_own_settings(cap24):
     d = widgets.fp8_dashboard(S=256, H=1, policy="lazy_unfixed", row=0)
     c = d.controls

@@ -42,6 +42,7 @@ def _fa_lab(*args):
 
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.slow
 def test_cli_runs_in_the_checkout_leave_it_clean(tmp_path):
     status, data = _git("status", "--porcelain"), _data_digest()
     folder = ROOT / results.DEFAULT_DIRNAME

@@ -4,6 +4,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +127,7 @@ def test_the_triton_floor_is_the_one_make_test_runs_against():
     assert any("pytest" in c and "$(FLOOR_TESTS)" in c for c in recipe("test-triton-floor"))
 
 
+@pytest.mark.slow
 def test_the_core_and_its_commands_import_nothing_of_the_lab_extra():
     """What the core install runs (the API, the CLI's table, attack and sweep) imports
     none of the [lab] extra's packages (make test-wheel proves it in a venv without them)."""

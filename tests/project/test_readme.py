@@ -109,6 +109,7 @@ def _git_status() -> str | None:
         return None   # not a git checkout (an sdist): nothing to compare
 
 
+@pytest.mark.slow
 def test_python_blocks_run_and_do_what_the_text_says(tmp_path):
     code = blocks("python")
     assert len(code) >= 5
@@ -185,6 +186,7 @@ def _parts(folder: Path) -> list:
 
 
 @pytest.mark.parametrize("line", commands(), ids=lambda line: " ".join(_argv(line)))
+@pytest.mark.slow
 def test_shell_lines_run(line, tmp_path):
     if GPU_MARK in line and not HAS_GPU:
         pytest.skip(f"the README marks it as GPU-only: {line}")

@@ -165,6 +165,7 @@ def test_the_attack_finds_each_entry_before_its_fix(name):
     assert again.failed and again.classes == res.found_classes
 
 
+@pytest.mark.slow
 def test_a_region_keeps_the_search_inside_it():
     inside = lambda c: not c.causal and c.mask == "none"  # noqa: E731
     res = A.search("trtllm_neg_inf:before", seed=1, max_evals=15, budget_s=600, region=inside,
@@ -178,6 +179,7 @@ def test_a_region_keeps_the_search_inside_it():
     assert none.evals == 0 and none.outside > 0 and not none.found
 
 
+@pytest.mark.slow
 def test_the_command_line_attacks_a_preset(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fa_lab", "attack", "--policy",
                         "sdpa_masked_row:before", "--budget", "20", "--json"],
