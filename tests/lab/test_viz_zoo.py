@@ -5,6 +5,9 @@ import math
 
 import pytest
 
+# The figures need plotly, which a GPU machine may lack; there these tests have nothing to test.
+pytest.importorskip("plotly", reason="the lab's figures need plotly (pip install plotly)")
+
 from fa_lab.lab import viz
 from fa_lab.zoo import ENTRIES, row_history
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,41 @@ def test_a_checkout_that_is_not_installed_runs_through_links(tmp_path):
     # has no kernels of its own (they come from an install, if any, else not at all)
     from_root = subprocess.run(probe, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert from_root.returncode != 0 or Path(from_root.stdout.split()[0]) != Path(model)
+
+
+#: What the lent GPU machines' python3 lacks of fa_lab's dependencies and extras: the lab's
+#: figures and notebooks, the sweep's Dask, the attack's CMA-ES, the browser tests.
+ABSENT_ON_THE_GPU = ("plotly", "ipywidgets", "IPython", "anywidget", "kaleido", "nbformat",
+                     "nbval", "jupyterlab", "dask", "distributed", "bokeh", "cma", "playwright")
+#: pytest in a process whose path finder does not find those packages, as where they are
+#: not installed (``import`` raises ModuleNotFoundError, ``find_spec`` gives None)
+_BLOCK = """
+import importlib.machinery, sys
+class Absent(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in {absent!r}:
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path = [Absent if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+import pytest
+sys.exit(pytest.main({args!r}))
+"""
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_collect_where_the_lab_extra_is_absent(tmp_path):
+    """make test-gpu collects every test module on a machine without the packages above: a
+    module that needs one skips with a reason, and nothing errors at collection (one error
+    stops the whole GPU run, on the lent device's limited time)."""
+    args = ["-q", "-p", "no:cacheprovider", "-m", "gpu", "--collect-only", f"--rootdir={ROOT}",
+            "-c", str(ROOT / "pyproject.toml"), str(ROOT / "tests")]
+    code = _BLOCK.format(absent=set(ABSENT_ON_THE_GPU), args=args)
+    # no plugins loaded by entry point: this venv's nbval, say, imports what is blocked
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600, env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "error" not in out.lower().split("collected")[-1], out[-4000:]
+    assert "the lab's figures need plotly" in out          # the blocker did block
+    assert re.search(r"^(\d+)/\d+ tests collected", out, re.M), out[-2000:]
