@@ -9,17 +9,20 @@ are registered in ``fa_lab.policies``; write and ``register`` your own);
 ``set_upstream`` / ``using_upstream`` pick the FlyDSL version whose defaults a bare call
 takes (``fa_lab.upstream``); ``zoo`` holds the ecosystem's public online-softmax failures,
 whose presets are registered policies (``"<entry>:before"``, ``"<entry>:after"``).
+A ``RoutingWarning`` says a call runs other than it seems to ask (another kernel than
+upstream's, or a policy that is never consulted); ``warnings`` filters it by category.
 """
 
 from fa_lab import metrics, policies, reference, results, upstream
 from fa_lab.api import count_rescales, flash_attn_func, swa_attn_func, trace
 from fa_lab.compare import compare
+from fa_lab.dispatch import RoutingWarning
 from fa_lab.policies import Policy, RuleError
 from fa_lab.trace import Trace
 from fa_lab.upstream import set_upstream, using_upstream
 from fa_lab import zoo  # noqa: E402 -- registers the zoo's presets as policies
 
 __all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
-           "Policy", "RuleError", "reference", "metrics", "policies", "results", "upstream",
+           "Policy", "RuleError", "RoutingWarning", "reference", "metrics", "policies", "results", "upstream",
            "set_upstream", "using_upstream", "zoo"]
 __version__ = "0.1.0"

@@ -16,6 +16,8 @@ where they cover the call, else the model.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import warnings
@@ -260,15 +262,33 @@ def _resolve_backend(call: Call, family: str) -> str:
                         call.q.device.type == "cuda" and available())
 
 
+class RoutingWarning(UserWarning):
+    """A call runs on another kernel than upstream's would, or its policy is never consulted
+    there: what ran differs from what the call seems to ask for."""
+
+
 #: The (reason, family, policy) of every warning ``plan`` gave: each is given once.
 _WARNED: set = set()
+_QUIET = contextvars.ContextVar("fa_lab_routing_quiet", default=False)
+
+
+@contextlib.contextmanager
+def routing_quiet():
+    """Calls made inside give no routing warning and leave each one unspent: for a tool's
+    own calls (the attack's candidates and their shrinking), whose shapes the user did not
+    choose. Usable as a decorator."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 def _warn_once(key, message: str) -> None:
     """Warn at the line that called ``plan``'s caller (``flash_attn_func``, ``trace``, ...)."""
-    if key not in _WARNED:
+    if key not in _WARNED and not _QUIET.get():
         _WARNED.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, RoutingWarning, stacklevel=3)
 
 
 def route(call: Call, notes: list) -> str:

@@ -63,6 +63,22 @@ def test_a_refused_call_gives_no_routing_warning(short, monkeypatch):
     with pytest.warns(UserWarning, match="upstream runs this call"):
         fa_lab.flash_attn_func(q, k, v, causal=True, rescale="lazy")
 
+
+def test_routing_warnings_have_their_own_category_and_a_quiet_context(short, monkeypatch):
+    """The reroute warning is a ``fa_lab.RoutingWarning`` (a UserWarning a user can filter by
+    category). Inside ``dispatch.routing_quiet`` it is not given and stays unspent: the next
+    call outside still gives it."""
+    q, k, v = short
+    monkeypatch.setattr(fa_lab.dispatch, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with fa_lab.dispatch.routing_quiet():
+            fa_lab.flash_attn_func(q, k, v, causal=True, rescale="lazy")
+    assert said == []
+    with pytest.warns(fa_lab.RoutingWarning, match="upstream runs this call"):
+        fa_lab.flash_attn_func(q, k, v, causal=True, rescale="lazy")
+    assert issubclass(fa_lab.RoutingWarning, UserWarning)
+
 def test_a_policy_with_no_lazy_step_to_decide_warns(monkeypatch):
     """DUALWAVE_SWP decides lazily on KV tiles 1 .. N-4 only: at Skv <= 256 a policy is
     never consulted (a rule is never called), and the call says so; from Skv = 320 it is."""

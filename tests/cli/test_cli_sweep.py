@@ -88,8 +88,10 @@ def test_ctrl_c_keeps_what_was_saved_says_how_to_resume_and_exits_130(tmp_path):
     are saved: exit 130, a last line saying how many points are saved where and that the
     same command resumes, no traceback from the sweep or its workers; the dashboard whose
     address it printed answered while it ran; the rerun computes only the rest."""
+    # enough points, each long enough (S 2048), that the sweep is still running when the
+    # signal lands after the second part is saved, however fast the machine
     spec = {"name": "ctrlc", "policy": ["lazy_unfixed", "eager"], "k_scale": [32, 64],
-            "S": [1024], "D": [64], "seed": [0, 1, 2]}
+            "S": [2048], "D": [64], "seed": [0, 1, 2, 3, 4, 5]}
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump(spec))
     total = len(sweep.Grid.from_yaml(grid))

@@ -404,3 +404,21 @@ def test_a_malformed_regression_file_names_the_file(tmp_path, case, needle):
     assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
     with pytest.raises(FileNotFoundError, match="no regression file"):
         A.load_regression(tmp_path / "missing.npz")
+
+
+def test_the_attacks_own_calls_give_no_routing_warning(monkeypatch):
+    """The search and its shrinking visit shapes the user did not choose (here a KV length
+    whose tiles DUALWAVE_SWP never decides lazily on): no RoutingWarning reaches the user,
+    and none is spent, so the user's own call at such a shape still warns."""
+    import warnings
+
+    monkeypatch.setattr(fa_lab.dispatch, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        res = A.search("lazy_unfixed", budget_s=30, seed=0, max_evals=20)
+    assert res.found and res.shrink_evals > 0
+    assert [w for w in said if issubclass(w.category, fa_lab.RoutingWarning)] == []
+    q = torch.randn(1, 64, 1, 64, dtype=torch.bfloat16)
+    kv = torch.randn(1, 256, 1, 64, dtype=torch.bfloat16)
+    with pytest.warns(fa_lab.RoutingWarning, match="never consulted"):
+        fa_lab.flash_attn_func(q, kv, kv, causal=False, rescale="lazy_unfixed", kernel="swp_bf16")

@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from fa_lab.dispatch import routing_quiet
+
 from .space import Candidate, KERNEL, build, build_mods, first_tile_visible, kernel_for
 
 #: The classes of failure the judge can count. ``nonfinite``: a row that sees a key (its
@@ -84,6 +87,7 @@ def check_classes(policy, classes) -> tuple:
     return tuple(x for x in CLASSES if x in names)
 
 
+@routing_quiet()
 def judge(c: Candidate, policy, *, threshold=None, tolerance=None, baseline=None, classes=None,
           silent_tol: float = SILENT_TOL) -> Verdict:
     """Run the model and the fp64 reference on ``c`` (its score modifiers too) under

@@ -7,6 +7,8 @@ import dataclasses
 import math
 import time
 
+from fa_lab.dispatch import routing_quiet
+
 from .space import Candidate, FIELDS, KERNEL, build, build_mods, canonical, kernel_for
 from .judge import SILENT_TOL, judge
 
@@ -161,6 +163,7 @@ def shrink_candidate(c: Candidate, policy, *, threshold=None, tolerance=None, ba
     return c, n
 
 
+@routing_quiet()
 def trace_rows(c: Candidate, policy, rows, *, threshold=None) -> list[dict]:
     """The step-by-step trace (``fa_lab.trace``) of the given rows of candidate ``c``, as
     plain records (step, phase, m, mt, vote, fire, dragged, corr, l, o_finite)."""
