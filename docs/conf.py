@@ -9,6 +9,7 @@ and MathJax are served from _static.
 """
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -23,6 +24,7 @@ REPO = DOCS.parent
 PACKAGE = "fa_lab"
 
 project = PACKAGE
+release = version = importlib.metadata.version(PACKAGE)
 author = f"{PACKAGE} developers"
 copyright = f"2026, {PACKAGE} developers"
 
@@ -30,7 +32,11 @@ extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx_copybutton",                 # a copy button on every code block
 ]
+# The copy button leaves out prompts and the outputs of doctest-style blocks.
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
 
 root_doc = "docs/index"
 include_patterns = ["README.md", "docs/**", "notebooks/*.ipynb"]
@@ -94,7 +100,7 @@ def _escape_bars(app, what, name, obj, options, lines):
 
 # --- HTML
 html_theme = "sphinx_book_theme"
-html_title = PACKAGE
+html_title = f"{PACKAGE} {version}"
 html_theme_options = {"show_toc_level": 2}
 html_css_files = ["fa_lab.css"]
 html_extra_path = ["_extra"]             # index.html at the site root -> docs/index.html
@@ -130,6 +136,39 @@ def _plotly_js_on_figure_pages(app, pagename, templatename, context, doctree):
         app.add_js_file("plotly.min.js", priority=400)
 
 
+#: Above every dashboard on the site: its figures were drawn when the site was built.
+SNAPSHOT_NOTICE = (
+    '<div class="admonition note fa-lab-snapshot"><p class="admonition-title">A snapshot</p>'
+    "<p>This dashboard was saved when the site was built: its controls move, but its figures "
+    "stay as they were drawn. To run it live, open the lesson in JupyterLab "
+    "(<code>make lab</code>, or <code>fa-lab lab</code> from an installed package).</p></div>")
+#: The book theme's text column at 1440 px and wider, less a margin (px): a box wider than
+#: this takes the column's width on the site, a figure this width.
+_COLUMN_PX = 760
+
+
+def _px(width) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)px\s*", str(width or ""))
+    return float(m.group(1)) if m else 0.0
+
+
+def _fit_dashboard(state: dict) -> None:
+    """The saved dashboards, made to fit the text column: boxes wider than it take its width,
+    a row of boxes (an HBox: the controls beside the figures) wraps so its parts stack, and
+    plotly figures wider than it are drawn at its width."""
+    rows = {model["state"]["layout"].removeprefix("IPY_MODEL_") for model in state.values()
+            if model.get("model_name") == "HBoxModel" and "layout" in model.get("state", {})}
+    for key, model in state.items():
+        s = model.get("state", {})
+        if model.get("model_name") == "LayoutModel" and _px(s.get("width")) > _COLUMN_PX:
+            s["width"] = "100%"
+            if key in rows:
+                s["flex_flow"] = "row wrap"
+        width = s.get("_layout", {}).get("width") if isinstance(s.get("_layout"), dict) else None
+        if isinstance(width, (int, float)) and width > _COLUMN_PX:
+            s["_layout"] = {**s["_layout"], "width": _COLUMN_PX}
+
+
 def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
     js_files = getattr(app.env, "nb_metadata", {}).get(pagename, {}).get("js_files", {})
     if "ipywidgets_state" not in js_files:
@@ -140,6 +179,10 @@ def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
     for model in state.get("state", {}).values():
         if model.get("state", {}).get("_esm") == bundle:
             model["state"]["_esm"] = _PLOTLY_WIDGET_STUB
+    _fit_dashboard(state.get("state", {}))
+    # each saved widget view on the page is a dashboard (or part of one): a notice above it
+    context["body"] = re.sub(r'(<script type="application/vnd\.jupyter\.widget-view\+json">)',
+                             SNAPSHOT_NOTICE.replace("\\", "\\\\") + r"\1", context["body"])
     body = json.dumps(state).replace("</script>", r"<\/script>")
     js_files["ipywidgets_state"] = (uri, {**kwargs, "body": body})
 

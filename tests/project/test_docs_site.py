@@ -192,3 +192,73 @@ def test_no_page_needs_the_network(new_page, path):
     assert page.external == [], page.external
     assert page.missing == [], page.missing
     assert not page.errors, page.errors
+
+
+def _lesson_pages() -> list[str]:
+    return sorted(f"notebooks/{p.name}" for p in (HTML / "notebooks").glob("*.html"))
+
+
+def _overflowing_figures(page) -> list:
+    """The plotly figures on ``page`` wider than the article's text column, by pixels: a
+    figure wider than its column is cut off (the book theme clips the column)."""
+    return page.evaluate("""() => {
+        const col = document.querySelector('article.bd-article');
+        const right = col.getBoundingClientRect().right + 1;
+        return [...document.querySelectorAll('.js-plotly-plot')]
+            .map(gd => [gd.id || gd.className, Math.round(gd.getBoundingClientRect().right - right)])
+            .filter(([_, over]) => over > 0);
+    }""")
+
+
+def test_every_lesson_figure_fits_its_column(new_page):
+    """At a laptop's and a desktop's width (1440 and 1920 px), no lesson figure, plain or in
+    a dashboard, runs past the text column."""
+    pages = _lesson_pages()
+    assert len(pages) >= 8, pages
+    over, drawn = {}, 0
+    for path in pages:
+        page = new_page(path)
+        if page.locator(".js-plotly-plot, script[type*='widget-view']").count():
+            with contextlib.suppress(PlaywrightTimeout):
+                page.wait_for_load_state("networkidle", timeout=5_000)
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        for width in (1440, 1920):
+            page.set_viewport_size({"width": width, "height": 1000})
+            page.wait_for_timeout(400)  # responsive figures redraw after a resize
+            drawn += page.locator(".js-plotly-plot .main-svg").count()
+            if bad := _overflowing_figures(page):
+                over[f"{path} at {width}px"] = bad
+        page.close()
+    assert drawn >= 40, drawn  # the figures drew, so their widths were measured
+    assert not over, over
+
+
+def test_every_dashboard_sits_under_the_snapshot_notice(new_page):
+    """Each saved dashboard says it is a snapshot and how to run it live."""
+    page = new_page(DASHBOARD_PAGE)
+    page.wait_for_selector(".fa-lab-dashboard", timeout=30_000)
+    views = page.locator("script[type='application/vnd.jupyter.widget-view+json']").count()
+    notices = page.locator(".fa-lab-snapshot")
+    assert views >= 1 and notices.count() == views, (views, notices.count())
+    assert "make lab" in notices.first.inner_text()
+
+
+def test_landing_page_has_a_pitch_a_quick_start_and_the_lessons(new_page):
+    page = new_page("docs/index.html")
+    article = page.locator("article.bd-article")
+    assert page.locator("h1").first.inner_text().strip() != "fa_lab"  # not the guide's title
+    assert article.locator("img").count() >= 1
+    quick = article.locator("div.highlight pre").first.inner_text()
+    assert "make setup" in quick and "make lab" in quick
+    lessons = {p.split("/")[-1].removesuffix(".html") for p in _lesson_pages()
+               if p.split("/")[-1][:2].isdigit()}
+    linked = {h.split("/")[-1].split("#")[0].removesuffix(".html")
+              for h in article.locator("table a").evaluate_all("as => as.map(a => a.href)")}
+    assert lessons <= linked, lessons - linked
+    # "Next" leads into the course, not through the guide
+    nxt = page.locator("a.right-next")
+    assert nxt.get_attribute("href").endswith("notebooks/00_tour.html"), nxt.get_attribute("href")
+    # furniture: a copy button on code blocks, and the version in the title
+    assert page.locator("button.copybtn").count() >= 1
+    import importlib.metadata
+    assert importlib.metadata.version("fa_lab") in page.title()
