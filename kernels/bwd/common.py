@@ -32,9 +32,15 @@ DKDV_BLOCK_KV = 128
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
-def scales(head_dim: int) -> tuple[float, float]:
-    """(sm_scale, qk_scale): f32(1/sqrt(D)) and its fp32 product with f32(log2 e)."""
-    sm = f32(1.0 / math.sqrt(head_dim))
+def scales(head_dim: int, softmax_scale: float | None = None) -> tuple[float, float]:
+    """(sm_scale, qk_scale): f32(softmax_scale) (default 1/sqrt(D), fa_lab's forward's) and
+    its fp32 product with f32(log2 e)."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a positive finite float, got {softmax_scale!r}")
+    sm = f32(float(softmax_scale))
     return sm, f32(sm * f32(LOG2E))
 
 

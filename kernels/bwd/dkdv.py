@@ -50,14 +50,14 @@ def q_tiles_walked(seqlen_q: int, seqlen_kv: int, causal: bool, block_kv: int):
 
 
 def backward_dkdv(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p: float = 0.0,
-                  keep=None, block_kv: int = DKDV_BLOCK_KV):
+                  keep=None, block_kv: int = DKDV_BLOCK_KV, softmax_scale: float | None = None):
     """(dK, dV), each [B, Skv, Hkv, D] in q's dtype; arguments as ``dq.backward_dq``."""
     B, Sq, H, D, Skv, Hkv = check_backward(q, k, v, None, dout, lse, causal=causal, bias=bias,
                                            dropout_p=dropout_p, keep=keep, delta_=delta)
     if isinstance(block_kv, bool) or not isinstance(block_kv, int) or block_kv < 32 or block_kv % 32:
         raise ValueError(f"block_kv must be a positive multiple of 32 (whole waves), got {block_kv!r}")
     rnd = round_to(q.dtype)
-    sm, c = scales(D)
+    sm, c = scales(D, softmax_scale)
     log2e = f32(LOG2E)
     dev = q.device
     G = H // Hkv

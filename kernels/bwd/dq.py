@@ -46,11 +46,13 @@ def tiles_walked(seqlen_q: int, seqlen_kv: int, causal: bool, block_m: int) -> t
 
 def backward_dq(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p: float = 0.0,
                 keep=None, lse_floor: bool = True, prescale_q: bool = False,
-                block_m: int = DQ_BLOCK_M) -> torch.Tensor:
+                block_m: int = DQ_BLOCK_M, softmax_scale: float | None = None) -> torch.Tensor:
     """dQ [B, Sq, H, D] in q's dtype. q, dout [B, Sq, H, D]; k, v [B, Skv, Hkv, D]; lse,
     delta [B, H, Sq] fp32 (the forward's natural-log LSE and ``common.delta``); ``bias``
     broadcastable to [B, H, Sq, Skv] (q's dtype, natural-log units; not with causal);
-    ``keep`` the forward's dropout mask [B, H, Sq, Skv] when ``dropout_p`` > 0."""
+    ``keep`` the forward's dropout mask [B, H, Sq, Skv] when ``dropout_p`` > 0;
+    ``softmax_scale`` upstream's ``sm_scale`` argument (default 1/sqrt(D)); ``block_m`` the
+    rows of a program (``common.DQ_BLOCK_M``)."""
     B, Sq, H, D, Skv, _ = check_backward(q, k, v, None, dout, lse, causal=causal, bias=bias,
                                          dropout_p=dropout_p, keep=keep, delta_=delta)
     for name, x in (("lse_floor", lse_floor), ("prescale_q", prescale_q)):
@@ -59,7 +61,7 @@ def backward_dq(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 32 or block_m % 32:
         raise ValueError(f"block_m must be a positive multiple of 32 (whole waves), got {block_m!r}")
     rnd = round_to(q.dtype)
-    sm, c = scales(D)
+    sm, c = scales(D, softmax_scale)
     log2e = f32(LOG2E)
     dev = q.device
     qf = to_heads(q, H)

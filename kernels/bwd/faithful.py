@@ -245,7 +245,8 @@ def _check_port(q, k, v, causal, interpret, block):
 
 def backward_dq(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p: float = 0.0,
                 keep=None, lse_floor: bool = True, prescale_q: bool = False,
-                block_m: int = DQ_BLOCK_M, interpret: bool = False) -> torch.Tensor:
+                block_m: int = DQ_BLOCK_M, softmax_scale: float | None = None,
+                interpret: bool = False) -> torch.Tensor:
     """As ``fa_lab.kernels.bwd.dq.backward_dq``, on the port (``interpret``: Triton's CPU
     interpreter on CPU tensors; else compiled on CUDA/ROCm tensors)."""
     B, Sq, H, D, Skv, Hkv = check_backward(q, k, v, None, dout, lse, causal=causal, bias=bias,
@@ -255,7 +256,7 @@ def backward_dq(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
     _check_port(q, k, v, causal, interpret, block_m)
     dev = q.device
-    sm, c = scales(D)
+    sm, c = scales(D, softmax_scale)
     rows = 64
     dq = torch.empty_like(q)
     bias_t, bias_st, keep_t, keep_st = _mods(bias, keep, B, H, Sq, Skv, dev)
@@ -277,13 +278,14 @@ def backward_dq(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p
 
 
 def backward_dkdv(q, k, v, dout, lse, delta, *, causal: bool, bias=None, dropout_p: float = 0.0,
-                  keep=None, block_kv: int = DKDV_BLOCK_KV, interpret: bool = False):
+                  keep=None, block_kv: int = DKDV_BLOCK_KV, softmax_scale: float | None = None,
+                  interpret: bool = False):
     """As ``fa_lab.kernels.bwd.dkdv.backward_dkdv``, on the port."""
     B, Sq, H, D, Skv, Hkv = check_backward(q, k, v, None, dout, lse, causal=causal, bias=bias,
                                            dropout_p=dropout_p, keep=keep, delta_=delta)
     _check_port(q, k, v, causal, interpret, block_kv)
     dev = q.device
-    sm, c = scales(D)
+    sm, c = scales(D, softmax_scale)
     cols = 64
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     bias_t, bias_st, keep_t, keep_st = _mods(bias, keep, B, H, Sq, Skv, dev)
