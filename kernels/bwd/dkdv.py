@@ -20,8 +20,10 @@ No mask touches S: columns past Skv are rows of this kernel that the store drops
 streamed rows past Sq read Q = dO = 0, LSE = delta = 0 (P = 1, dS = 0: they add zeros,
 unless K holds inf or NaN). Under GQA a KV head sums its query heads in fp32, head by
 head (heads outer, tiles inner). The walk: every tile, rounded up to an even count (at
-least 2); under causal from the first tile a row of the block reaches (inferred from
-``decompose_causal_regions``), so tiles wholly above the band are skipped.
+least 2); under causal from the first tile a row of the block reaches to the last one,
+rounded up to even (``common.decompose_causal_regions``, ROCm/FlyDSL
+``kernels/attention/common.py`` 4cce1e4f, with the axes swapped), so tiles wholly above
+the band are skipped.
 """
 
 from __future__ import annotations

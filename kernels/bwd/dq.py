@@ -6,7 +6,7 @@ tile of 64 columns, in the kernel's order (docs/semantics.md §12.2):
 
   S    = Q K^T                                  exact dot, one fp32 rounding; Q not scaled
   s    = S * qk_scale                           fp32 (``scale_scores``; no fma with the next)
-  s    = fma(bias, f32(log2 e), s)              bias builds (contract flag: fused, inferred)
+  s    = fma(bias, f32(log2 e), s)              bias builds (the add keeps the contract flag)
   s    = -inf past Skv, and (causal) past row + Skv - Sq
   lse2 = fmax(lse * f32(log2 e), -3e38)         ``load_row_scalars``: the LSE floor
   P    = exp2(s - lse2)                         the subtract rounds once (no fast-math)
