@@ -8,9 +8,9 @@ repro written against FlyDSL runs unchanged after
 (errors name the argument); ``dispatch.plan`` routes it to a family, resolves the policy
 for that family and checks what the backend can do; ``dispatch.run`` runs it.
 
-Forward only: these functions compute no gradients. A call in grad mode with an input
-that requires grad is refused rather than returning a tensor whose backward would be
-wrong (the kernels' schedule is not differentiable as written).
+Gradients: ``flash_attn_func`` in grad mode with q, k or v requiring grad returns an
+output whose backward runs FlyDSL's backward kernels (``fa_lab.autograd``). ``trace`` and
+``count_rescales`` compute no gradients and refuse such inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from fa_lab import dispatch, policies, upstream as upstream_versions, varlen
+from fa_lab import autograd, dispatch, policies, upstream as upstream_versions, varlen
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout)
 from fa_lab.dispatch import BACKENDS, Call
@@ -275,10 +275,14 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     and the model for CPU tensors.
 
     Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
-    Forward only: refused in grad mode when an input requires grad.
+    In grad mode, when q, k or v requires grad, out carries gradients: FlyDSL's backward
+    kernels on the forward's backend (``fa_lab.autograd``; the LSE carries none).
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if autograd.records(q, k, v, bias, alibi_slopes, sink):  # gradients: fa_lab.autograd
+        planned = plan(q.detach(), k.detach(), v.detach(), **_options(locals()))
+        return autograd.attach(planned, q, k, v, return_lse)
     call = dataclasses.replace(check_call(q, k, v, **_options(locals())), return_lse=return_lse)
     planned = dispatch.plan(call)
     warn_fp8_scale(call)

@@ -30,6 +30,7 @@ _PACKAGES = (
     "generic",
     "swa",
     "online",
+    "bwd",
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}
