@@ -15,6 +15,10 @@ a narrower type happens only where a field says so. One step, per row:
     O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
     out = O * epilogue(l);  lse = (m + log2 l - p_headroom) ln 2   (-inf where l == 0)
 
+``fixed_max`` pins m (no vote, f = 1); ``l_sums_cast`` makes l sum cast(P); ``ftz`` flushes
+exp2's subnormal results to 0; ``l_floor`` divides by fmax(l, l_floor) (NaN-propagating, as
+``maximumf``) before the epilogue guard.
+
 Scores are kept in one domain, log2 units: ``c = f32(f32(softmax_scale) * f32(log2 e))``
 (``softmax_scale = LOG2_UNITS`` makes c exactly 1, so q.k are log2 units). Kernels that keep
 raw maxima and fold c into exp2 (FA4, flashinfer, FlyDSL fp8), or exponentiate in base e
@@ -41,7 +45,7 @@ import torch
 
 from fa_lab import varlen
 from fa_lab.checks import check_qkv
-from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from fa_lab.numerics import FP32_TINY, LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
 from fa_lab.policies import BY_KV_LEN, Policy
 
 #: Columns per step when ``semantics.block_n`` is None.
@@ -186,12 +190,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     def clamp(d):
         return fmax(d, -math.inf) if sem.clamp_exp_diff else d
 
+    def ex2(t):  # exp2, its subnormal results flushed under ftz
+        y = exp2(t)
+        return y.masked_fill(y.abs() < FP32_TINY, 0.0) if sem.ftz else y
+
     def waves(flags):
         w = flags.reshape(B, H, R // W, W).any(-1, keepdim=True)
         return w.expand(B, H, R // W, W).reshape(B, H, R)
 
     trace = _Tracer(recorder, B, k.shape[2], H, R)
-    m = torch.full((B, H, R), init_s, device=dev)
+    fixed = sem.fixed_max is not None
+    m = torch.full((B, H, R), f32(sem.fixed_max) if fixed else init_s, device=dev)
     l = torch.zeros(B, H, R, device=dev)
     O = torch.zeros(B, H, R, D, device=dev)
     bidx = torch.arange(B, device=dev)[:, None]
@@ -228,18 +237,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         else:  # capped: a drop past the bound is skipped (a NaN drop too)
             safe = d >= -policy.rebase_bound
             target, move = torch.where(safe, mt, m), move & safe
+        if fixed:  # the max stays pinned: nothing votes or moves
+            vote = move = torch.zeros_like(m, dtype=torch.bool)
         m_new = torch.where(move, target, m)
         skip = empty(m_new) if sem.empty_row_guard == "skip" else torch.zeros_like(move)
         m_new, move = torch.where(skip, m, m_new), move & ~skip
 
-        f = torch.where(move, exp2(clamp(m - base(m_new))), torch.ones_like(m))
+        f = torch.where(move, ex2(clamp(m - base(m_new))), torch.ones_like(m))
         lag = ~empty(m) if sem.max_lag else torch.zeros_like(move)
         p_base = torch.where(lag, base(m), base(m_new))
-        P = exp2(clamp(x - p_base[..., None]) + H_off)
+        P = ex2(clamp(x - p_base[..., None]) + H_off)
         P = P.masked_fill(skip[..., None], 0.0)
-        pv = (cast_p(P, fmt, sat).double() @ vt.double()).float()
+        cp = cast_p(P, fmt, sat)
+        pv = (cp.double() @ vt.double()).float()
         pv = pv.masked_fill(skip[..., None], 0.0)  # a skipped tile's PV is not issued
-        psum = P.double().sum(-1).float()
+        psum = (cp if sem.l_sums_cast else P).double().sum(-1).float()
         if sem.o_gate == "always":
             g = f
         else:
@@ -267,7 +279,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
 
-    out = O * epilogue_scale(l, sem.epilogue_guard)[..., None]
+    l_div = torch.maximum(l, torch.full_like(l, sem.l_floor)) if sem.l_floor else l
+    out = O * epilogue_scale(l_div, sem.epilogue_guard)[..., None]
     out = out * f32(vd) if fp8 else out
     lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
     lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)
