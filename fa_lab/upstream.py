@@ -156,13 +156,13 @@ DEFAULT = "fixed"
 
 #: The policies that run copies' bodies no FlyDSL family runs (the online-softmax model).
 COPY_POLICIES = tuple(policies.register(p, preset=True, replace=True) for p in (
-    Policy("tile", "max", name="primus-a6a16cdc",
+    Policy("tile", "max", name="primus-a6a16cdc", color="#5b3a00",
            description="Primus-Turbo a6a16cdc's fixed-max forward: a zero reference max, P = "
                        "exp2(score), bf16 P by fptrunc, l summing the cast P, denormals "
                        "flushed",
            semantics=Semantics(fixed_max=0.0, p_cast="bf16", p_saturate=False,
                                l_sums_cast=True, ftz=True)),
-    Policy("wave", "tile", threshold=DEFAULT_THRESHOLD, name="mslk-2a3c897:fp8",
+    Policy("wave", "tile", threshold=DEFAULT_THRESHOLD, name="mslk-2a3c897:fp8", color="#3d5a80",
            description="MSLK 2a3c897's fp8 body: the pre-#1033 own-tile-max rebase, THR 8, "
                        "log2-unit maxima, P packed to bf16 (approximate)",
            semantics=Semantics(p_cast="bf16", p_saturate=False, ftz=True)),
