@@ -179,6 +179,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
     pol, family = _resolve(policy, dtype, seqlen_kv)
     sem = pol.semantics
+    if sem.fixed_max is not None:
+        return _fixed_max_region(pol, family, dtype, float(tolerance))
     tau = float(pol.threshold) if pol.lazy else 0.0
     H = float(pol.p_headroom)
     fmt = _fmt(pol, dtype, family)
@@ -357,6 +359,66 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                          note="f32(ls * -3e38) = -inf: the addend is +inf at a row that sees "
                               "no key"))
     return Region(pol, family, dtype, float(tolerance), tuple(hz))
+
+
+def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
+    """A fixed max F (``semantics.fixed_max``): nothing rescales, so every P is 2^(x - F)
+    against the row's raw scores. Overflow: a P past the cast's range, or l or O past
+    fp32's; a zero row: every P flushed."""
+    sem = pol.semantics
+    F, H = float(sem.fixed_max), float(pol.p_headroom)
+    fmt = _fmt(pol, dtype, family)
+    fmax = FORMATS[fmt][0]
+    mant = {"e4m3": 3, "e5m2": 2, "f16": 10, "bf16": 7, "none": 23}[fmt]
+    # a P rounds to inf (non-saturating cast) from the midpoint of the format's largest
+    # value and the next power of two; fp32 itself overflows at that midpoint too
+    fp32_edge = OVERFLOW + math.log2(1 - 2.0 ** -25)
+    top = (math.log2(fmax + 2.0 ** (math.floor(math.log2(fmax)) - mant - 1))
+           if math.isfinite(fmax) else fp32_edge)
+    edge = min(fp32_edge if sem.p_saturate else top, fp32_edge)
+    hz = []
+
+    def overflow(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        e = m.s_max - F + H + np.log2(np.maximum(m.n, 1)) + math.log2(max(m.v_max, 1.0))
+        margin = edge - float(e[ok].max())
+        return margin > 0, margin
+
+    hz.append(Hazard(
+        "overflow at the fixed max", "overflow",
+        f"s_max - F + H + log2 n + log2 max(1, max|V|) < {edge:.6f} (F = {F:g}, H = {H:g}; "
+        f"{fmt} P{' saturating' if sem.p_saturate else ''})", overflow, exact=False,
+        note="exact for one visible key with |V| <= 1 (its P reaches the format's or fp32's "
+             "overflow point); with n keys and larger V, l and O overflow earlier: sufficient"))
+
+    low = -126.0 if sem.ftz else -128.0
+
+    def zero_row(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        margin = float((m.s_max - F + H)[ok].min()) - low
+        return (margin >= 0) if sem.ftz else (margin > 0), margin
+
+    hz.append(Hazard(
+        "underflow at the fixed max", "mass_loss",
+        f"s_max - F + H {'>=' if sem.ftz else '>'} {low:g}", zero_row, exact=sem.ftz,
+        note=("every P below 2^-126 flushes to 0: a row whose best score lies below F - 126 "
+              "sums l = 0 and gives a zero row, silently" if sem.ftz else
+              "subnormal P: below F - 128 the row's l is under 2^-128 and rcp(l) overflows, "
+              "or l rounds to 0 (a zero row): sufficient")))
+    hz.append(Hazard(
+        "NaN from a first tile with nothing visible", "nan", "none: the max never moves",
+        lambda m: (True, None), never=True,
+        note="F is finite and never replaced, so no exponent subtracts -inf from -inf"))
+    zero_empty = sem.epilogue_guard != "none"
+    hz.append(Hazard(
+        "a row that sees nothing gives 0", "nan", "every row sees a key",
+        lambda m: (zero_empty or not m.empty_rows, None), never=zero_empty,
+        note="l = 0, and the epilogue's guard gives 0" if zero_empty else "1/l with l = 0"))
+    return Region(pol, family, dtype, tolerance, tuple(hz))
 
 
 def _floor_ls() -> float:
