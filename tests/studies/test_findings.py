@@ -79,8 +79,8 @@ def test_flex_masked_rows_give_zero_and_low_rows_shrink():
 
 def test_sage_first_tile_nan_and_flushed_tail():
     r = load("sage_first_tile").repro()
-    assert r["first_tile"]["first tile masked"] == {"row3_nan": True, "other_rows_finite": True}
-    assert r["first_tile"]["second tile masked"] == {"row3_nan": False, "other_rows_finite": True}
+    assert r["first_tile"]["first tile masked"] == {"nan_rows": 64, "rows": 64, "finite": False}
+    assert r["first_tile"]["second tile masked"] == {"nan_rows": 0, "rows": 64, "finite": True}
     t = r["flushed_tail"]
     # 1 + 4095 * 2^-11 = 2.9995 in l, only the key at 0 in O: 1 / 2.9995
     assert t["sage-869"] == pytest.approx(1 / (1 + 4095 * 2.0 ** -11), rel=1e-3)
