@@ -38,6 +38,7 @@ def test_mslk_bf16_lazy_rebase():
     assert r["mslk-2a3c897"]["others_exact"] and r["fixed"]["others_exact"]
 
 
+@pytest.mark.slow
 def test_aiter_fp8_lazy_rebase_ignores_the_flag():
     r = load("aiter_fp8_lazy_rebase").repro()
     assert r[("aiter-4676", True)] > 0.9 and r[("aiter-4676", False)] == r[("aiter-4676", True)]
@@ -51,6 +52,7 @@ def test_mslk_fp8_lazy_rebase():
     assert fixed["nan_share"] == 0 and fixed["max_err_where_finite"] == 0
 
 
+@pytest.mark.slow
 def test_primus_fixed_max_edges_and_the_bug_report_inputs():
     mod = load("primus_fixed_max")
     r = mod.repro()
