@@ -87,3 +87,14 @@ def test_sage_first_tile_nan_and_flushed_tail():
     # 1 + 4095 * 2^-11 = 2.9995 in l, only the key at 0 in O: 1 / 2.9995
     assert t["sage-869"] == pytest.approx(1 / (1 + 4095 * 2.0 ** -11), rel=1e-3)
     assert t["sage-869-P-x448"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_fp8_threshold_8_flushes_the_band_threshold_6_keeps():
+    r = load("fp8_paged_threshold").repro()
+    n = 4095
+    # gap 11: P = 2^(-11 + 0.807) < 2^-10 flushes at THR 8, so O holds the one key and l all
+    assert r[11.0][8.0] == pytest.approx(1 / (1 + n * 2.0 ** -11), rel=1e-2)
+    assert r[12.0][8.0] == pytest.approx(1 / (1 + n * 2.0 ** -12), rel=1e-2)
+    assert r[11.0][6.0] > 1 and r[12.0][6.0] > 1               # kept, rounded up as subnormals
+    assert r[10.0][8.0] == r[10.0][6.0] and r[13.0][8.0] == r[13.0][6.0]
