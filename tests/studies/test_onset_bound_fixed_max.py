@@ -62,3 +62,19 @@ def test_more_keys_and_larger_values_overflow_earlier_and_the_bound_says_so():
     # s_max + log2 n = 128.5
     out, violated = case([127.5, 0.0])
     assert math.isfinite(out) and violated == ["overflow at the fixed max"]
+
+
+@pytest.mark.slow
+def test_the_attack_finds_both_edges_and_the_bound_agrees():
+    """The attack on the copy's policy: the onehot rows overflow (a row rising 9 log2 units a
+    tile), the zoo space's shifted scores flush to a zero row; both lie outside the region."""
+    from fa_lab.studies import adversary
+
+    for space, hazard in (("scores", "overflow at the fixed max"),
+                          ("zoo", "underflow at the fixed max")):
+        res = adversary.search(POL, budget_s=30, seed=0, space=space)
+        assert res.found, space
+        c = res.shrunk
+        q, k, v = adversary.space.build(c)
+        m = onset.measure(q, k, v, policy=POL, causal=c.causal)
+        assert hazard in onset.bound(POL).violated(m), (space, c)
