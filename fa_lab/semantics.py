@@ -57,6 +57,9 @@ before these fields behaves exactly as it did. Fields, in log2 units unless stat
   fixed_max)`` (Primus-Turbo's fixed-max forward: 0). None: the running max.
 * ``l_sums_cast`` (False): l sums P as cast for the PV product (a row sum taken by an MFMA
   on the packed P) instead of the fp32 P.
+* ``q_prescale`` (False): Q is multiplied by ``c`` and rounded to the inputs' 16-bit type
+  before the QK product, so a score is ``f32(round(q * c) . k)`` instead of ``f32(q . k * c)``
+  (FlyDSL's and Primus-Turbo's bf16 kernels); bf16, f16 and fp32 inputs (fp32: no rounding).
 * ``ftz`` (False): exp2 results below 2**-126 (fp32 subnormals) flush to 0, as in a kernel
   built with denormals flushed (FlyDSL's ``daz=True``); False keeps them (the lab's default,
   ``docs/semantics.md`` §4).
@@ -120,6 +123,7 @@ class Semantics:
     v_tail: str = "zero"
     fixed_max: float | None = None
     l_sums_cast: bool = False
+    q_prescale: bool = False
     ftz: bool = False
     l_floor: float = 0.0
 
@@ -151,7 +155,8 @@ class Semantics:
         l_floor = _real("l_floor", self.l_floor)
         if not math.isfinite(l_floor) or l_floor < 0:
             raise ValueError(f"l_floor must be a finite number >= 0, got {l_floor!r}")
-        for name in ("clamp_exp_diff", "p_saturate", "max_lag", "l_sums_cast", "ftz"):
+        for name in ("clamp_exp_diff", "p_saturate", "max_lag", "l_sums_cast", "q_prescale",
+                     "ftz"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.block_n is not None:

@@ -146,8 +146,9 @@ VERSIONS: dict[str, Version] = {v.name: v for v in (
                   "(denormals flushed), l.262-273 (the zero max replaces the prologue's)",
                   "primus_turbo/pytorch/kernels/attention/attention_flydsl_impl.py l.53-54 "
                   "(causal, bf16 only), l.127 (always built causal)"),
-            approximates="scores are f32(q.k * c) where Primus rounds bf16(q * c) before the "
-                         "dot; one 64-column step per tile",
+            approximates="c = f32(f32(1/sqrt(D)) * f32(log2 e)) where Primus takes a fast "
+                         "rsqrt; the QK product in one fp64 dot rounded once; one 64-column "
+                         "step per tile",
             refuses=(("bf16", "its fixed-max forward runs on the online-softmax model only: "
                               "pass rescale='primus-a6a16cdc' and leave upstream= out"),
                      ("fp8", "Primus-Turbo's FlyDSL forward is bf16 only"))),
@@ -157,11 +158,11 @@ DEFAULT = "fixed"
 #: The policies that run copies' bodies no FlyDSL family runs (the online-softmax model).
 COPY_POLICIES = tuple(policies.register(p, preset=True, replace=True) for p in (
     Policy("tile", "max", name="primus-a6a16cdc", color="#5b3a00",
-           description="Primus-Turbo a6a16cdc's fixed-max forward: a zero reference max, P = "
-                       "exp2(score), bf16 P by fptrunc, l summing the cast P, denormals "
-                       "flushed",
+           description="Primus-Turbo a6a16cdc's fixed-max forward: Q pre-scaled to bf16, a zero "
+                       "reference max, P = exp2(score), bf16 P by fptrunc, l summing the cast "
+                       "P, denormals flushed",
            semantics=Semantics(fixed_max=0.0, p_cast="bf16", p_saturate=False,
-                               l_sums_cast=True, ftz=True)),
+                               l_sums_cast=True, q_prescale=True, ftz=True)),
     Policy("wave", "tile", threshold=DEFAULT_THRESHOLD, name="mslk-2a3c897:fp8", color="#3d5a80",
            description="MSLK 2a3c897's fp8 body: the pre-#1033 own-tile-max rebase, THR 8, "
                        "log2-unit maxima, P packed to bf16 (approximate)",

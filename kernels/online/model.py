@@ -15,7 +15,8 @@ a narrower type happens only where a field says so. One step, per row:
     O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
     out = O * epilogue(l);  lse = (m + log2 l - p_headroom) ln 2   (-inf where l == 0)
 
-``fixed_max`` pins m (no vote, f = 1); ``l_sums_cast`` makes l sum cast(P); ``ftz`` flushes
+``q_prescale`` takes S from round(q * c) . k with no scale after; ``fixed_max`` pins m (no
+vote, f = 1); ``l_sums_cast`` makes l sum cast(P); ``ftz`` flushes
 exp2's subnormal results to 0; ``l_floor`` divides by fmax(l, l_floor) (NaN-propagating, as
 ``maximumf``) before the epilogue guard.
 
@@ -45,7 +46,8 @@ import torch
 
 from fa_lab import varlen
 from fa_lab.checks import check_qkv
-from fa_lab.numerics import FP32_TINY, LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from fa_lab.numerics import (FP32_TINY, LN2, LOG2E, bf16, e4m3, exp2, f16, f32, fmax,
+                             guarded_rcp, le)
 from fa_lab.policies import BY_KV_LEN, Policy
 
 #: Columns per step when ``semantics.block_n`` is None.
@@ -165,6 +167,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
 
     # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
     qh = torch.nn.functional.pad(q.float().permute(0, 2, 1, 3), (0, 0, 0, R - Sq))
+    c_s = c  # what the QK product is multiplied by
+    if sem.q_prescale:  # round(q * c) . k: c is folded into Q, the product is not scaled
+        qh = {torch.bfloat16: bf16, torch.float16: f16}.get(q.dtype, lambda t: t)(qh * c)
+        c_s = 1.0
     cols_all = torch.arange(ncols, device=dev)
 
     def kv(t):
@@ -210,7 +216,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         tile = torch.where(active, tile, torch.zeros_like(tile))
         cols = tile[:, None] * bn + torch.arange(bn, device=dev)  # [B, bn]
         kt, vt = kh[bidx, cols].permute(0, 2, 1, 3), vh[bidx, cols].permute(0, 2, 1, 3)
-        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c  # [B, H, R, bn]
+        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c_s  # [B, H, R, bn]
         vis = (cols < lens[:, None])[:, None, None, :]
         if causal:
             diag = rows[None, :, None] + (lens - Sq)[:, None, None]  # [B, R, 1]
@@ -414,6 +420,9 @@ def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales,
         if mk.is_floating_point() and bool((torch.isnan(mk) | (mk == math.inf)).any()):
             raise ValueError(f"{name} must not hold NaN or +inf (-inf masks a position)")
     fp8 = q.dtype == torch.float8_e4m3fn
+    if fp8 and policy.semantics.q_prescale:
+        raise ValueError(f"policy {policy.name!r}: q_prescale rounds Q to a 16-bit type; it "
+                         "applies to bf16, f16 and fp32 inputs, not float8_e4m3fn")
     for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
         if fp8 and x is None:
             raise ValueError(f"float8_e4m3fn inputs need {name}")

@@ -79,3 +79,23 @@ def test_the_l_floor_scales_a_row_whose_l_is_below_it():
     assert out == pytest.approx(2.0 ** -50 / 1e-12, rel=1e-6)
     assert row(pol(fixed_max=0.0), [-50.0])[0] == 1.0
     assert row(pol(l_floor=1e-12), [-50.0])[0] == 1.0               # a running max: l = 1
+
+
+def test_a_prescaled_q_is_rounded_before_the_product():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 32, 1, 64, generator=g).bfloat16()
+    k = (torch.randn(1, 64, 1, 64, generator=g) * 8).bfloat16()
+    v = torch.ones(1, 64, 1, 64).bfloat16()
+    c = fa_lab.numerics.f32(fa_lab.numerics.f32(1 / 8) * fa_lab.numerics.f32(math.log2(math.e)))
+    want = {True: ((q.float() * c).bfloat16().double() @ k.double()[0, :, 0].T).float(),
+            False: (q.double() @ k.double()[0, :, 0].T).float() * c}
+    for pre in (True, False):
+        rec = []
+        model.forward(q, k, v, policy=pol(q_prescale=pre), record=rec)
+        assert torch.equal(rec[0].mt[0, 0], want[pre][0, :, 0].amax(-1)), pre
+    assert not torch.equal(want[True], want[False])        # the rounding is visible here
+    q8 = torch.zeros(1, 32, 1, 128).to(torch.float8_e4m3fn)
+    k8 = torch.zeros(1, 64, 1, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="q_prescale"):
+        model.forward(q8, k8, k8, policy=pol(q_prescale=True), q_descale=1.0, k_descale=1.0,
+                      v_descale=1.0)
