@@ -78,3 +78,28 @@ def test_the_attack_finds_both_edges_and_the_bound_agrees():
         q, k, v = adversary.space.build(c)
         m = onset.measure(q, k, v, policy=POL, causal=c.causal)
         assert hazard in onset.bound(POL).violated(m), (space, c)
+
+
+def test_the_measure_reads_the_prescaled_scores_of_bf16_inputs():
+    """bf16 inputs at the default scale: the measured best score is round(q c) . k, the
+    score the model exponentiates, so the region's edge is the model's edge."""
+    from fa_lab.numerics import f32
+
+    D = 64
+    c = f32(f32(1 / math.sqrt(D)) * f32(math.log2(math.e)))
+    q = torch.zeros(1, 1, 1, D)
+    q[..., 0] = 3.0
+    k = torch.zeros(1, 1, 1, D)
+    pol = policies.get(POL)
+    seen = set()
+    for kv in (235.0, 236.0, 237.0, 238.0):   # scores 127.1 .. 128.8: both sides of the edge
+        k[..., 0] = kv
+        qb, kb = q.bfloat16(), k.bfloat16()
+        m = onset.measure(qb, kb, torch.ones_like(kb), policy=POL)
+        score = float((q[0, 0, 0, 0] * c).bfloat16().double() * kv)
+        assert float(m.s_max[0]) == pytest.approx(score, rel=1e-7)
+        out = float(model.forward(qb, kb, torch.ones_like(kb), policy=pol)[0].float().flatten()[0])
+        inside = onset.bound(POL).contains(m)
+        assert inside == (out == 1.0) and (inside or math.isnan(out)), (kv, score, out)
+        seen.add(inside)
+    assert seen == {True, False}

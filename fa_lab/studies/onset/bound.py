@@ -463,7 +463,8 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     """The ``Measure`` of one input (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; ``bias``
     [Sq, Skv] in natural-log units, -inf = masked, or bool, True = visible; ``seqlen_kv``
     the valid keys of every sequence, default Skv) on the tiles ``policy``'s kernel visits.
-    Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e."""
+    Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e (a policy
+    with ``q_prescale``: round(q c) . k, as its kernel computes them)."""
     if dtype is None:
         dtype = "fp8" if q.dtype == torch.float8_e4m3fn else _INPUT_FORMAT.get(q.dtype, "bf16")
         dtype = "fp32" if dtype == "none" else dtype
@@ -481,7 +482,11 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     width = T * bn
     G = H // k.shape[2]
     kf = k.float().repeat_interleave(G, dim=2)[:, :n_kv].nan_to_num(0.0)
-    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf.double()).float() * c  # [B, H, Sq, n]
+    if sem.q_prescale and q.dtype in (torch.bfloat16, torch.float16):  # round(q c) . k
+        qs = (q.float() * c).to(q.dtype).double()
+        s = torch.einsum("bqhd,bkhd->bhqk", qs, kf.double()).float()
+    else:
+        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf.double()).float() * c  # [B, H, Sq, n]
     vis = torch.ones(Sq, n_kv, dtype=torch.bool)
     if bias is not None:
         b = bias[:, :n_kv]
