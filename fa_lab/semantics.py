@@ -52,6 +52,19 @@ before these fields behaves exactly as it did. Fields, in log2 units unless stat
 * ``v_tail`` (``"zero"``): V rows past the sequence's end inside its last tile: ``"zero"``
   (zero-filled loads) or ``"cache"`` (whatever the KV cache holds there: TMA loads whole
   tiles).
+* ``fixed_max`` (None): a number pins every row's max there for the whole walk, in log2
+  units: no tile max is consulted, nothing rescales (``f = 1``), and ``P = exp2(x -
+  fixed_max)`` (Primus-Turbo's fixed-max forward: 0). None: the running max.
+* ``l_sums_cast`` (False): l sums P as cast for the PV product (a row sum taken by an MFMA
+  on the packed P) instead of the fp32 P.
+* ``q_prescale`` (False): Q is multiplied by ``c`` and rounded to the inputs' 16-bit type
+  before the QK product, so a score is ``f32(round(q * c) . k)`` instead of ``f32(q . k * c)``
+  (FlyDSL's and Primus-Turbo's bf16 kernels); bf16, f16 and fp32 inputs (fp32: no rounding).
+* ``ftz`` (False): exp2 results below 2**-126 (fp32 subnormals) flush to 0, as in a kernel
+  built with denormals flushed (FlyDSL's ``daz=True``); False keeps them (the lab's default,
+  ``docs/semantics.md`` §4).
+* ``l_floor`` (0.0): the epilogue divides by ``fmax(l, l_floor)`` before its guard (a
+  positive floor such as FlyDSL flex attention's 1e-12); 0: no floor.
 
 ``choices()`` lists the values of each field that takes one of a fixed set.
 """
@@ -108,6 +121,11 @@ class Semantics:
     block_n: int | None = None
     kv_order: str = "ascending"
     v_tail: str = "zero"
+    fixed_max: float | None = None
+    l_sums_cast: bool = False
+    q_prescale: bool = False
+    ftz: bool = False
+    l_floor: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.wave_rows, bool) or not isinstance(self.wave_rows, int):
@@ -130,7 +148,15 @@ class Semantics:
         if self.tile_max_floor == "never" and floor != DEFAULT_FLOOR:
             raise ValueError("floor_value applies to tile_max_floor 'causal' or 'always', "
                              "not 'never'")
-        for name in ("clamp_exp_diff", "p_saturate", "max_lag"):
+        if self.fixed_max is not None:
+            fixed = _real("fixed_max", self.fixed_max)
+            if not math.isfinite(fixed):
+                raise ValueError(f"fixed_max must be None or a finite number, got {fixed!r}")
+        l_floor = _real("l_floor", self.l_floor)
+        if not math.isfinite(l_floor) or l_floor < 0:
+            raise ValueError(f"l_floor must be a finite number >= 0, got {l_floor!r}")
+        for name in ("clamp_exp_diff", "p_saturate", "max_lag", "l_sums_cast", "q_prescale",
+                     "ftz"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.block_n is not None:
@@ -157,8 +183,9 @@ DEFAULT = Semantics()
 def choices() -> dict[str, tuple]:
     """The values each ``Semantics`` field with a fixed set of them accepts, in field order:
     ``{field: (choice, ...)}``, the default among them (``wave_rows``, the named choices,
-    and False/True for the switches). ``mask_value``, ``m_init``, ``floor_value`` and
-    ``block_n`` take a number and are not listed (module docstring)."""
+    and False/True for the switches). ``mask_value``, ``m_init``, ``floor_value``,
+    ``block_n``, ``fixed_max`` and ``l_floor`` take a number and are not listed (module
+    docstring)."""
     fields = dataclasses.fields(Semantics)
     fixed = {"wave_rows": WAVE_ROWS, **_CHOICES,
              **{f.name: (False, True) for f in fields if isinstance(f.default, bool)}}

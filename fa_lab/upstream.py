@@ -13,6 +13,23 @@ at all, the fp8 threshold rule and whether fp8 lifts P before its cast
   monotonic with its threshold from the KV length (6 up to 4096 columns, else 4) and P
   lifted by 2^(log2 448 - THR) before the cast (eager: 2^log2 448).
 
+Copies of these bodies in other repositories are versions too, named ``<repo>-<commit>``
+(``docs/findings/`` has one bug report per failure they carry). Each names the repository,
+the commit and the lines read, and says what the lab approximates where it cannot place
+the copy exactly; a dtype whose body no FlyDSL family runs is refused by name, pointing at
+the registered policy that runs it on the online-softmax model:
+
+* ``"mslk-2a3c897"`` (meta-pytorch/MSLK at 2a3c897): the bf16 lazy body is the pre-#1033
+  one (own tile max, THR 8, flag on by default): ``lazy_unfixed`` on DUALWAVE_SWP, exact.
+  Its fp8 kernel keeps log2-unit maxima and a bf16 P ("HIPREC"), which the e4m3 fp8 family
+  does not model: policy ``"mslk-2a3c897:fp8"`` (online model, approximate).
+* ``"aiter-4676"`` (ROCm/aiter PR #4676 at 3f5d5e7c): the vendored fp8 dense body calls the
+  lazy correction whatever the flag, rebasing to the tile max with THR 8 and no P lift: the
+  ``"main-11c4174d"`` fp8 defaults. The PR adds no bf16 DUALWAVE_SWP build.
+* ``"primus-a6a16cdc"`` (AMD-AGI/Primus-Turbo at a6a16cdc, PR #458): the training forward
+  is causal only, so ``dualwave_swp_fixed_max`` is on: a zero reference max, P =
+  exp2(score). Policy ``"primus-a6a16cdc"`` runs it on the online model.
+
 ``flash_attn_func(..., upstream=NAME)`` picks a version for one call; ``set_upstream`` and
 ``using_upstream`` for a block. The default is ``"fixed"``: FlyDSL as it is today.
 Explicit ``rescale=``, ``rescale_threshold=`` and ``p_headroom=`` override a version.
@@ -27,13 +44,17 @@ from dataclasses import dataclass
 
 from fa_lab import policies
 from fa_lab.policies import BY_KV_LEN, DEFAULT_THRESHOLD, Policy
+from fa_lab.semantics import Semantics
 
 
 @dataclass(frozen=True)
 class Version:
     """One upstream version's defaults. ``*_lazy``: the registered policy the lazy flag
     selects; ``fp8_reads_flag``: False where fp8 runs its lazy policy whatever the flag;
-    ``fp8_threshold``: a number or ``"by_kv_len"``; ``fp8_p_lift``: PR #1020's P lift."""
+    ``fp8_threshold``: a number or ``"by_kv_len"``; ``fp8_p_lift``: PR #1020's P lift.
+    ``repository`` and ``commit``: where the body was read, ``read`` the files and lines;
+    ``approximates``: what the lab does not place exactly ("" where it does);
+    ``refuses``: (``"bf16"`` or ``"fp8"``, why) for each dtype no FlyDSL family runs."""
 
     name: str
     description: str
@@ -42,9 +63,23 @@ class Version:
     fp8_reads_flag: bool
     fp8_threshold: float | str
     fp8_p_lift: bool
+    repository: str = "ROCm/FlyDSL"
+    commit: str = ""
+    read: tuple[str, ...] = ()
+    approximates: str = ""
+    refuses: tuple[tuple[str, str], ...] = ()
+
+    def refusal(self, *, fp8: bool) -> str | None:
+        """Why this version cannot run a bare call of that dtype (None: it can)."""
+        return dict(self.refuses).get("fp8" if fp8 else "bf16")
 
     def default_policy(self, *, fp8: bool, lazy_flag: bool) -> Policy:
-        """The policy a call with no ``rescale=`` runs under this version."""
+        """The policy a call with no ``rescale=`` runs under this version; ValueError for a
+        dtype the version refuses (``refuses``), naming the policy that runs its body."""
+        why = self.refusal(fp8=fp8)
+        if why is not None:
+            raise ValueError(f"upstream={self.name!r} has no {'fp8' if fp8 else 'bf16/f16'} "
+                             f"body fa_lab runs as a bare call: {why}")
         if not fp8:
             return policies.get(self.bf16_lazy if lazy_flag else "eager")
         if lazy_flag or not self.fp8_reads_flag:
@@ -62,8 +97,77 @@ VERSIONS: dict[str, Version] = {v.name: v for v in (
             "threshold by KV length) merged",
             bf16_lazy="lazy", fp8_lazy="lazy", fp8_reads_flag=True, fp8_threshold=BY_KV_LEN,
             fp8_p_lift=True),
+    Version("mslk-2a3c897", "meta-pytorch/MSLK at 2a3c897 (2026-08-21): FlyDSL's pre-#1033 lazy "
+            "bodies, reached through MSLK's FlyDSL FwOp (MSLK #497)",
+            bf16_lazy="lazy_unfixed", fp8_lazy="lazy_unfixed", fp8_reads_flag=True,
+            fp8_threshold=DEFAULT_THRESHOLD, fp8_p_lift=False,
+            repository="meta-pytorch/MSLK", commit="2a3c897",
+            read=("mslk/attention/flydsl/flash_attn_utils.py l.4678-4751 (bf16 lazy_rescale_o: "
+                  "corr = exp2(m_row - m_tile_max), the new max m_tile_max), l.1746 and "
+                  "l.1897 (lazy flag on, THR 8), l.5465-5490 and l.5695-5706 (fp8 scores "
+                  "scaled to log2 units after the QK product), l.5936-5962 (fp8 P packed to bf16), l.6009-6045 (fp8 "
+                  "lazy_rescale_o, the same own-tile-max rebase)",
+                  "mslk/attention/flydsl/flash_attn_fp8_gfx950.py l.340-346 and l.417-423 "
+                  "(fp8 reads the lazy flag)",
+                  "mslk/attention/flydsl/flash_attn_interface.py l.814 (flag default True)",
+                  "mslk/attention/fmha/flydsl.py l.415-473 (FwOp calls it without the flag)"),
+            approximates="fp8: policy 'mslk-2a3c897:fp8' on the online-softmax model takes "
+                         "one decision per 64-column tile against an fp32 score f32(q.k * c) "
+                         "and folds the V descale into the output, where MSLK dequantises V "
+                         "to bf16 and pipelines P across tiles",
+            refuses=(("fp8", "its fp8 kernel keeps log2-unit maxima and a bf16 P (HIPREC), "
+                              "which the e4m3 swp_fp8 family does not model; pass "
+                              "rescale='mslk-2a3c897:fp8' (the online model, approximate) "
+                              "and leave upstream= out"),)),
+    Version("aiter-4676", "ROCm/aiter PR #4676 at 3f5d5e7c (open): fp8 unified attention "
+            "vendoring FlyDSL's fp8 DUALWAVE_SWP body from v0.3.0",
+            bf16_lazy="lazy_unfixed", fp8_lazy="lazy_unfixed", fp8_reads_flag=False,
+            fp8_threshold=DEFAULT_THRESHOLD, fp8_p_lift=False,
+            repository="ROCm/aiter", commit="3f5d5e7c",
+            read=("aiter/ops/flydsl/kernels/flash_attn_dualwave_common.py l.361-383 (P = "
+                  "exp2(fma(s, ls, -ls*m))), l.1020 (THR 8), l.1833-1843 (P cast straight to "
+                  "e4m3, no lift), l.2577-2616 (lazy_rescale_o) and "
+                  "l.2618-2653 (lazy_correct_o): the wave rebases to m_tile_max",
+                  "aiter/ops/flydsl/kernels/flash_attn_fp8_gfx950.py l.332-356 and l.490-502 "
+                  "(lazy_correct_o called whatever the flag)"),
+            approximates="the dense body only: aiter's paged, varlen and split-K machinery "
+                         "around it is not modelled",
+            refuses=(("bf16", "PR #4676 adds fp8 kernels only"),)),
+    Version("primus-a6a16cdc", "AMD-AGI/Primus-Turbo at a6a16cdc (PR #458, 20be606f): the "
+            "training forward with dualwave_swp_fixed_max = causal",
+            bf16_lazy="eager", fp8_lazy="eager", fp8_reads_flag=True,
+            fp8_threshold=DEFAULT_THRESHOLD, fp8_p_lift=False,
+            repository="AMD-AGI/Primus-Turbo", commit="a6a16cdc",
+            read=("primus_turbo/flydsl/utils/attn_helper.py l.414-420 (fixed max = causal; "
+                  "row sum by MFMA), l.884-904 (Q pre-scaled, rounded to bf16), l.958-1013 "
+                  "(P cast by fptrunc, l sums the cast P, rcp(l) if l > 0), l.1041-1057 "
+                  "(zero max; tile_rescale_o and tile_row_max do nothing), l.1295-1316 (LSE)",
+                  "primus_turbo/flydsl/attention/flash_attn_fwd.py l.51 and l.659-663 "
+                  "(denormals flushed), l.262-273 (the zero max replaces the prologue's)",
+                  "primus_turbo/pytorch/kernels/attention/attention_flydsl_impl.py l.53-54 "
+                  "(causal, bf16 only), l.127 (always built causal)"),
+            approximates="c = f32(f32(1/sqrt(D)) * f32(log2 e)) where Primus takes a fast "
+                         "rsqrt; the QK product in one fp64 dot rounded once; one 64-column "
+                         "step per tile",
+            refuses=(("bf16", "its fixed-max forward runs on the online-softmax model only: "
+                              "pass rescale='primus-a6a16cdc' and leave upstream= out"),
+                     ("fp8", "Primus-Turbo's FlyDSL forward is bf16 only"))),
 )}
 DEFAULT = "fixed"
+
+#: The policies that run copies' bodies no FlyDSL family runs (the online-softmax model).
+COPY_POLICIES = tuple(policies.register(p, preset=True, replace=True) for p in (
+    Policy("tile", "max", name="primus-a6a16cdc", color="#5b3a00",
+           description="Primus-Turbo a6a16cdc's fixed-max forward: Q pre-scaled to bf16, a zero "
+                       "reference max, P = exp2(score), bf16 P by fptrunc, l summing the cast "
+                       "P, denormals flushed",
+           semantics=Semantics(fixed_max=0.0, p_cast="bf16", p_saturate=False,
+                               l_sums_cast=True, q_prescale=True, ftz=True)),
+    Policy("wave", "tile", threshold=DEFAULT_THRESHOLD, name="mslk-2a3c897:fp8", color="#3d5a80",
+           description="MSLK 2a3c897's fp8 body: the pre-#1033 own-tile-max rebase, THR 8, "
+                       "log2-unit maxima, P packed to bf16 (approximate)",
+           semantics=Semantics(p_cast="bf16", p_saturate=False, ftz=True)),
+))
 
 _state = threading.local()
 

@@ -15,6 +15,11 @@ a narrower type happens only where a field says so. One step, per row:
     O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
     out = O * epilogue(l);  lse = (m + log2 l - p_headroom) ln 2   (-inf where l == 0)
 
+``q_prescale`` takes S from round(q * c) . k with no scale after; ``fixed_max`` pins m (no
+vote, f = 1); ``l_sums_cast`` makes l sum cast(P); ``ftz`` flushes
+exp2's subnormal results to 0; ``l_floor`` divides by fmax(l, l_floor) (NaN-propagating, as
+``maximumf``) before the epilogue guard.
+
 Scores are kept in one domain, log2 units: ``c = f32(f32(softmax_scale) * f32(log2 e))``
 (``softmax_scale = LOG2_UNITS`` makes c exactly 1, so q.k are log2 units). Kernels that keep
 raw maxima and fold c into exp2 (FA4, flashinfer, FlyDSL fp8), or exponentiate in base e
@@ -41,7 +46,8 @@ import torch
 
 from fa_lab import varlen
 from fa_lab.checks import check_qkv
-from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from fa_lab.numerics import (FP32_TINY, LN2, LOG2E, bf16, e4m3, exp2, f16, f32, fmax,
+                             guarded_rcp, le)
 from fa_lab.policies import BY_KV_LEN, Policy
 
 #: Columns per step when ``semantics.block_n`` is None.
@@ -161,6 +167,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
 
     # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
     qh = torch.nn.functional.pad(q.float().permute(0, 2, 1, 3), (0, 0, 0, R - Sq))
+    c_s = c  # what the QK product is multiplied by
+    if sem.q_prescale:  # round(q * c) . k: c is folded into Q, the product is not scaled
+        qh = {torch.bfloat16: bf16, torch.float16: f16}.get(q.dtype, lambda t: t)(qh * c)
+        c_s = 1.0
     cols_all = torch.arange(ncols, device=dev)
 
     def kv(t):
@@ -186,12 +196,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     def clamp(d):
         return fmax(d, -math.inf) if sem.clamp_exp_diff else d
 
+    def ex2(t):  # exp2, its subnormal results flushed under ftz
+        y = exp2(t)
+        return y.masked_fill(y.abs() < FP32_TINY, 0.0) if sem.ftz else y
+
     def waves(flags):
         w = flags.reshape(B, H, R // W, W).any(-1, keepdim=True)
         return w.expand(B, H, R // W, W).reshape(B, H, R)
 
     trace = _Tracer(recorder, B, k.shape[2], H, R)
-    m = torch.full((B, H, R), init_s, device=dev)
+    fixed = sem.fixed_max is not None
+    m = torch.full((B, H, R), f32(sem.fixed_max) if fixed else init_s, device=dev)
     l = torch.zeros(B, H, R, device=dev)
     O = torch.zeros(B, H, R, D, device=dev)
     bidx = torch.arange(B, device=dev)[:, None]
@@ -201,7 +216,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         tile = torch.where(active, tile, torch.zeros_like(tile))
         cols = tile[:, None] * bn + torch.arange(bn, device=dev)  # [B, bn]
         kt, vt = kh[bidx, cols].permute(0, 2, 1, 3), vh[bidx, cols].permute(0, 2, 1, 3)
-        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c  # [B, H, R, bn]
+        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c_s  # [B, H, R, bn]
         vis = (cols < lens[:, None])[:, None, None, :]
         if causal:
             diag = rows[None, :, None] + (lens - Sq)[:, None, None]  # [B, R, 1]
@@ -228,18 +243,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         else:  # capped: a drop past the bound is skipped (a NaN drop too)
             safe = d >= -policy.rebase_bound
             target, move = torch.where(safe, mt, m), move & safe
+        if fixed:  # the max stays pinned: nothing votes or moves
+            vote = move = torch.zeros_like(m, dtype=torch.bool)
         m_new = torch.where(move, target, m)
         skip = empty(m_new) if sem.empty_row_guard == "skip" else torch.zeros_like(move)
         m_new, move = torch.where(skip, m, m_new), move & ~skip
 
-        f = torch.where(move, exp2(clamp(m - base(m_new))), torch.ones_like(m))
+        f = torch.where(move, ex2(clamp(m - base(m_new))), torch.ones_like(m))
         lag = ~empty(m) if sem.max_lag else torch.zeros_like(move)
         p_base = torch.where(lag, base(m), base(m_new))
-        P = exp2(clamp(x - p_base[..., None]) + H_off)
+        P = ex2(clamp(x - p_base[..., None]) + H_off)
         P = P.masked_fill(skip[..., None], 0.0)
-        pv = (cast_p(P, fmt, sat).double() @ vt.double()).float()
+        cp = cast_p(P, fmt, sat)
+        pv = (cp.double() @ vt.double()).float()
         pv = pv.masked_fill(skip[..., None], 0.0)  # a skipped tile's PV is not issued
-        psum = P.double().sum(-1).float()
+        psum = (cp if sem.l_sums_cast else P).double().sum(-1).float()
         if sem.o_gate == "always":
             g = f
         else:
@@ -267,7 +285,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
 
-    out = O * epilogue_scale(l, sem.epilogue_guard)[..., None]
+    l_div = torch.maximum(l, torch.full_like(l, sem.l_floor)) if sem.l_floor else l
+    out = O * epilogue_scale(l_div, sem.epilogue_guard)[..., None]
     out = out * f32(vd) if fp8 else out
     lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
     lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)
@@ -401,6 +420,9 @@ def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales,
         if mk.is_floating_point() and bool((torch.isnan(mk) | (mk == math.inf)).any()):
             raise ValueError(f"{name} must not hold NaN or +inf (-inf masks a position)")
     fp8 = q.dtype == torch.float8_e4m3fn
+    if fp8 and policy.semantics.q_prescale:
+        raise ValueError(f"policy {policy.name!r}: q_prescale rounds Q to a 16-bit type; it "
+                         "applies to bf16, f16 and fp32 inputs, not float8_e4m3fn")
     for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
         if fp8 and x is None:
             raise ValueError(f"float8_e4m3fn inputs need {name}")

@@ -73,7 +73,7 @@ def test_bad_semantics_name_the_field(kw, exc, words):
 
 def test_choices_list_every_fixed_field_with_its_default():
     c = choices()
-    free = {"mask_value", "m_init", "floor_value", "block_n"}
+    free = {"mask_value", "m_init", "floor_value", "block_n", "fixed_max", "l_floor"}
     assert list(c) == [f.name for f in dataclasses.fields(Semantics) if f.name not in free]
     assert c["o_gate"] == ("always", "row", "wave") and c["clamp_exp_diff"] == (False, True)
     assert c["wave_rows"] == (16, 32, 64) and "e4m3" in c["p_cast"]

@@ -179,6 +179,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
     pol, family = _resolve(policy, dtype, seqlen_kv)
     sem = pol.semantics
+    if sem.fixed_max is not None:
+        return _fixed_max_region(pol, family, dtype, float(tolerance))
     tau = float(pol.threshold) if pol.lazy else 0.0
     H = float(pol.p_headroom)
     fmt = _fmt(pol, dtype, family)
@@ -359,6 +361,66 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     return Region(pol, family, dtype, float(tolerance), tuple(hz))
 
 
+def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
+    """A fixed max F (``semantics.fixed_max``): nothing rescales, so every P is 2^(x - F)
+    against the row's raw scores. Overflow: a P past the cast's range, or l or O past
+    fp32's; a zero row: every P flushed."""
+    sem = pol.semantics
+    F, H = float(sem.fixed_max), float(pol.p_headroom)
+    fmt = _fmt(pol, dtype, family)
+    fmax = FORMATS[fmt][0]
+    mant = {"e4m3": 3, "e5m2": 2, "f16": 10, "bf16": 7, "none": 23}[fmt]
+    # a P rounds to inf (non-saturating cast) from the midpoint of the format's largest
+    # value and the next power of two; fp32 itself overflows at that midpoint too
+    fp32_edge = OVERFLOW + math.log2(1 - 2.0 ** -25)
+    top = (math.log2(fmax + 2.0 ** (math.floor(math.log2(fmax)) - mant - 1))
+           if math.isfinite(fmax) else fp32_edge)
+    edge = min(fp32_edge if sem.p_saturate else top, fp32_edge)
+    hz = []
+
+    def overflow(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        e = m.s_max - F + H + np.log2(np.maximum(m.n, 1)) + math.log2(max(m.v_max, 1.0))
+        margin = edge - float(e[ok].max())
+        return margin > 0, margin
+
+    hz.append(Hazard(
+        "overflow at the fixed max", "overflow",
+        f"s_max - F + H + log2 n + log2 max(1, max|V|) < {edge:.6f} (F = {F:g}, H = {H:g}; "
+        f"{fmt} P{' saturating' if sem.p_saturate else ''})", overflow, exact=False,
+        note="exact for one visible key with |V| <= 1 (its P reaches the format's or fp32's "
+             "overflow point); with n keys and larger V, l and O overflow earlier: sufficient"))
+
+    low = -126.0 if sem.ftz else -128.0
+
+    def zero_row(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        margin = float((m.s_max - F + H)[ok].min()) - low
+        return (margin >= 0) if sem.ftz else (margin > 0), margin
+
+    hz.append(Hazard(
+        "underflow at the fixed max", "mass_loss",
+        f"s_max - F + H {'>=' if sem.ftz else '>'} {low:g}", zero_row, exact=sem.ftz,
+        note=("every P below 2^-126 flushes to 0: a row whose best score lies below F - 126 "
+              "sums l = 0 and gives a zero row, silently" if sem.ftz else
+              "subnormal P: below F - 128 the row's l is under 2^-128 and rcp(l) overflows, "
+              "or l rounds to 0 (a zero row): sufficient")))
+    hz.append(Hazard(
+        "NaN from a first tile with nothing visible", "nan", "none: the max never moves",
+        lambda m: (True, None), never=True,
+        note="F is finite and never replaced, so no exponent subtracts -inf from -inf"))
+    zero_empty = sem.epilogue_guard != "none"
+    hz.append(Hazard(
+        "a row that sees nothing gives 0", "nan", "every row sees a key",
+        lambda m: (zero_empty or not m.empty_rows, None), never=zero_empty,
+        note="l = 0, and the epilogue's guard gives 0" if zero_empty else "1/l with l = 0"))
+    return Region(pol, family, dtype, tolerance, tuple(hz))
+
+
 def _floor_ls() -> float:
     """The smallest ls whose fp32 product with the causal floor is -inf."""
     lo, hi = 1.0, 2.0
@@ -401,7 +463,8 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     """The ``Measure`` of one input (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; ``bias``
     [Sq, Skv] in natural-log units, -inf = masked, or bool, True = visible; ``seqlen_kv``
     the valid keys of every sequence, default Skv) on the tiles ``policy``'s kernel visits.
-    Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e."""
+    Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e (a policy
+    with ``q_prescale``: round(q c) . k, as its kernel computes them)."""
     if dtype is None:
         dtype = "fp8" if q.dtype == torch.float8_e4m3fn else _INPUT_FORMAT.get(q.dtype, "bf16")
         dtype = "fp32" if dtype == "none" else dtype
@@ -419,7 +482,11 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     width = T * bn
     G = H // k.shape[2]
     kf = k.float().repeat_interleave(G, dim=2)[:, :n_kv].nan_to_num(0.0)
-    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf.double()).float() * c  # [B, H, Sq, n]
+    if sem.q_prescale and q.dtype in (torch.bfloat16, torch.float16):  # round(q c) . k
+        qs = (q.float() * c).to(q.dtype).double()
+        s = torch.einsum("bqhd,bkhd->bhqk", qs, kf.double()).float()
+    else:
+        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf.double()).float() * c  # [B, H, Sq, n]
     vis = torch.ones(Sq, n_kv, dtype=torch.bool)
     if bias is not None:
         b = bias[:, :n_kv]
