@@ -8,8 +8,7 @@ a narrower type happens only where a field says so. One step, per row:
 
     x   = where(visible, f32(S * c) + bias, mask_value)     S = q.k (fp64 dot, rounded once)
     mt  = rowmax(x); floored: fmax(mt, floor_value)
-    move: vote "tile" every row; else vote = not (mt - m <= threshold), per row or ballot
-    m'  = where(move, fmax(m, mt) | mt | capped, m)           (policy.rebase)
+    move, m' = the vote and rebase (``_common.models.choose``, shared with the FlyDSL models)
     f   = where(move, exp2(m - base(m')), 1)                  base: the empty-row guard
     P   = exp2((x - base(m' or, lagging, m)) + p_headroom)     fp32; l sums this P
     O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
@@ -41,8 +40,10 @@ import torch
 
 from fa_lab import varlen
 from fa_lab.checks import check_qkv
-from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp, le
+from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp
 from fa_lab.policies import BY_KV_LEN, Policy
+
+from .._common.models import choose
 
 #: Columns per step when ``semantics.block_n`` is None.
 DEFAULT_BLOCK_N = 64
@@ -157,7 +158,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     mask_s, init_s = to_scaled(sem.mask_value), to_scaled(sem.m_init)
     fmt = sem.p_cast if sem.p_cast != "input" else _INPUT_FORMATS[q.dtype]
     sat = sem.p_saturate and saturate
-    thr, H_off = float(policy.threshold), float(policy.p_headroom)
+    H_off = float(policy.p_headroom)
 
     # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
     qh = torch.nn.functional.pad(q.float().permute(0, 2, 1, 3), (0, 0, 0, R - Sq))
@@ -215,19 +216,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         mt = x.amax(-1)
         if sem.tile_max_floor == "always" or (sem.tile_max_floor == "causal" and causal):
             mt = fmax(mt, sem.floor_value)
-        d = mt - m
-        if policy.vote == "tile":
-            vote = move = torch.ones_like(m, dtype=torch.bool)
-        else:
-            vote = ~le(d, thr)
-            move = vote if policy.vote == "row" else waves(vote)
-        if policy.rebase == "max":
-            target = fmax(m, mt)
-        elif policy.rebase == "tile":
-            target = mt
-        else:  # capped: a drop past the bound is skipped (a NaN drop too)
-            safe = d >= -policy.rebase_bound
-            target, move = torch.where(safe, mt, m), move & safe
+        choice = choose(policy, m, mt, mt - m, "the online model", wave_rows=W)
+        vote, move, target = choice.vote, choice.move, choice.target
         m_new = torch.where(move, target, m)
         skip = empty(m_new) if sem.empty_row_guard == "skip" else torch.zeros_like(move)
         m_new, move = torch.where(skip, m, m_new), move & ~skip
@@ -259,7 +249,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
                 moved=(move & a)[cut], skipped=(skip & a)[cut], p_max=P.amax(-1)[cut],
                 saturated=(P > lim).sum(-1)[cut],
                 o_max=torch.where(a[..., None], O_new, O).abs().amax(-1)[cut]))
-        lazy = policy.vote != "tile"
+        lazy = vote is not None
         trace.step(s, int(tile[0]) * bn, m=torch.where(a, m_new, m), mt=mt,
                    vote=(vote & a) if lazy else None, fire=(move & a) if lazy else None,
                    dragged=(move & a & (mt < m)) if lazy else None, corr=f,

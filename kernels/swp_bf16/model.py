@@ -214,7 +214,8 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = s.amax(-1)
-        dec = decide(policy, m, mt, at=f"KV tile {t0 + t}", rows=rows)
+        dec = decide(policy, m, mt, where=f"the {FAMILY.name} model", at=f"KV tile {t0 + t}",
+                     rows=rows)
         target, corr = dec.target, dec.corr
         O = O * corr[..., None]
         pb_rest = rnd(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed

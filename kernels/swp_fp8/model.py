@@ -80,8 +80,8 @@ def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, satu
         mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
         if causal:
             mt = fmax(mt, CAUSAL_FLOOR)
-        dec = decide(policy, m, mt, ls, at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})",
-                     rows=rows)
+        dec = decide(policy, m, mt, ls, where=f"the {FAMILY.name} model",
+                     at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})", rows=rows)
         mn, corr = dec.target, dec.corr
         O = O * corr[..., None]
         l = l * corr
