@@ -175,8 +175,9 @@ def code(field: str, name) -> int:
 def unknown(field: str, name, where: str) -> ValueError:
     """The error a decision site raises for a value it has no code for: ``where`` names
     the site (e.g. "the swp_bf16 model"); the caller raises it."""
-    return ValueError(f"{where} has no code for {field}={name!r}; it runs {field} in "
-                      f"{names(field)} only as declared in fa_lab.values, and refuses the rest")
+    return ValueError(f"{where} has no code for {field}={name!r} (a value fa_lab.values "
+                      "declares, which this implementation does not run; its Caps must not "
+                      "list it)")
 
 
 def ignored(chosen: dict, given: dict) -> list[str]:

@@ -234,6 +234,14 @@ def choose(policy: Policy, m: torch.Tensor, mt: torch.Tensor, d: torch.Tensor, w
     return Choice(vote, fire, move, target)
 
 
+def check_decidable(policy: Policy, where: str) -> None:
+    """Before any work: ValueError (``fa_lab.values.unknown``) when ``choose`` has no code
+    for a declarative policy's vote or rebase; ``where`` names the model."""
+    if policy.rule is None:
+        row = torch.zeros(WAVE_ROWS)
+        choose(policy, row, row, row, where)
+
+
 def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None = None, *,
            where: str, at: str | None = None, rows: torch.Tensor | None = None) -> Decision:
     """The decision at one loop step for running maxima ``m`` and tile maxima ``mt``

@@ -43,7 +43,7 @@ from fa_lab.checks import check_qkv
 from fa_lab.numerics import LN2, LOG2E, e4m3, exp2, f32, fmax, guarded_rcp
 from fa_lab.policies import BY_KV_LEN, Policy
 
-from .._common.models import choose
+from .._common.models import check_decidable, choose
 
 #: Columns per step when ``semantics.block_n`` is None.
 DEFAULT_BLOCK_N = 64
@@ -375,6 +375,7 @@ def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales,
     if policy.threshold == BY_KV_LEN or policy.p_headroom is True:
         raise ValueError(f"policy {policy.name!r} is not resolved: give threshold and "
                          "p_headroom as numbers")
+    check_decidable(policy, "the online model")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if mask is not None and bias is not None:

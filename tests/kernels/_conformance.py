@@ -214,16 +214,18 @@ def _dtype(caps) -> str:
     return "bf16" if "bf16" in caps.dtypes else sorted(caps.dtypes)[0]
 
 
-def run_and_reference(claim: Claim):
-    """(the implementation's out, the reference's out), both [tokens, H, D] fp64."""
+def run_and_reference(claim: Claim, device: str = "cpu"):
+    """(the implementation's out, the reference's out), both [tokens, H, D] fp64 on the
+    CPU; ``device="cuda"`` runs the compiled ports (the faithful one as backend="triton")."""
     fam = FAMILIES[claim.family]
     caps = fam.caps(claim.impl)
     policy = policy_for(claim, caps)
     dtype, D = _dtype(caps), min(caps.head_dims)
-    backend = BACKEND[claim.impl]
+    backend = "triton" if device != "cpu" and claim.impl == "faithful" else BACKEND[claim.impl]
     routed = fam.routed
     rows = ROWS if routed else COLS  # a non-routed (SWA) kernel: Sq == Skv
     q, k, v, c = make_case(dtype, D, rows, COLS)
+    q, k, v = q.to(device), k.to(device), v.to(device)
     fp8 = dtype == "fp8"
     kw = dict(causal=False, rescale=policy, backend=backend)
     if fp8:
@@ -232,21 +234,21 @@ def run_and_reference(claim: Claim):
     pos = torch.arange(rows, dtype=torch.float64)[:, None] + (COLS - rows) - torch.arange(COLS)
     if claim.feature == "bias":
         g = torch.Generator().manual_seed(3)
-        mods["bias"] = (torch.rand(rows, COLS, generator=g) - 0.5).to(q.dtype)
-        bias2 = mods["bias"].double() * math.log2(math.e)
+        bias = (torch.rand(rows, COLS, generator=g) - 0.5).to(torch.bfloat16)
+        mods["bias"], bias2 = bias.to(device), bias.double() * math.log2(math.e)
     elif claim.feature == "alibi_slopes":
-        mods["alibi_slopes"] = torch.tensor([2.0 ** -9])
+        mods["alibi_slopes"] = torch.tensor([2.0 ** -9], device=device)
         bias2 = -(2.0 ** -9) * pos.abs() * math.log2(math.e)
     elif claim.feature == "sink":
-        mods["sink"] = torch.tensor([1.5])
+        mods["sink"] = torch.tensor([1.5], device=device)
         sink2 = torch.tensor([1.5 * math.log2(math.e)], dtype=torch.float64)
 
     def ref_one(qs, ks, vs):
-        qd, kd = qs.double()[0, :, 0], ks.double()[0, :, 0]
+        qd, kd = qs.cpu().double()[0, :, 0], ks.cpu().double()[0, :, 0]
         s2 = (qd @ kd.T) * c
         if bias2 is not None:
             s2 = s2 + bias2
-        return reference(s2[None], vs.double()[0, :, 0], policy, fp8=fp8, sink2=sink2)[0]
+        return reference(s2[None], vs.cpu().double()[0, :, 0], policy, fp8=fp8, sink2=sink2)[0]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", fa_lab.RoutingWarning)
@@ -256,30 +258,31 @@ def run_and_reference(claim: Claim):
                                      "conformance entry point")
             out = fa_lab.swa_attn_func(q, k, v, window_left=COLS, window_right=COLS,
                                        causal=False, rescale=policy, backend=backend)
-            return out.double()[0, :, 0], ref_one(q, k, v)
+            return out.cpu().double()[0, :, 0], ref_one(q, k, v)
         planned = fa_lab.api.plan(q, k, v, kernel=claim.family, **kw, **mods)
         assert (planned.family, planned.backend) == (claim.family, backend), (
             f"{claim}: planned {planned.family}/{planned.backend}")
         if claim.feature == "varlen":
             qq, kk, vv = torch.cat([q, q], 1)[0], torch.cat([k, k], 1)[0], torch.cat([v, v], 1)[0]
-            cq = torch.tensor([0, rows, 2 * rows], dtype=torch.int32)
-            ck = torch.tensor([0, COLS, 2 * COLS], dtype=torch.int32)
+            cq = torch.tensor([0, rows, 2 * rows], dtype=torch.int32, device=device)
+            ck = torch.tensor([0, COLS, 2 * COLS], dtype=torch.int32, device=device)
             out = fa_lab.flash_attn_func(qq, kk, vv, cu_seqlens_q=cq, cu_seqlens_kv=ck,
                                          max_seqlen_q=rows, max_seqlen_kv=COLS,
                                          kernel=claim.family, **kw)
             ref = ref_one(q, k, v)
-            return out.double()[:, 0], torch.cat([ref, ref])
+            return out.cpu().double()[:, 0], torch.cat([ref, ref])
         if claim.feature == "trace":
             tr = fa_lab.trace(q, k, v, rows=range(rows), kernel=claim.family, **kw)
-            return tr.out.double(), ref_one(q, k, v)
+            return tr.out.cpu().double(), ref_one(q, k, v)
         out = fa_lab.flash_attn_func(q, k, v, kernel=claim.family, **kw, **mods)
-        return out.double()[0, :, 0], ref_one(q, k, v)
+        return out.cpu().double()[0, :, 0], ref_one(q, k, v)
 
 
-def check(claim: Claim) -> None:
-    """Run ``claim`` and compare with the reference: the same NaN, inf and zero rows, and
-    finite outputs within the input format's error. AssertionError naming the claim."""
-    out, ref = run_and_reference(claim)
+def check(claim: Claim, device: str = "cpu") -> None:
+    """Run ``claim`` and compare with the reference: the same NaN and inf rows, and finite
+    outputs within the input format's error (a row of zeros, where an overflowed l meets
+    a saturated O, included). AssertionError naming the claim."""
+    out, ref = run_and_reference(claim, device)
     bad = []
     for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
         got, want = f(out).any(-1), f(ref).any(-1)
