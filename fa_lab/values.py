@@ -10,7 +10,8 @@ each implementation runs, by name, in its ``fa_lab.capabilities.Caps``; a decisi
 that meets a value it has no code for raises ``unknown`` (naming the value and the
 implementation), never runs another value in its place.
 
-Adding a value is its ``Value`` line here, the code that runs it at each decision site
+Adding a value is its ``Value`` line here (appended to its field: the Triton kernels
+branch on the codes of the values before it), the code that runs it at each decision site
 that should run it, and its name in the ``Caps`` of the implementations that now do
 (``docs/architecture.md``, "Add a policy value"); ``tests/kernels/test_conformance.py``
 then runs it on every implementation that claims it against an fp64 reference.

@@ -197,3 +197,12 @@ def test_a_parameter_no_value_reads_is_refused():
         Policy(vote="wave", rebase="max", rebase_bound=4.0)
     assert Policy(vote="wave", rebase="capped", rebase_bound=4.0).parameters == {
         "threshold", "rebase", "rebase_bound"}
+
+
+def test_the_codes_the_triton_kernels_branch_on_stay_put():
+    """A value's kernel code is its position in its field (``Policy.codes``); the Triton
+    kernels branch on these, so a new value is appended, never inserted."""
+    assert values.names("vote")[:3] == ("tile", "wave", "row")
+    assert values.names("rebase")[:3] == ("max", "tile", "capped")
+    codes = Policy("wave", "capped", rebase_bound=4.0, name="c").codes
+    assert (codes.vote, codes.rebase, codes.bound) == (1, 2, 4.0)
