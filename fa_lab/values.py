@@ -181,6 +181,15 @@ def unknown(field: str, name, where: str) -> ValueError:
                       "list it)")
 
 
+def branch(field: str, name, where: str, cases: dict):
+    """``cases[name]``: a decision site's case for each value it implements, by name; the
+    ``unknown`` error, naming the value and ``where``, for any other (no case runs for a
+    value it was not written for)."""
+    if name not in cases:
+        raise unknown(field, name, where)
+    return cases[name]
+
+
 def ignored(chosen: dict, given: dict) -> list[str]:
     """The parameters in ``given`` (name -> whether it is set away from its default) that
     none of the ``chosen`` values (field -> value name) reads, each as a sentence naming
