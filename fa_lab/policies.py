@@ -2,16 +2,12 @@
 
 A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md`` §9):
 
-* ``vote``: who decides whether a row rescales at a tile.
-  ``"tile"`` every row at every tile (eager, the reference online softmax);
-  ``"wave"`` a 32-row ballot: if any row's tile max jumped more than ``threshold`` above
-  its running max, every row of the wave rescales (FlyDSL's DUALWAVE_SWP);
-  ``"row"`` each row for itself (FlashAttention-4).
-* ``rebase``: what a rescaling row's running max becomes.
-  ``"max"`` fmax(m, tile max), never down (PR #1033, the fix);
-  ``"tile"`` the row's own tile max, down too (upstream main before the fix);
-  ``"capped"`` its own tile max unless that is more than ``rebase_bound`` below m, in which
-  case the row keeps m (the seed's proposal).
+* ``vote``: who decides whether a row rescales at a tile ("tile", eager; "wave", FlyDSL's
+  32-row ballot; "row", FlashAttention-4's), and ``rebase``: what a moving row's running
+  max becomes ("max", "tile", "capped"). Each value, its meaning and the parameters it
+  reads are declared once, in ``fa_lab.values``; a parameter none of the policy's values
+  reads (``threshold`` under vote "tile", ``rebase_bound`` under a rebase but "capped")
+  is refused.
 * ``threshold`` (log2 units; fp8 compares scaled differences), ``rebase_bound`` (capped
   only) and ``p_headroom`` (fp8 only: True for PR #1020's lift of P before its e4m3 cast,
   or a number of log2 units; the online-softmax model adds it before whatever cast
