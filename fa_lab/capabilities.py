@@ -15,23 +15,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fa_lab.policies import REBASES, VOTES, Policy
+from fa_lab import values
+from fa_lab.policies import Policy
 
-ALL_VOTES = frozenset(VOTES)
-ALL_REBASES = frozenset(REBASES)
 #: The implementations a family may have, in the order the backends prefer them.
 IMPLEMENTATIONS = ("model", "faithful", "fast")
 HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
 #: Optional features a call may ask for.
 FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace")
-_SWP_FEATURES = frozenset(FEATURES)
 
 
 @dataclass(frozen=True)
 class Caps:
-    """dtypes ("bf16", "f16", "fp8"), head dims, features (``FEATURES``), the policy
-    fields it runs, whether it runs Python rules (``Policy.from_rule``), the
+    """dtypes ("bf16", "f16", "fp8"), head dims, features (``FEATURES``), the vote and
+    rebase values it runs (``votes``, ``rebases``: each by name, as ``fa_lab.values``
+    declares it; no wildcard, so a newly declared value runs nowhere until an
+    implementation lists it), whether it runs Python rules (``Policy.from_rule``), the
     ``fa_lab.semantics`` fields it runs away from their defaults (``semantics``: a policy
     that sets any other is refused, naming it), and whether a numeric P offset
     (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only)."""
@@ -44,6 +44,16 @@ class Caps:
     rules: bool = False
     semantics: frozenset = frozenset()
     headroom_any_dtype: bool = False
+
+    def __post_init__(self):
+        # the vote and rebase values an implementation runs, each by name: a declared value
+        # (fa_lab.values) that is not listed here is refused, never run as another
+        for field, names in (("vote", self.votes), ("rebase", self.rebases)):
+            if not isinstance(names, frozenset):
+                raise TypeError(f"Caps.{field}s must be a frozenset of {field} names, got "
+                                f"{type(names).__name__}")
+            for name in names:
+                values.get(field, name)
 
 
 @dataclass(frozen=True)

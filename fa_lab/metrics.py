@@ -18,11 +18,6 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
 
 
-def mean_abs_dev_from_one(out: torch.Tensor) -> float:
-    """mean |o - 1| over all elements (the fp8 table's metric with V = ones); NaN counts as NaN."""
-    return float((out.double() - 1.0).abs().mean())
-
-
 def finiteness(out: torch.Tensor, lse: torch.Tensor | None = None) -> dict:
     """NaN/inf counts of an output [B, S, H, D] by element and by row (a row is one
     (b, s, h)), and, given lse [B, H, S], how the LSE reads on the NaN rows."""

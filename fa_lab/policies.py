@@ -2,16 +2,12 @@
 
 A ``Policy`` says how a lazy online-softmax rescale decides (``docs/semantics.md`` §9):
 
-* ``vote``: who decides whether a row rescales at a tile.
-  ``"tile"`` every row at every tile (eager, the reference online softmax);
-  ``"wave"`` a 32-row ballot: if any row's tile max jumped more than ``threshold`` above
-  its running max, every row of the wave rescales (FlyDSL's DUALWAVE_SWP);
-  ``"row"`` each row for itself (FlashAttention-4).
-* ``rebase``: what a rescaling row's running max becomes.
-  ``"max"`` fmax(m, tile max), never down (PR #1033, the fix);
-  ``"tile"`` the row's own tile max, down too (upstream main before the fix);
-  ``"capped"`` its own tile max unless that is more than ``rebase_bound`` below m, in which
-  case the row keeps m (the seed's proposal).
+* ``vote``: who decides whether a row rescales at a tile ("tile", eager; "wave", FlyDSL's
+  32-row ballot; "row", FlashAttention-4's), and ``rebase``: what a moving row's running
+  max becomes ("max", "tile", "capped"). Each value, its meaning and the parameters it
+  reads are declared once, in ``fa_lab.values``; a parameter none of the policy's values
+  reads (``threshold`` under vote "tile", ``rebase_bound`` under a rebase but "capped")
+  is refused.
 * ``threshold`` (log2 units; fp8 compares scaled differences), ``rebase_bound`` (capped
   only) and ``p_headroom`` (fp8 only: True for PR #1020's lift of P before its e4m3 cast,
   or a number of log2 units; the online-softmax model adds it before whatever cast
@@ -41,6 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from fa_lab import values
 from fa_lab.numerics import E4M3_MAX
 from fa_lab.semantics import Semantics
 
@@ -51,9 +48,10 @@ DEFAULT_REBASE_BOUND = 16.0
 #: Upstream's fp8 threshold rule after PR #1020 (see ``threshold_by_kv_len``).
 BY_KV_LEN = "by_kv_len"
 
-#: The vote and rebase values, in the order of their kernel codes (``Policy.codes``).
-VOTES = ("tile", "wave", "row")
-REBASES = ("max", "tile", "capped")
+#: The vote and rebase values, in the order of their kernel codes (``Policy.codes``), as
+#: ``fa_lab.values`` declares them.
+VOTES = values.names("vote")
+REBASES = values.names("rebase")
 
 #: Colours for registered policies that bring none (colour-blind-safe, after the built-ins').
 _PALETTE = ("#e6ab02", "#17becf", "#a6761d", "#66a61e", "#8c564b", "#bcbd22", "#e377c2",
@@ -97,7 +95,7 @@ class Codes:
 
     @property
     def lazy(self) -> bool:
-        return self.vote != VOTES.index("tile")
+        return self.vote != values.code("vote", "tile")
 
 
 @dataclass(frozen=True)
@@ -135,16 +133,19 @@ class Policy:
                 raise ValueError("a rule policy decides by its rule: vote, rebase and "
                                  "rebase_bound must be None (use Policy.from_rule)")
         else:
-            if self.vote not in VOTES:
-                raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}")
-            if self.rebase not in REBASES:
-                raise ValueError(f"rebase must be one of {REBASES}, got {self.rebase!r}")
-            if self.rebase == "capped":
+            values.get("vote", self.vote)
+            values.get("rebase", self.rebase)
+            if "rebase_bound" in self.parameters:
                 check_number("rebase_bound", self.rebase_bound, allow_none=False)
-            elif self.rebase_bound is not None:
-                raise ValueError(f"rebase_bound applies to rebase='capped' only, not {self.rebase!r}")
         if self.threshold != BY_KV_LEN:
             check_number("threshold", self.threshold, allow_none=False)
+        if self.rule is None:
+            # a parameter no value of this policy reads is refused, not dropped
+            unread = values.ignored({"vote": self.vote, "rebase": self.rebase}, {
+                "rebase": self.rebase != "max", "rebase_bound": self.rebase_bound is not None,
+                "threshold": self.threshold != DEFAULT_THRESHOLD})
+            if unread:
+                raise ValueError(unread[0])
         if not isinstance(self.p_headroom, bool):
             check_number("p_headroom", self.p_headroom, allow_none=False)
             if self.p_headroom > math.log2(E4M3_MAX):
@@ -171,8 +172,18 @@ class Policy:
 
     @property
     def lazy(self) -> bool:
-        """True where rows may keep a stale running max (every vote but 'tile')."""
-        return self.vote != "tile"
+        """True where rows may keep a stale running max (every vote but 'tile'; a rule)."""
+        return self.rule is not None or "threshold" in self.parameters
+
+    @property
+    def parameters(self) -> frozenset:
+        """The parameters this policy's vote and rebase read (``fa_lab.values``: e.g.
+        ``threshold`` for a lazy vote, ``rebase_bound`` for rebase "capped"); a rule reads
+        its threshold."""
+        if self.rule is not None:
+            return frozenset({"threshold"})
+        return frozenset(values.get("vote", self.vote).uses) | frozenset(
+            values.get("rebase", self.rebase).uses)
 
     @property
     def semantic_fields(self) -> tuple[str, ...]:
@@ -189,7 +200,8 @@ class Policy:
                              "(backend='emulator')")
         if self.threshold == BY_KV_LEN or isinstance(self.p_headroom, bool) and self.p_headroom:
             raise ValueError(f"policy {self.name!r} is not resolved for a call (policies.resolve)")
-        return Codes(VOTES.index(self.vote), REBASES.index(self.rebase), float(self.threshold),
+        return Codes(values.code("vote", self.vote), values.code("rebase", self.rebase),
+                     float(self.threshold),
                      float(self.rebase_bound or 0.0), float(self.p_headroom))
 
     def describe(self) -> str:
@@ -415,8 +427,9 @@ def resolve(
 
     if rebase_bound is not None:
         bound = check_number("rebase_bound", rebase_bound)
-        if policy.rebase != "capped":
-            raise ValueError(f"rebase_bound applies to rebase='capped' policies (lazy_capped), "
+        if "rebase_bound" not in policy.parameters:
+            readers = [v.name for v in values.of("rebase") if "rebase_bound" in v.uses]
+            raise ValueError(f"rebase_bound applies to policies with rebase in {readers}, "
                              f"not {policy.name!r}")
         policy = dataclasses.replace(policy, rebase_bound=bound)
 

@@ -75,24 +75,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from fa_lab import values
+
 #: The floor FlyDSL applies to a causal row's max (numerics.CAUSAL_FLOOR).
 DEFAULT_FLOOR = -3e38
 #: fp32's largest finite value: TensorRT-LLM's mask value and flashinfer's max floor.
 FLT_MAX = 3.4028234663852886e38
 
-WAVE_ROWS = (16, 32, 64)
-O_GATES = ("always", "row", "wave")
-MASK_DOMAINS = ("scaled", "raw")
-FLOORS = ("never", "causal", "always")
-EMPTY_ROW_GUARDS = ("none", "zero_base", "skip")
-EPILOGUE_GUARDS = ("zero", "one", "none")
-P_CASTS = ("input", "none", "bf16", "f16", "e4m3", "e5m2")
-KV_ORDERS = ("ascending", "descending")
-V_TAILS = ("zero", "cache")
-
-_CHOICES = {"o_gate": O_GATES, "mask_domain": MASK_DOMAINS, "tile_max_floor": FLOORS,
-            "empty_row_guard": EMPTY_ROW_GUARDS, "epilogue_guard": EPILOGUE_GUARDS,
-            "p_cast": P_CASTS, "kv_order": KV_ORDERS, "v_tail": V_TAILS}
+#: The Semantics fields that take one of a fixed set of values (``fa_lab.values``), other
+#: than the switches (bool fields, also declared there).
+_CHOICES = tuple(f for f in values.DECLARED if f not in values.POLICY_FIELDS)
 
 
 def _real(name: str, value) -> float:
@@ -128,16 +120,13 @@ class Semantics:
     l_floor: float = 0.0
 
     def __post_init__(self):
-        if isinstance(self.wave_rows, bool) or not isinstance(self.wave_rows, int):
-            raise TypeError(f"wave_rows must be an int, got {type(self.wave_rows).__name__}")
-        if self.wave_rows not in WAVE_ROWS:
-            raise ValueError(f"wave_rows must be one of {WAVE_ROWS}, got {self.wave_rows!r}")
-        for name, choices in _CHOICES.items():
+        for name in _CHOICES:
             value = getattr(self, name)
-            if not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+            kind = bool if isinstance(values.names(name)[0], bool) else type(values.names(name)[0])
+            if type(value) is not kind:
+                raise TypeError(f"{name} must be a{'n' if kind is int else ''} "
+                                f"{kind.__name__}, got {type(value).__name__}")
+            values.get(name, value)  # ValueError naming the field and its values
         for name in ("mask_value", "m_init"):
             value = _real(name, getattr(self, name))
             if math.isnan(value) or value >= 0:
@@ -145,9 +134,6 @@ class Semantics:
         floor = _real("floor_value", self.floor_value)
         if not math.isfinite(floor) or floor >= 0:
             raise ValueError(f"floor_value must be a finite negative number, got {floor!r}")
-        if self.tile_max_floor == "never" and floor != DEFAULT_FLOOR:
-            raise ValueError("floor_value applies to tile_max_floor 'causal' or 'always', "
-                             "not 'never'")
         if self.fixed_max is not None:
             fixed = _real("fixed_max", self.fixed_max)
             if not math.isfinite(fixed):
@@ -155,10 +141,12 @@ class Semantics:
         l_floor = _real("l_floor", self.l_floor)
         if not math.isfinite(l_floor) or l_floor < 0:
             raise ValueError(f"l_floor must be a finite number >= 0, got {l_floor!r}")
-        for name in ("clamp_exp_diff", "p_saturate", "max_lag", "l_sums_cast", "q_prescale",
-                     "ftz"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        fields = {f.name: f.default for f in dataclasses.fields(self)}
+        params = {"floor_value", "p_saturate"}
+        unread = values.ignored({n: getattr(self, n) for n in _CHOICES},
+                                {p: getattr(self, p) != fields[p] for p in params})
+        if unread:
+            raise ValueError(unread[0])
         if self.block_n is not None:
             if isinstance(self.block_n, bool) or not isinstance(self.block_n, int):
                 raise TypeError("block_n must be None or an int, got "
@@ -183,10 +171,8 @@ DEFAULT = Semantics()
 def choices() -> dict[str, tuple]:
     """The values each ``Semantics`` field with a fixed set of them accepts, in field order:
     ``{field: (choice, ...)}``, the default among them (``wave_rows``, the named choices,
-    and False/True for the switches). ``mask_value``, ``m_init``, ``floor_value``,
-    ``block_n``, ``fixed_max`` and ``l_floor`` take a number and are not listed (module
-    docstring)."""
-    fields = dataclasses.fields(Semantics)
-    fixed = {"wave_rows": WAVE_ROWS, **_CHOICES,
-             **{f.name: (False, True) for f in fields if isinstance(f.default, bool)}}
-    return {f.name: fixed[f.name] for f in fields if f.name in fixed}
+    and False/True for the switches), as ``fa_lab.values`` declares them. ``mask_value``,
+    ``m_init``, ``floor_value``, ``block_n``, ``fixed_max`` and ``l_floor`` take a number and
+    are not listed (module docstring)."""
+    return {f.name: values.names(f.name) for f in dataclasses.fields(Semantics)
+            if f.name in _CHOICES}

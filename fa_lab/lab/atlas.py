@@ -158,7 +158,7 @@ class Cell:
             args["D"] = int(own.get("D", defaults["D"]))
         else:
             pol = policies.get(self.policy)
-            if pol.rebase == "capped" and pol.rebase_bound is not None:
+            if "rebase_bound" in pol.parameters and pol.rebase_bound is not None:
                 args["rebase_bound"] = float(pol.rebase_bound)
         return args
 

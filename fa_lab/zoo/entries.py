@@ -122,11 +122,12 @@ def _tint(color: str, share: float) -> str:
     return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
 
 
-def _policy(name, vote="tile", threshold=0.0, headroom=0.0, rebase="max", desc="", **sem):
+def _policy(name, vote="tile", threshold=None, headroom=0.0, rebase="max", desc="", **sem):
     entry, _, key = name.partition(":")
     color = _tint(_COLORS[entry], _SHARES[key])
-    return Policy(vote=vote, rebase=rebase, threshold=threshold, p_headroom=headroom, name=name,
-                  description=desc, color=color, semantics=Semantics(**sem))
+    lazy = {} if threshold is None else {"threshold": threshold}  # an eager vote reads none
+    return Policy(vote=vote, rebase=rebase, p_headroom=headroom, name=name, description=desc,
+                  color=color, semantics=Semantics(**sem), **lazy)
 
 
 def _visible_rows(case: Case) -> torch.Tensor:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_lab.numerics import exp2, fmax, ieee_fp32_matmul, le
+from fa_lab import values
 from fa_lab.policies import Policy, RuleError
 from .geometry import WAVE_ROWS, wave_any
 
@@ -178,18 +179,80 @@ def _run_rule(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | 
     return apply, torch.where(answer == mts, mt, answer / scale)
 
 
+def wave_ballot(flags: torch.Tensor, wave_rows: int = WAVE_ROWS) -> torch.Tensor:
+    """True for every row of a ``wave_rows``-row wave where any row is True; ``flags`` has
+    rows in its last dimension, whole waves in order."""
+    if wave_rows == WAVE_ROWS:
+        return wave_any(flags)
+    shape = flags.shape
+    w = flags.reshape(*shape[:-1], shape[-1] // wave_rows, wave_rows).any(-1, keepdim=True)
+    return w.expand(*shape[:-1], shape[-1] // wave_rows, wave_rows).reshape(shape)
+
+
+@dataclass
+class Choice:
+    """Which rows move their running max at one step, and to what (``choose``): ``vote``
+    (None for vote "tile": nothing is voted), ``fire`` (the ballot of each wave; None for
+    "tile"), ``move`` (the rows that move) and ``target`` (where a moving row's max goes)."""
+
+    vote: torch.Tensor | None
+    fire: torch.Tensor | None
+    move: torch.Tensor
+    target: torch.Tensor
+
+
+def choose(policy: Policy, m: torch.Tensor, mt: torch.Tensor, d: torch.Tensor, where: str, *,
+           wave_rows: int = WAVE_ROWS) -> Choice:
+    """The vote and rebase of a declarative policy at one step, the one decision the models
+    share: ``m`` and ``mt`` the running and tile maxima, ``d`` the jump ``mt - m`` in log2
+    units (fp8: scaled by ls) and ``where`` the model, for the error on a value this code
+    does not implement (``fa_lab.values.unknown``). Values as ``fa_lab.values`` declares
+    them: vote "tile" moves every row to fmax(m, mt); "wave" and "row" take a row's vote
+    where not ``d <= threshold`` (a NaN jump votes), "wave" moving every row of a wave
+    (``wave_rows`` rows) where some row voted, "row" the voters only; rebase "max" moves to
+    fmax(m, mt), "tile" to mt, "capped" to mt unless ``d < -rebase_bound`` (or NaN), when
+    the row keeps m and does not move."""
+    if policy.vote == "tile":
+        vote = fire = None
+        move = torch.ones_like(m, dtype=torch.bool)
+    elif policy.vote in ("wave", "row"):
+        vote = ~le(d, policy.threshold)
+        fire = wave_ballot(vote, wave_rows)
+        move = vote if policy.vote == "row" else fire
+    else:
+        raise values.unknown("vote", policy.vote, where)
+    if policy.rebase == "max":
+        target = fmax(m, mt)
+    elif policy.rebase == "tile":
+        target = mt
+    elif policy.rebase == "capped":
+        # a downward rebase past the bound is skipped (NaN: skipped): the row keeps m
+        safe = d >= -policy.rebase_bound
+        target, move = torch.where(safe, mt, m), move & safe
+    else:
+        raise values.unknown("rebase", policy.rebase, where)
+    return Choice(vote, fire, move, target)
+
+
+def check_decidable(policy: Policy, where: str) -> None:
+    """Before any work: ValueError (``fa_lab.values.unknown``) when ``choose`` has no code
+    for a declarative policy's vote or rebase; ``where`` names the model."""
+    if policy.rule is None:
+        row = torch.zeros(WAVE_ROWS)
+        choose(policy, row, row, row, where)
+
+
 def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | None = None, *,
-           at: str | None = None, rows: torch.Tensor | None = None) -> Decision:
+           where: str, at: str | None = None, rows: torch.Tensor | None = None) -> Decision:
     """The decision at one loop step for running maxima ``m`` and tile maxima ``mt``
     ([..., R] with whole 32-row waves in the last dimension). ``scale`` (fp8: ls) turns
-    score differences into log2 units; None for scores already in log2 units.
+    score differences into log2 units; None for scores already in log2 units. ``where``
+    names the model (its errors name it).
 
-    vote="tile": every row to fmax(m, mt). Otherwise a row votes when its tile max jumped
-    more than the threshold (NaN votes); "wave" moves every row of a wave where any row
-    voted, "row" only the rows that voted; a moving row takes fmax(m, mt) ("max"), mt
-    ("tile"), or mt unless that is more than rebase_bound below m ("capped"). A rule's
-    rows move where its m_new differs from m (see ``_run_rule``); its vote and fire record
-    those rows. ``at`` and ``rows`` say where the step is, for a rule's errors."""
+    A declarative policy decides by ``choose``; a moving row's factor is
+    ``exp2((m - target) * scale)``. A rule's rows move where its m_new differs from m (see
+    ``_run_rule``); its vote and fire record those rows. ``at`` and ``rows`` say where the
+    step is, for a rule's errors."""
 
     def scaled(x):
         return x if scale is None else x * scale
@@ -197,26 +260,11 @@ def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | Non
     if policy.rule is not None:
         apply, target = _run_rule(policy, m, mt, scale, at, rows)
         vote, fire = apply, wave_any(apply)
-    elif policy.vote == "tile":
-        target = fmax(m, mt)
-        return Decision(target=target, corr=exp2(scaled(m - target)))
     else:
-        d = scaled(mt - m)
-        vote = ~le(d, policy.threshold)
-        fire = wave_any(vote)
-        apply = vote if policy.vote == "row" else fire
-        if policy.rebase == "capped":
-            # a downward rebase past the bound is skipped (NaN: skipped); a skipped row's
-            # factor is exp2(-0) = 1, whatever m is
-            safe = d >= -policy.rebase_bound
-            target = torch.where(safe, mt, m)
-            moved = exp2(-torch.where(safe, d, torch.zeros_like(d)))
-        else:
-            target = fmax(m, mt) if policy.rebase == "max" else mt
-            moved = exp2(scaled(m - target))
-        corr = torch.where(apply, moved, torch.ones_like(m))
-        return Decision(target=torch.where(apply, target, m), corr=corr, vote=vote, fire=fire,
-                        dragged=fire & (mt < m))
+        c = choose(policy, m, mt, scaled(mt - m), where)
+        vote, fire, apply, target = c.vote, c.fire, c.move, c.target
+        if vote is None:  # every row moves: nothing voted, nothing dragged
+            return Decision(target=target, corr=exp2(scaled(m - target)))
     corr = torch.where(apply, exp2(scaled(m - target)), torch.ones_like(m))
     return Decision(target=torch.where(apply, target, m), corr=corr, vote=vote, fire=fire,
                     dragged=fire & (mt < m))

@@ -13,10 +13,11 @@ Upstream (ROCm/FlyDSL; none of it is in the 11c4174d snapshot the forward famili
 - ``faithful``: the faithful Triton port of both kernels.
 """
 
-from fa_lab.capabilities import ALL_REBASES, ALL_VOTES, HALF, Caps, Family, Implementation
+from fa_lab.capabilities import HALF, Caps, Family, Implementation
 
-# The backward reads the forward's LSE and output, whatever policy produced them.
-_CAPS = Caps(HALF, (64, 128), frozenset({"bias"}), ALL_VOTES, ALL_REBASES)
+# The backward reads the forward's LSE and output, whatever policy produced them: it makes
+# no rescale decision of its own, so it claims no vote or rebase value.
+_CAPS = Caps(HALF, (64, 128), frozenset({"bias"}), frozenset(), frozenset())
 FAMILY = Family("bwd", "FlyDSL's gfx950 backward: dQ and dK/dV from the forward's LSE",
                 {"model": Implementation("model", _CAPS),
                  "faithful": Implementation("faithful", _CAPS)}, routed=False)

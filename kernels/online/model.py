@@ -8,8 +8,7 @@ a narrower type happens only where a field says so. One step, per row:
 
     x   = where(visible, f32(S * c) + bias, mask_value)     S = q.k (fp64 dot, rounded once)
     mt  = rowmax(x); floored: fmax(mt, floor_value)
-    move: vote "tile" every row; else vote = not (mt - m <= threshold), per row or ballot
-    m'  = where(move, fmax(m, mt) | mt | capped, m)           (policy.rebase)
+    move, m' = the vote and rebase (``_common.models.choose``, shared with the FlyDSL models)
     f   = where(move, exp2(m - base(m')), 1)                  base: the empty-row guard
     P   = exp2((x - base(m' or, lagging, m)) + p_headroom)     fp32; l sums this P
     O   = gate(f) * O + cast(P) @ V;  l = f * l + sum(P);  m = m'
@@ -44,11 +43,13 @@ from dataclasses import dataclass
 
 import torch
 
-from fa_lab import varlen
+from fa_lab import values, varlen
 from fa_lab.checks import check_qkv
 from fa_lab.numerics import (FP32_TINY, LN2, LOG2E, bf16, e4m3, exp2, f16, f32, fmax,
-                             guarded_rcp, le)
+                             guarded_rcp)
 from fa_lab.policies import BY_KV_LEN, Policy
+
+from .._common.models import check_decidable, choose
 
 #: Columns per step when ``semantics.block_n`` is None.
 DEFAULT_BLOCK_N = 64
@@ -60,6 +61,8 @@ FORMAT_MAX = {"bf16": 3.3895313892515355e38, "f16": 65504.0, "e4m3": 448.0, "e5m
 _DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "e5m2": torch.float8_e5m2}
 _INPUT_FORMATS = {torch.float32: "none", torch.bfloat16: "bf16", torch.float16: "f16",
                   torch.float8_e4m3fn: "e4m3"}
+#: How this model's errors name it.
+_WHERE = "the online model"
 #: Rows are padded to a multiple of this as well as of the wave: the counters' group.
 _GROUP_ROWS = 32
 #: e5m2's rounding boundary to inf: the midpoint of 57344 and 2**16 ties to the even inf.
@@ -74,6 +77,8 @@ def cast_p(p: torch.Tensor, fmt: str, saturate: bool = True) -> torch.Tensor:
     out-of-range conversion; bf16 and f16 round past their top to inf as IEEE says."""
     if fmt == "none":
         return p
+    if fmt not in FORMAT_MAX:
+        raise values.unknown("p_cast", fmt, _WHERE)
     if fmt == "e4m3":
         return e4m3(p, saturate)
     lim, dtype = FORMAT_MAX[fmt], _DTYPES[fmt]
@@ -159,11 +164,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     T = int(n_tiles.max()) if B else 1
     unit = max(W, _GROUP_ROWS)
     R, ncols = -(-Sq // unit) * unit, T * bn
-    to_scaled = (lambda t: t) if sem.mask_domain == "scaled" else (lambda t: f32(t * c))
+    # each semantics field's value picks its case here, once; a value without one raises
+    to_scaled = _case(sem, "mask_domain", {"scaled": lambda t: t, "raw": lambda t: f32(t * c)})
+    zero_tail = _case(sem, "v_tail", {"zero": True, "cache": False})
+    zero_base, skip_empty = _case(sem, "empty_row_guard", {
+        "none": (False, False), "zero_base": (True, False), "skip": (False, True)})
+    descending = _case(sem, "kv_order", {"ascending": False, "descending": True})
+    floored = _case(sem, "tile_max_floor", {"never": False, "causal": causal, "always": True})
+    gated = _case(sem, "o_gate", {"always": None, "row": False, "wave": True})
     mask_s, init_s = to_scaled(sem.mask_value), to_scaled(sem.m_init)
     fmt = sem.p_cast if sem.p_cast != "input" else _INPUT_FORMATS[q.dtype]
     sat = sem.p_saturate and saturate
-    thr, H_off = float(policy.threshold), float(policy.p_headroom)
+    H_off = float(policy.p_headroom)
 
     # [B, H, R, D] rows (padding rows read Q = 0); [B, ncols, H, D] keys and values.
     qh = torch.nn.functional.pad(q.float().permute(0, 2, 1, 3), (0, 0, 0, R - Sq))
@@ -178,7 +190,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         return torch.nn.functional.pad(t, (0, 0, 0, 0, 0, ncols - Skv))
 
     kh, vh = kv(k), kv(v)
-    if sem.v_tail == "zero":
+    if zero_tail:
         vh = vh.masked_fill((cols_all[None, :] >= lens[:, None])[..., None, None], 0.0)
     vis_user, bias_s = _user_mask(mask, B, H, Sq, Skv, R, ncols, dev)
 
@@ -189,7 +201,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         return (t == empty_at[0]) | (t == empty_at[1]) | (t == empty_at[2])
 
     def base(t):  # the max an exponent subtracts
-        if sem.empty_row_guard != "zero_base":
+        if not zero_base:
             return t
         return torch.where(empty(t), torch.zeros_like(t), t)
 
@@ -212,7 +224,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     bidx = torch.arange(B, device=dev)[:, None]
     for s in range(T):
         active = s < n_tiles  # [B]
-        tile = torch.full_like(n_tiles, s) if sem.kv_order == "ascending" else n_tiles - 1 - s
+        tile = n_tiles - 1 - s if descending else torch.full_like(n_tiles, s)
         tile = torch.where(active, tile, torch.zeros_like(tile))
         cols = tile[:, None] * bn + torch.arange(bn, device=dev)  # [B, bn]
         kt, vt = kh[bidx, cols].permute(0, 2, 1, 3), vh[bidx, cols].permute(0, 2, 1, 3)
@@ -228,25 +240,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         x = torch.where(vis, x, torch.full_like(x, mask_s))
 
         mt = x.amax(-1)
-        if sem.tile_max_floor == "always" or (sem.tile_max_floor == "causal" and causal):
+        if floored:
             mt = fmax(mt, sem.floor_value)
-        d = mt - m
-        if policy.vote == "tile":
-            vote = move = torch.ones_like(m, dtype=torch.bool)
-        else:
-            vote = ~le(d, thr)
-            move = vote if policy.vote == "row" else waves(vote)
-        if policy.rebase == "max":
-            target = fmax(m, mt)
-        elif policy.rebase == "tile":
-            target = mt
-        else:  # capped: a drop past the bound is skipped (a NaN drop too)
-            safe = d >= -policy.rebase_bound
-            target, move = torch.where(safe, mt, m), move & safe
+        choice = choose(policy, m, mt, mt - m, _WHERE, wave_rows=W)
+        vote, move, target = choice.vote, choice.move, choice.target
         if fixed:  # the max stays pinned: nothing votes or moves
             vote = move = torch.zeros_like(m, dtype=torch.bool)
         m_new = torch.where(move, target, m)
-        skip = empty(m_new) if sem.empty_row_guard == "skip" else torch.zeros_like(move)
+        skip = empty(m_new) if skip_empty else torch.zeros_like(move)
         m_new, move = torch.where(skip, m, m_new), move & ~skip
 
         f = torch.where(move, ex2(clamp(m - base(m_new))), torch.ones_like(m))
@@ -258,11 +259,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         pv = (cp.double() @ vt.double()).float()
         pv = pv.masked_fill(skip[..., None], 0.0)  # a skipped tile's PV is not issued
         psum = (cp if sem.l_sums_cast else P).double().sum(-1).float()
-        if sem.o_gate == "always":
+        if gated is None:  # "always"
             g = f
-        else:
+        else:  # "wave" (gated) or "row"
             want = f < 1
-            g = torch.where(want if sem.o_gate == "row" else waves(want), f, torch.ones_like(f))
+            g = torch.where(waves(want) if gated else want, f, torch.ones_like(f))
         O_new = torch.where(lag[..., None], (O + pv) * g[..., None], O * g[..., None] + pv)
         l_new = torch.where(lag, (l + psum) * f, l * f + psum)
 
@@ -277,7 +278,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
                 moved=(move & a)[cut], skipped=(skip & a)[cut], p_max=P.amax(-1)[cut],
                 saturated=(P > lim).sum(-1)[cut],
                 o_max=torch.where(a[..., None], O_new, O).abs().amax(-1)[cut]))
-        lazy = policy.vote != "tile"
+        lazy = vote is not None
         trace.step(s, int(tile[0]) * bn, m=torch.where(a, m_new, m), mt=mt,
                    vote=(vote & a) if lazy else None, fire=(move & a) if lazy else None,
                    dragged=(move & a & (mt < m)) if lazy else None, corr=f,
@@ -341,6 +342,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
     return out.to(torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype), lse
 
 
+def _case(sem, field: str, cases: dict):
+    """The case of ``sem``'s value of ``field`` (``fa_lab.values.branch``)."""
+    return values.branch(field, getattr(sem, field), _WHERE, cases)
+
+
 def epilogue_scale(l: torch.Tensor, guard: str) -> torch.Tensor:
     """What O is multiplied by at the end (``semantics.epilogue_guard``): ``"zero"``
     ``1/l if l > 0 else 0``; ``"one"`` 1 where l is 0 or NaN, else ``1/l``; ``"none"``
@@ -349,7 +355,9 @@ def epilogue_scale(l: torch.Tensor, guard: str) -> torch.Tensor:
         return guarded_rcp(l)
     if guard == "one":
         return torch.where((l == 0) | torch.isnan(l), torch.ones_like(l), 1.0 / l)
-    return 1.0 / l
+    if guard == "none":
+        return 1.0 / l
+    raise values.unknown("epilogue_guard", guard, _WHERE)
 
 
 def _lengths(seqlen_kv, B: int, Skv: int, dev) -> torch.Tensor:
@@ -404,6 +412,7 @@ def _check(q, k, v, policy, causal, mask, bias, softmax_scale, record, descales,
     if policy.threshold == BY_KV_LEN or policy.p_headroom is True:
         raise ValueError(f"policy {policy.name!r} is not resolved: give threshold and "
                          "p_headroom as numbers")
+    check_decidable(policy, _WHERE)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if mask is not None and bias is not None:

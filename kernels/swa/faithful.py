@@ -41,7 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
+from fa_lab.capabilities import check_policy
 from fa_lab.kernels._common.geometry import BLOCK_N, PV_SPLIT, WAVE_ROWS
+from fa_lab.kernels.swa import FAMILY
 from fa_lab.kernels.swa.model import (CTA_ROWS, KERNEL, NEG_FLOOR, check_args,
                                cta_band, nt_band, temperature_scale)
 from fa_lab.numerics import LN2, f32
@@ -162,7 +164,7 @@ def _swa_fwd(
         if REBASE == 0:  # "max", upstream's rescale_defer: the ballot reads the monotonic target
             target = fmax(mt, m)
             vote = (target - m) > threshold  # ordered: NaN does not vote
-        else:  # lazy_unfixed: the counterfactual own-tile-max rebase
+        else:  # 1, "tile" (lazy_unfixed, the counterfactual): check_policy admits no other
             target = mt
             vote = (mt - m) > threshold
         fire = wave_ballot(vote.to(tl.int32), ROWS, WAVE)
@@ -230,6 +232,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window_left: i
     256); default 256 interpreted, 32 compiled. Results do not depend on it.
     """
     policy = check_args(q, k, v, window_left, window_right, causal, threshold, rescale)
+    check_policy(policy, FAMILY, "faithful")  # the rebase codes this kernel has: its Caps
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     check_launch((q, k, v), ("q", "k", "v"), batch_heads=B * H, causal=causal,

@@ -66,7 +66,8 @@ import math
 
 import torch
 
-from fa_lab.capabilities import check_semantics
+from fa_lab import values
+from fa_lab.capabilities import check_semantics, policy_refusal
 from fa_lab.checks import check_int, check_qkv
 from fa_lab.numerics import LN2, bf16, exact_dot, exp2, f32, fmax, guarded_rcp
 from fa_lab.policies import BY_KV_LEN, Policy, as_policy, check_number
@@ -82,22 +83,17 @@ HEAD_DIM = 128
 DEFAULT_THRESHOLD = 8.0
 #: NEG_FLOOR upstream: the windowed kernel's floor on every tile max (log2 units).
 NEG_FLOOR = -30.0
-#: The policy fields the SWA kernel has: its 32-row wave ballot with the monotonic rebase
-#: (upstream's rescale_defer, rebase "max") or the counterfactual own-tile-max one ("tile").
-SWA_VOTES = ("wave",)
-SWA_REBASES = ("max", "tile")
 
 
 def swa_policy(rescale) -> Policy:
-    """``rescale`` (a policy name or a ``fa_lab.Policy``) as a policy the SWA kernel runs,
-    or ValueError naming the field it lacks."""
+    """``rescale`` (a policy name or a ``fa_lab.Policy``) as a policy the SWA kernel runs
+    (its ``Caps``: a 32-row wave ballot with the monotonic rebase, upstream's
+    rescale_defer, "max", or the counterfactual own-tile-max one, "tile"), or ValueError
+    naming the field it lacks."""
     policy = as_policy(rescale)
-    if policy.rule is not None or policy.vote not in SWA_VOTES or policy.rebase not in SWA_REBASES:
-        field = "rule" if policy.rule is not None else (
-            "vote" if policy.vote not in SWA_VOTES else "rebase")
-        raise ValueError(f"rescale={policy.name!r}: the SWA kernel has vote {SWA_VOTES} and rebase "
-                         f"{SWA_REBASES}; this policy's {field} is "
-                         f"{getattr(policy, field)!r}")
+    why = policy_refusal(FAMILY.caps("model"), policy, "the SWA kernel")
+    if why:
+        raise ValueError(f"rescale={policy.name!r}: {why}")
     check_semantics(policy, FAMILY, "model")
     if policy.p_headroom:  # True or a number: the fp8 kernel's P lift, absent here
         raise ValueError(f"rescale={policy.name!r}: p_headroom={policy.p_headroom!r} applies to "
@@ -245,12 +241,16 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, polic
         O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = tile_max(s)
+        # upstream's own ballot, not the shared one (``_common.models.choose``): an ordered
+        # compare, so a NaN jump does not vote, and under "max" it reads the monotonic target
         if policy.rebase == "max":
             target = fmax(mt, m)
             vote = (target - m) > thr
-        else:  # lazy_unfixed: the counterfactual own-tile-max rebase
+        elif policy.rebase == "tile":  # lazy_unfixed: the counterfactual own-tile-max rebase
             target = mt
             vote = (mt - m) > thr
+        else:
+            raise values.unknown("rebase", policy.rebase, f"the {FAMILY.name} model")
         fire = wave_any(vote)
         dragged = fire & (mt < m)
         corr = torch.where(fire, exp2(m - target), torch.ones_like(m))

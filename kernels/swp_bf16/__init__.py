@@ -9,14 +9,17 @@
 - ``varlen``: the fast kernel on packed (varlen) batches, in one launch.
 """
 
-from fa_lab.capabilities import ALL_REBASES, ALL_VOTES, FEATURES, HALF, Caps, Family, Implementation
+from fa_lab.capabilities import FEATURES, HALF, Caps, Family, Implementation
+
+#: The vote and rebase values each implementation runs, by name (``fa_lab.values``).
+_VOTES, _REBASES = frozenset({"tile", "wave", "row"}), frozenset({"max", "tile", "capped"})
+_FAST_VOTES, _FAST_REBASES = frozenset({"tile", "wave"}), frozenset({"max", "tile"})
 
 FAMILY = Family(
     "swp_bf16", "DUALWAVE_SWP: bf16/f16, the lazy wave-ballot rescale (upstream's long-sequence kernel)",
-    {"model": Implementation("model", Caps(HALF, (64, 128), frozenset(FEATURES), ALL_VOTES,
-                                           ALL_REBASES, rules=True)),
-     "faithful": Implementation("faithful", Caps(HALF, (64, 128), frozenset(FEATURES), ALL_VOTES,
-                                                 ALL_REBASES), varlen="faithful"),
+    {"model": Implementation("model", Caps(HALF, (64, 128), frozenset(FEATURES), _VOTES, _REBASES,
+                                           rules=True)),
+     "faithful": Implementation("faithful", Caps(HALF, (64, 128), frozenset(FEATURES), _VOTES,
+                                                 _REBASES), varlen="faithful"),
      "fast": Implementation("fast", Caps(HALF, (64, 128), frozenset({"num_kv_splits", "varlen"}),
-                                         frozenset({"tile", "wave"}), frozenset({"max", "tile"})),
-                            varlen="varlen")})
+                                         _FAST_VOTES, _FAST_REBASES), varlen="varlen")})

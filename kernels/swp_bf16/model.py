@@ -27,7 +27,7 @@ from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
-from .._common.models import decide, heads, run_groups
+from .._common.models import check_decidable, decide, heads, run_groups
 from .._common.geometry import BLOCK_N, PV_SPLIT, block_groups, masked_columns, padded_rows
 
 KERNEL = "swp_bf16"
@@ -53,6 +53,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log).
     """
     check_semantics(policy, FAMILY, "model")
+    check_decidable(policy, f"the {FAMILY.name} model")
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     rnd = round_to(q.dtype)
@@ -214,7 +215,8 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         O = O + exact_dot(pb[..., :PV_SPLIT], v_tile(t - 1, 0, PV_SPLIT))
         s = scores(t)
         mt = s.amax(-1)
-        dec = decide(policy, m, mt, at=f"KV tile {t0 + t}", rows=rows)
+        dec = decide(policy, m, mt, where=f"the {FAMILY.name} model", at=f"KV tile {t0 + t}",
+                     rows=rows)
         target, corr = dec.target, dec.corr
         O = O * corr[..., None]
         pb_rest = rnd(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed

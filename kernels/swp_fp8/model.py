@@ -24,7 +24,7 @@ from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
-from .._common.models import decide, heads, run_groups
+from .._common.models import check_decidable, decide, heads, run_groups
 from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from ..swp_bf16.model import _pad_kv
 
@@ -48,6 +48,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
     check_semantics(policy, FAMILY, "model")
+    check_decidable(policy, f"the {FAMILY.name} model")
     Sq, D = q8.shape[1], q8.shape[3]
     Skv = k8.shape[1]
     ls = log2_scale(q_descale, k_descale, D)
@@ -80,8 +81,8 @@ def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, satu
         mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
         if causal:
             mt = fmax(mt, CAUSAL_FLOOR)
-        dec = decide(policy, m, mt, ls, at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})",
-                     rows=rows)
+        dec = decide(policy, m, mt, ls, where=f"the {FAMILY.name} model",
+                     at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})", rows=rows)
         mn, corr = dec.target, dec.corr
         O = O * corr[..., None]
         l = l * corr

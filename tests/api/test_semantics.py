@@ -111,7 +111,7 @@ def test_kernels_without_a_field_refuse_it_by_name():
             C.check_semantics(zoo, FAMILIES[fam], "model")
     assert C.semantics_refusal(FAMILIES["online"].caps("model"), zoo, "x") is None
     # a family that runs some of the fields names only the rest
-    part = C.Caps(frozenset(), (64,), frozenset(), C.ALL_VOTES, C.ALL_REBASES,
+    part = C.Caps(frozenset(), (64,), frozenset(), frozenset({"row"}), frozenset({"max"}),
                   semantics=frozenset({"o_gate"}))
     assert "field(s) p_cast," in C.semantics_refusal(part, zoo, "k")
     # the Triton kernels' own guard (check_policy) refuses it by name too

@@ -428,7 +428,7 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
     threshold = view_threshold(policy, threshold)
     threshold = threshold if isinstance(threshold, str) else float(threshold)
     if rebase_bound is None:
-        rebase_bound = own.rebase_bound if own.rebase == "capped" else policies.DEFAULT_REBASE_BOUND
+        rebase_bound = own.rebase_bound if "rebase_bound" in own.parameters else policies.DEFAULT_REBASE_BOUND
     headroom = _headroom_value(own.p_headroom if headroom is None else headroom)
     if row is None:
         first = compute_fp8_view(k_scale, threshold, "lazy_unfixed", rebase_bound,
@@ -463,7 +463,7 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
         # The eager rescale has no threshold; only capped policies have a rebase bound.
         pol = controls["policy"].value
         controls["threshold"].disabled = not _lazy(pol)
-        controls["rebase_bound"].disabled = policies.get(pol).rebase != "capped"
+        controls["rebase_bound"].disabled = "rebase_bound" not in policies.get(pol).parameters
 
     def own_settings(name):
         # the policy's own threshold (lazy), bound (capped) and headroom, each added to its
@@ -473,7 +473,7 @@ def fp8_dashboard(S=FP8_CPU_DEFAULTS["S"], H=FP8_CPU_DEFAULTS["H"], *, k_scale=5
             w = controls["threshold"]
             w.options = _with_option(thr_options, pol.threshold)
             vals["threshold"] = pol.threshold if isinstance(pol.threshold, str) else float(pol.threshold)
-        if pol.rebase == "capped":
+        if "rebase_bound" in pol.parameters:
             controls["rebase_bound"].max = max(64.0, float(pol.rebase_bound))
             vals["rebase_bound"] = float(pol.rebase_bound)
         vals["headroom"] = _headroom_value(pol.p_headroom)

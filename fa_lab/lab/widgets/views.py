@@ -95,7 +95,7 @@ def variant(policy, *, threshold=None, rebase_bound=None, p_headroom=None) -> po
     if threshold is not None and pol.lazy and not _same_threshold(threshold, pol.threshold):
         changes["threshold"] = threshold
         words.append(f"thr {threshold}" if isinstance(threshold, str) else f"thr {float(threshold):g}")
-    if (rebase_bound is not None and pol.rebase == "capped"
+    if (rebase_bound is not None and "rebase_bound" in pol.parameters
             and float(rebase_bound) != float(pol.rebase_bound)):
         changes["rebase_bound"] = float(rebase_bound)
         words.append(f"bound {float(rebase_bound):g}")

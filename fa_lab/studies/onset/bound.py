@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fa_lab import values
 from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, LOG2E, f32
 
 #: log2 of the fp32 overflow boundary.
@@ -141,6 +142,10 @@ def _resolve(policy, dtype: str, seqlen_kv: int):
     from fa_lab import dispatch, policies
 
     pol = policies.as_policy(policy)
+    if pol.rule is not None:
+        raise ValueError(f"policy {pol.name!r} is a Python rule (Policy.from_rule); onset.bound "
+                         "bounds declarative policies only, from what their vote and rebase "
+                         "values declare (fa_lab.values); run a rule on the models (backend='emulator')")
     family = dispatch.semantic_family(pol)
     if family is None:
         family = "swp_fp8" if dtype == "fp8" else "swp_bf16"
@@ -162,8 +167,11 @@ def _block_n(pol, family: str) -> int:
     return 128 if family == "swp_fp8" else (pol.semantics.block_n or 64)
 
 
-def _rows_min(x: np.ndarray, where: np.ndarray) -> float:
-    return float(x[where].min()) if where.any() else math.inf
+def _drags(pol) -> bool:
+    """Whether ``pol`` can lower a row's max without that row's own vote: its vote moves
+    rows that did not vote and its rebase may go down (``fa_lab.values``' ``drags`` and
+    ``lowers``, so a new value is bounded by what it declares)."""
+    return values.get("vote", pol.vote).drags and values.get("rebase", pol.rebase).lowers
 
 
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
@@ -185,11 +193,11 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     H = float(pol.p_headroom)
     fmt = _fmt(pol, dtype, family)
     fmax, flush, unit = FORMATS[fmt]
-    drags = pol.rebase != "max" and pol.vote != "row"
+    drags = _drags(pol)
     lag = sem.max_lag
     hz = []
 
-    cap = float(pol.rebase_bound) if pol.rebase == "capped" else math.inf
+    cap = float(pol.rebase_bound) if "rebase_bound" in pol.parameters else math.inf
 
     def excess(m):  # the largest exponent a P can reach over 2^H, per row
         stale = np.minimum(m.Jup, tau) if not lag else m.Jup

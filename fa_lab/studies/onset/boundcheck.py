@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from .bound import bound, measure
+from .bound import _drags, bound, measure
 
 #: The sweeps ``sweep`` runs, by hazard name (``bound``'s).
 SWEPT = ("accumulator overflow", "P saturation", "silent mass loss (rounding and flushed tails)",
@@ -134,7 +134,7 @@ def _cases(pol, name, region):
     tau = float(pol.threshold) if pol.lazy else 0.0
     H = float(pol.p_headroom)
     order_first = 0 if sem.kv_order == "ascending" else 1
-    drags = pol.rebase != "max" and pol.vote != "row"
+    drags = _drags(pol)
     if name == "P saturation" and not drags:
         # two tiles: the first visited holds one key at 0, the other one key delta higher
         vals = [i / 64 for i in range(0, int(64 * (tau + 1)) + 1)]
@@ -335,7 +335,7 @@ def builtin_sweep(policy, name: str) -> dict | None:
     if name not in hz or hz[name].never:
         return None
     tau = float(pol.threshold) if pol.lazy else 0.0
-    drags = pol.rebase != "max" and pol.vote != "row"
+    drags = _drags(pol)
     steps, param = [], ""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

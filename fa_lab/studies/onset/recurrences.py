@@ -239,7 +239,8 @@ class _Bf16(_Kernel):
         ms, corrs = [m], [torch.ones_like(m)]
         drag = [torch.zeros(R, dtype=torch.bool, device=m.device)]
         for t in range(1, N - 3):
-            dec = decide(pol, m, mt[:, t], at=f"KV tile {t}")
+            dec = decide(pol, m, mt[:, t], where="the onset recurrence of swp_bf16",
+                         at=f"KV tile {t}")
             drag.append(dec.target < m)
             m = dec.target
             ms.append(m)
@@ -375,7 +376,7 @@ class _Fp8(_Kernel):
         m = torch.full((R,), -_INF, device=mt.device)
         ms, corrs, drag = [], [], []
         for p in range(n):
-            dec = decide(pol, m, mt[:, p], self.ls,
+            dec = decide(pol, m, mt[:, p], self.ls, where="the onset recurrence of swp_fp8",
                          at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})")
             drag.append(dec.target < m)
             m = dec.target

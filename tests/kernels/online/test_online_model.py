@@ -17,9 +17,10 @@ from fa_lab.kernels.online.model import LOG2_UNITS, cast_p, epilogue_scale, forw
 INF = math.inf
 
 
-def pol(vote="tile", rebase="max", threshold=0.0, headroom=0.0, **sem):
-    return Policy(vote=vote, rebase=rebase, threshold=threshold, p_headroom=headroom,
-                  name="t", semantics=Semantics(**sem))
+def pol(vote="tile", rebase="max", threshold=None, headroom=0.0, **sem):
+    lazy = {} if threshold is None else {"threshold": threshold}  # an eager vote reads none
+    return Policy(vote=vote, rebase=rebase, p_headroom=headroom, name="t",
+                  semantics=Semantics(**sem), **lazy)
 
 
 def row_case(scores, values, visible=None):

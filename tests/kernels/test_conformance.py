@@ -1,0 +1,208 @@
+"""Every (family, implementation, policy value, feature) the capabilities claim runs the
+value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
+
+The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
+is picked up with no edit here. The models run on the CPU; the Triton ports through
+Triton's interpreter (slow) and, compiled, on a GPU. A value claimed but run as another
+fails, naming the family, the implementation and the value (the injection test below);
+a decision site that meets a value it has no code for raises, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _conformance as C  # noqa: E402
+
+from fa_lab import Policy, dispatch, values  # noqa: E402
+from fa_lab.capabilities import FEATURES, Caps, Family, Implementation  # noqa: E402
+from fa_lab.kernels import FAMILIES, module  # noqa: E402
+
+CLAIMS = C.claims()
+MODELS = [c for c in CLAIMS if c.impl == "model"]
+PORTS = [c for c in CLAIMS if c.impl != "model"]
+
+
+def _id(c):
+    return f"{c.family}-{c.impl}-{c.field}={c.value}-{c.feature or 'plain'}"
+
+
+@pytest.mark.parametrize("claim", MODELS, ids=_id)
+def test_every_claimed_value_runs_as_declared_on_the_models(claim):
+    C.check(claim)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("claim", PORTS, ids=_id)
+def test_every_claimed_value_runs_as_declared_on_the_interpreted_ports(claim):
+    C.check(claim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("claim", PORTS, ids=_id)
+def test_every_claimed_value_runs_as_declared_on_the_compiled_ports(claim):
+    C.check(claim, device="cuda")
+
+
+def test_the_claims_cover_every_family_implementation_and_value():
+    """Each implementation of each family contributes one claim per vote and rebase value
+    its Caps lists, plain and per feature, and every feature a family claims is either run
+    against the reference or listed, with why, as not run."""
+    seen = {(c.family, c.impl, c.field, c.value) for c in CLAIMS}
+    for name, fam in FAMILIES.items():
+        for impl, im in fam.implementations.items():
+            for v in im.caps.votes:
+                assert (name, impl, "vote", v) in seen
+            for r in im.caps.rebases:
+                assert (name, impl, "rebase", r) in seen
+            for f in im.caps.features:
+                assert f in C.FEATURES or f in C.UNCOVERED, (name, impl, f)
+    assert set(C.UNCOVERED) <= set(FEATURES)
+
+
+def test_a_new_family_is_picked_up_without_a_test_edit():
+    caps = Caps(frozenset({"bf16"}), (64,), frozenset({"trace"}), frozenset({"tile", "row"}),
+                frozenset({"max", "capped"}))
+    toy = Family("toy", "a toy", {"model": Implementation("model", caps)})
+    got = {(c.field, c.value, c.feature) for c in C.claims({"toy": toy})}
+    assert got == {(f, v, feat) for f, vs in (("vote", ("tile", "row")), ("rebase", ("max", "capped")))
+                   for v in vs for feat in (None, "trace")}
+
+
+@pytest.mark.parametrize("field", values.POLICY_FIELDS)
+def test_the_case_tells_every_value_apart(field):
+    """On the conformance input the reference's broken rows (NaN, inf or zero) differ
+    between any two values of a field, so a value run as another cannot pass."""
+    full = Caps(frozenset({"bf16"}), (64,), frozenset(), frozenset(values.names("vote")),
+                frozenset(values.names("rebase")))
+    q, k, v, c = C.make_case("bf16", 64, C.ROWS, C.COLS)
+    s2 = (q.double()[0, :, 0] @ k.double()[0, :, 0].T) * c
+    patterns = {}
+    for value in values.names(field):
+        pol = C.policy_for(C.Claim("x", "model", field, value, None), full)
+        out = C.reference(s2[None], v.double()[0, :, 0], pol, fp8=False)[0]
+        broken = ~torch.isfinite(out).all(-1) | (out == 0).all(-1)
+        patterns[value] = tuple(broken.nonzero().flatten().tolist())
+    assert len(set(patterns.values())) == len(patterns), patterns
+
+
+def _declare_clamped(monkeypatch):
+    """Declare a rebase value ``clamped`` (a new value, as a contributor would)."""
+    clamped = values.Value("rebase", "clamped", "a test value: rebases as 'max' does",
+                           lowers=False)
+    monkeypatch.setitem(values.DECLARED, "rebase", (*values.DECLARED["rebase"], clamped))
+    return Policy("wave", "clamped", threshold=C.THRESHOLD, name="clamped_pol")
+
+
+def test_a_value_claimed_but_mis_run_fails_naming_family_and_value(monkeypatch):
+    """``clamped`` declared, defined in the reference as "max", claimed by the swp_bf16
+    model, which runs it as "tile" (the review's mis-run): the new claims are picked up,
+    and their check fails naming the family, the implementation and the value."""
+    import fa_lab.kernels._common.models as models
+
+    _declare_clamped(monkeypatch)
+    monkeypatch.setitem(C.REFERENCE_REBASES, "clamped", C.REFERENCE_REBASES["max"])
+    fam = FAMILIES["swp_bf16"]
+    caps = fam.caps("model")
+    monkeypatch.setitem(fam.implementations, "model", dataclasses.replace(
+        fam.implementations["model"], caps=dataclasses.replace(caps, rebases=caps.rebases | {"clamped"})))
+    monkeypatch.setattr(dispatch, "TABLE", dispatch._entries())
+    choose = models.choose
+
+    def mis_run(policy, *a, **kw):
+        if policy.rebase == "clamped":
+            policy = dataclasses.replace(policy, rebase="tile")
+        return choose(policy, *a, **kw)
+
+    monkeypatch.setattr(models, "choose", mis_run)
+    new = [c for c in C.claims() if c.value == "clamped"]
+    assert {(c.family, c.impl) for c in new} == {("swp_bf16", "model")}
+    plain = next(c for c in new if c.feature is None)
+    with pytest.raises(AssertionError, match=r"family 'swp_bf16', implementation 'model', "
+                                             r"rebase='clamped'.*NaN rows \[1, 33, 64\]"):
+        C.check(plain)
+    def as_declared(policy, *a, **kw):  # an implementation of clamped as the reference's
+        if policy.rebase == "clamped":
+            policy = dataclasses.replace(policy, rebase="max")
+        return choose(policy, *a, **kw)
+
+    monkeypatch.setattr(models, "choose", as_declared)
+    C.check(plain)
+
+
+def test_a_claim_the_reference_cannot_define_fails_naming_the_value(monkeypatch):
+    _declare_clamped(monkeypatch)
+    with pytest.raises(AssertionError, match=r"no rule for rebase='clamped'"):
+        C.reference(torch.zeros(1, 32, 64, dtype=torch.float64),
+                    torch.zeros(64, 4, dtype=torch.float64),
+                    Policy("wave", "clamped", name="c"), fp8=False)
+
+
+def _qkv(D=64, dtype=torch.bfloat16, S=512):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, S, 1, D, generator=g).to(dtype) for _ in range(3))
+    return q, k, v
+
+
+@pytest.mark.parametrize("family", ["swp_bf16", "online"])
+def test_a_model_given_an_unknown_value_raises_naming_it(monkeypatch, family):
+    """A value declared but implemented nowhere: the models' decision raises, naming the
+    value and the model; no model runs it as another value."""
+    pol = _declare_clamped(monkeypatch)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=rf"the {family} model has no code for rebase='clamped'"):
+        module(family).forward(q, k, v, causal=False, policy=pol)
+
+
+def test_the_fp8_model_given_an_unknown_vote_raises_naming_it(monkeypatch):
+    odd = values.Value("vote", "odd", "a test vote", ("threshold", "rebase"))
+    monkeypatch.setitem(values.DECLARED, "vote", (*values.DECLARED["vote"], odd))
+    pol = Policy("odd", "max", name="odd_pol")
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in _qkv(D=128, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"the swp_fp8 model has no code for vote='odd'"):
+        module("swp_fp8").forward(q, k, v, q_descale=1.0, k_descale=1.0, v_descale=1.0,
+                                  causal=False, policy=pol)
+
+
+def test_every_implementation_refuses_an_unclaimed_value_by_name(monkeypatch):
+    """Declared but claimed by no Caps: every (family, backend) refuses it, naming the
+    value and the implementation; the ports' codes are never reached."""
+    pol = _declare_clamped(monkeypatch)
+    for (family, backend), e in dispatch.TABLE.items():
+        why = dispatch.policy_refusal(e, pol)
+        assert why is not None, (family, backend)
+        if "wave" in e.caps.votes:
+            assert f"rebase='clamped', which the {family} kernel on backend={backend!r} lacks" in why
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"rebase='clamped', which the faithful swp_bf16 kernel lacks"):
+        module("swp_bf16", "faithful").forward(q, k, v, causal=False, policy=pol, interpret=True)
+    with pytest.raises(ValueError, match=r"rebase='clamped'.*the SWA kernel lacks"):
+        import fa_lab
+        fa_lab.swa_attn_func(*_qkv(D=128), window_left=64, rescale=pol, backend="emulator")
+
+
+def test_a_parameter_no_value_reads_is_refused():
+    with pytest.raises(ValueError, match=r"threshold has no effect with vote='tile'"):
+        Policy(vote="tile", threshold=3)
+    with pytest.raises(ValueError, match=r"rebase has no effect with vote='tile'"):
+        Policy(vote="tile", rebase="tile")
+    with pytest.raises(ValueError, match=r"rebase_bound has no effect with rebase='max': "
+                                         r"only rebase='capped' read it"):
+        Policy(vote="wave", rebase="max", rebase_bound=4.0)
+    assert Policy(vote="wave", rebase="capped", rebase_bound=4.0).parameters == {
+        "threshold", "rebase", "rebase_bound"}
+
+
+def test_the_codes_the_triton_kernels_branch_on_stay_put():
+    """A value's kernel code is its position in its field (``Policy.codes``); the Triton
+    kernels branch on these, so a new value is appended, never inserted."""
+    assert values.names("vote")[:3] == ("tile", "wave", "row")
+    assert values.names("rebase")[:3] == ("max", "tile", "capped")
+    codes = Policy("wave", "capped", rebase_bound=4.0, name="c").codes
+    assert (codes.vote, codes.rebase, codes.bound) == (1, 2, 4.0)
