@@ -164,8 +164,10 @@ def layout_hint(problem: str) -> str:
             "v.transpose(1, 2)")
 
 
-def _caller_stacklevel() -> int:
-    """The stacklevel of ``warnings.warn`` that names the first frame outside fa_lab."""
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by the function that calls this one,
+    naming the first frame outside fa_lab: the user's line, however deep in fa_lab (an api
+    call, a sweep's planning) the warning is given, so a user can filter it by module."""
     package = str(Path(__file__).resolve().parent)
     frame, level = sys._getframe(2), 2
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
@@ -178,4 +180,4 @@ def warn_layout(q, k) -> None:
     than [B, S, H, D] (``layout_problem``): the call runs as given."""
     problem = layout_problem(q.shape, k.shape)
     if problem is not None:
-        warnings.warn(layout_hint(problem), UserWarning, stacklevel=_caller_stacklevel())
+        warnings.warn(layout_hint(problem), UserWarning, stacklevel=caller_stacklevel())

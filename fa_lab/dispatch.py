@@ -27,6 +27,7 @@ import torch
 
 from fa_lab import capabilities, kernels, routing, varlen
 from fa_lab.capabilities import Caps
+from fa_lab.checks import caller_stacklevel
 from fa_lab.kernels import FAMILIES
 from fa_lab import upstream as upstream_versions
 from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
@@ -285,10 +286,10 @@ def routing_quiet():
 
 
 def _warn_once(key, message: str) -> None:
-    """Warn at the line that called ``plan``'s caller (``flash_attn_func``, ``trace``, ...)."""
+    """Warn at the user's line: the first frame outside fa_lab (``checks.caller_stacklevel``)."""
     if key not in _WARNED and not _QUIET.get():
         _WARNED.add(key)
-        warnings.warn(message, RoutingWarning, stacklevel=3)
+        warnings.warn(message, RoutingWarning, stacklevel=caller_stacklevel())
 
 
 def route(call: Call, notes: list) -> str:
