@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import operator
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -26,6 +28,16 @@ def check_int(name: str, value, *, lo: int | None = None) -> int:
     if lo is not None and out < lo:
         raise ValueError(f"{name} must be >= {lo}, got {out}")
     return out
+
+
+def check_positive(name: str, value) -> float:
+    """A finite real number > 0 (a Python or numpy number; never a bool or a string) as
+    float; TypeError/ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 TRUE_WORDS = ("true", "1", "yes", "on")

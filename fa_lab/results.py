@@ -57,6 +57,13 @@ ENV_VAR = "FA_LAB_RESULTS"
 #: The results folder under the working directory when neither root= nor ENV_VAR says.
 DEFAULT_DIRNAME = "fa_lab_results"
 SUFFIX = ".json"
+#: The longest file name (bytes) most file systems take (NAME_MAX).
+NAME_MAX = 255
+#: What ``atomic_write_bytes``'s hidden temp name adds to the target's: ".", "." and 12
+#: hex digits, ".tmp".
+TEMP_EXTRA = 18
+#: The longest result name (bytes, without ``.json``) whose temp file name still fits.
+MAX_NAME_BYTES = NAME_MAX - TEMP_EXTRA - len(SUFFIX)
 
 __all__ = ["load", "list", "save", "path", "reference", "references", "check_name",
            "results_dir", "read_json", "Result", "provenance", "atomic_write_bytes",
@@ -97,6 +104,10 @@ def check_name(name) -> str:
         why = "starts with '.'"
     elif "\x00" in name:
         why = "contains a NUL character"
+    elif len(os.fsencode(stem)) > MAX_NAME_BYTES:
+        why = (f"is {len(os.fsencode(stem))} bytes long: a result name takes at most "
+               f"{MAX_NAME_BYTES} (the file system's {NAME_MAX}, less {SUFFIX!r} and the "
+               f"{TEMP_EXTRA} the atomic write's temp name adds)")
     if why:
         raise ValueError(f"name={name!r} {why}: a result name is one plain file name (no "
                          f"directories), stored as <results dir>/<name>.json")
@@ -233,7 +244,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes, got {type(data).__name__}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"  # TEMP_EXTRA more bytes
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -261,25 +272,29 @@ def _json_default(x):
     raise TypeError(f"cannot store {type(x).__name__} as JSON")
 
 
-def _clean_value(v):
-    """NaN/inf floats become null, numpy/torch scalars plain numbers, recursively."""
+def _clean_value(v, where: str = "payload"):
+    """NaN/inf floats become null, numpy/torch scalars plain numbers, recursively; an
+    array of more than one element raises TypeError naming its key (``where``)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, Mapping):
-        return {k: _clean_value(x) for k, x in v.items()}
+        return {k: _clean_value(x, f"{where}[{k!r}]") for k, x in v.items()}
     if isinstance(v, (builtins.list, tuple)):
-        return [_clean_value(x) for x in v]
+        return [_clean_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         try:
-            return _clean_value(v.item())
-        except (ValueError, RuntimeError):  # a multi-element array: left to json's default
-            return v
+            return _clean_value(v.item(), where)
+        except (ValueError, RuntimeError):  # a multi-element array or tensor
+            shape = tuple(getattr(v, "shape", ()))
+            raise TypeError(f"cannot store {type(v).__name__} of shape {shape} as JSON at "
+                            f"{where}: convert it first (.tolist(), or a number)") from None
     return v
 
 
 def _clean(records):
     """Table rows with NaN/inf floats as null so the JSON stays standard."""
-    return [{k: _clean_value(v) for k, v in r.items()} for r in records]
+    return [{k: _clean_value(v, f"rows[{i}][{k!r}]") for k, v in r.items()}
+            for i, r in enumerate(records)]
 
 
 def save(name, payload, *, params: dict | None = None, device="cpu", root=None) -> Path:

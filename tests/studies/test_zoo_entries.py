@@ -273,3 +273,14 @@ def test_flydsl_drag_numbers():
     out, lse, _, _ = run("flydsl_lazy_drag", "after")
     assert out[0, 0, 0].tolist() == pytest.approx([0.0, 1 / 64], abs=1e-12)
     assert float(lse[0, 0, 0]) == pytest.approx(200 * LN2, rel=1e-7)
+
+
+def test_an_entry_runs_only_its_own_presets():
+    """A name the entry lacks is a ValueError naming the entry and its presets, not a
+    bare KeyError; a non-policy a TypeError."""
+    e = next(iter(ENTRIES.values()))
+    with pytest.raises(ValueError, match=rf"^policy='during' is not a preset of zoo entry "
+                                         rf"'{e.name}'; choose one of 'before', 'after'"):
+        e.run("during")
+    with pytest.raises(TypeError, match=r"^policy must be a preset name \(str\) or a fa_lab.Policy, got int"):
+        e.run(3)
