@@ -65,7 +65,8 @@ TEMP_EXTRA = 18
 #: The longest result name (bytes, without ``.json``) whose temp file name still fits.
 MAX_NAME_BYTES = NAME_MAX - TEMP_EXTRA - len(SUFFIX)
 
-__all__ = ["load", "list", "save", "path", "reference", "references", "check_name",
+__all__ = ["load", "list", "save", "path", "reference", "references", "check_name", "check_folder",
+           "check_writable", "check_same_run",
            "results_dir", "read_json", "Result", "provenance", "atomic_write_bytes",
            "atomic_write_json", "REFERENCE_DIR", "ENV_VAR", "DEFAULT_DIRNAME"]
 
@@ -81,6 +82,59 @@ def results_dir(root=None) -> Path:
         return Path(root)
     env = os.environ.get(ENV_VAR)
     return Path(env) if env else Path.cwd() / DEFAULT_DIRNAME
+
+
+def check_folder(root=None, *, what: str = "the results folder") -> Path:
+    """The results folder (``results_dir(root)``), checked before any work: it, or the
+    nearest folder above it that exists, must be a writable folder. A file in the way
+    raises ``NotADirectoryError``, a folder this process may not write ``PermissionError``,
+    each naming the path and where the folder came from (``root``/``--out-dir`` or
+    ``$FA_LAB_RESULTS``)."""
+    directory = results_dir(root)
+    origin = ("" if root is not None else f" (from ${ENV_VAR})" if os.environ.get(ENV_VAR)
+              else "")
+    return check_writable(directory, f"{what} {directory}{origin}")
+
+
+def check_writable(directory, what: str) -> Path:
+    """``directory``, or the nearest existing folder above it, is a folder this process
+    can write: else ``NotADirectoryError``/``PermissionError`` naming ``what`` and the
+    path at fault."""
+    directory = Path(directory)
+    p = directory
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        where = "it" if p == directory else str(p)
+        raise NotADirectoryError(f"{what} cannot be made: {where} is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} cannot be written: no permission to write in {p}")
+    return directory
+
+
+def check_same_run(name, params: Mapping, *, root=None, ignore=()) -> None:
+    """Refuse, before any work, to overwrite result ``name`` with another run's: where the
+    file exists and its ``params`` differ from ``params`` (``ignore``: keys that do not
+    change the result), ``FileExistsError`` names the file and the options that differ. A
+    rerun with the same options overwrites."""
+    p = path(name, root=root)
+    if not p.is_file():
+        return
+    try:
+        old = read_json(p)
+    except ValueError:
+        old = None
+    new = json.loads(json.dumps(dict(params), default=_json_default))
+    had = old.get("params") if isinstance(old, dict) else None
+    if not isinstance(had, dict):
+        raise FileExistsError(f"{p} exists and holds no run's params: not overwritten; pass "
+                              "another name (--name) or remove the file")
+    keys = sorted((set(had) | set(new)) - set(ignore), key=str)
+    differ = [k for k in keys if had.get(k) != new.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {had.get(k)!r} there, {new.get(k)!r} now" for k in differ[:6])
+        raise FileExistsError(f"{p} holds a run with other options ({shown}): not "
+                              "overwritten; pass another name (--name) or remove the file")
 
 
 def check_name(name) -> str:
@@ -306,6 +360,7 @@ def save(name, payload, *, params: dict | None = None, device="cpu", root=None) 
     ``provenance`` added where it has none, and ``params`` where given). ``device`` names
     the device in the provenance. ``name`` must be a plain file name (see ``check_name``)."""
     stem = check_name(name)
+    check_folder(root)
     if params is not None and not isinstance(params, Mapping):
         raise TypeError(f"params must be a dict or None, got {type(params).__name__}")
     if hasattr(payload, "to_dict") and hasattr(payload, "columns"):  # a DataFrame

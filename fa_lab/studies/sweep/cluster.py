@@ -9,7 +9,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -159,15 +158,14 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
         raise ValueError(f"counts must be 'auto', 'always' or 'never', got {counts!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
+    directory = results.check_writable(sweep_dir(name, out), f"the sweep's folder {sweep_dir(name, out)}")
     points = grid.points()  # every check, before any task
-    directory = sweep_dir(name, out)
     done = done_points(name, out=out)
     todo = [p for p in points if p["point_id"] not in done]
     run_id = uuid.uuid4().hex
     failures = {}
     if todo:
         own = client is None
-        _check_writable(directory)  # before a cluster starts
         if own and any(_needs_gpu(p) for p in todo) and not torch.cuda.is_available():
             raise GridError(grid.spelled["backend"], "points on CUDA (backend 'triton' or device "
                             "'cuda') need a GPU; this machine has none: pass client= (or "
@@ -194,18 +192,6 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     if failures and raise_errors:
         raise SweepError(failures, table)
     return table
-
-
-def _check_writable(directory: Path) -> None:
-    """Refuse a folder that cannot be made or written, naming the path at fault."""
-    p = directory
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    if not p.is_dir():
-        raise NotADirectoryError(f"{p} is a file, not a folder: the sweep's folder would be "
-                                 f"{directory}")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise PermissionError(f"{p}: no permission to write the sweep's folder {directory}")
 
 
 def dashboard(client) -> str:
