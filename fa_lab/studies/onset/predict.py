@@ -3,6 +3,7 @@ kernel's base recurrence replayed per policy (``predict``) into an ``Onset``."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,11 +11,18 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from fa_lab.api import flash_attn_func
 from fa_lab.numerics import ieee_fp32_matmul
 from .recurrences import SCORE_MODS, Tiles, _Bf16, _Fp8, _INF
 
 
 LEVELS = ("tile", "exact")
+
+#: ``flash_attn_func``'s defaults, read off its signature: ``predict`` answers for the call
+#: a user makes, so a bare ``predict(q, k, v)`` is a bare ``flash_attn_func(q, k, v)``
+#: (causal, the current upstream's policy).
+CALL_DEFAULTS = {name: p.default for name, p in inspect.signature(flash_attn_func).parameters.items()
+                 if p.kind is p.KEYWORD_ONLY}
 
 
 @dataclass
@@ -89,7 +97,7 @@ def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom
     return call, planned.family
 
 
-def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None,
+def tile_maxima(q, k, v, *, causal: bool = CALL_DEFAULTS["causal"], q_descale=None, k_descale=None,
                 v_descale=None, exact_scores: bool = True, chunk_rows: int = 1024,
                 bias=None, alibi_slopes=None) -> Tiles:
     """Every row's tile maxima (one matmul and an amax per tile; no exp, no PV): the only
@@ -102,16 +110,18 @@ def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None
     return kern.tiles(chunk_rows)
 
 
-def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            rescale="lazy_unfixed", rescale_threshold=None, rebase_bound=None, p_headroom=None,
+def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+            causal: bool = CALL_DEFAULTS["causal"], rescale=CALL_DEFAULTS["rescale"],
+            rescale_threshold=None, rebase_bound=None, p_headroom=None,
             q_descale=None, k_descale=None, v_descale=None, fp8_saturate=None,
             level: str = "tile", tiles: Tiles | None = None, exact_scores: bool = True,
             chunk_rows: int = 1024, kernel: str | None = None, bias=None,
             alibi_slopes=None) -> Onset:
     """Predict each row's fate under the kernel fa_lab would run for this call.
 
-    Arguments as ``fa_lab.flash_attn_func`` (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; fp8
-    with its descales; the default policy is ``lazy_unfixed``). ``level``: ``"tile"`` (tile
+    Arguments as ``fa_lab.flash_attn_func``, with its defaults (``CALL_DEFAULTS``: causal,
+    and the current upstream version's policy): q [B, Sq, H, D], k and v [B, Skv, Hkv, D];
+    fp8 with its descales. ``level``: ``"tile"`` (tile
     maxima only: the one-hot estimate) or ``"exact"`` (candidate rows replayed with their
     known bases; see the module docstring). ``tiles``: a ``tile_maxima`` of the same
     inputs, to share the score pass between policies. ``exact_scores``: scores as the
