@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from fa_lab.api import flash_attn_func
+from fa_lab.checks import warn_nonfinite_inputs
 from fa_lab.numerics import ieee_fp32_matmul
 from .recurrences import SCORE_MODS, Tiles, _Bf16, _Fp8, _INF
 
@@ -33,7 +34,8 @@ class Onset:
     ``margin`` (128 minus the tile level's estimate of log2 max|O| at its worst step:
     <= 0 means the tile level predicts overflow), ``dragged`` (loop steps at which the row
     was dragged down), ``elements`` / ``nan_elements`` (the predicted non-finite / NaN output
-    elements of the row). ``meta``: kernel, policy, level, sizes, candidate rows (exact
+    elements of the row). ``meta``: kernel, policy, level, sizes, ``nonfinite_inputs`` (where
+    q, k and v hold NaN or inf, in words, or None), candidate rows (exact
     level) and timings."""
 
     bad: torch.Tensor
@@ -138,12 +140,14 @@ def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           (q_descale, k_descale, v_descale), fp8_saturate, kernel, bias,
                           alibi_slopes)
     pol = call.policy
+    bad_inputs = warn_nonfinite_inputs(q, k, v)  # the output carries them, not the policy
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     meta = {"kernel": family, "policy": pol.name, "policy_resolved": pol.describe(),
             "threshold": float(pol.threshold) if pol.lazy else None, "level": level,
             "B": B, "Sq": Sq, "Skv": Skv, "H": H, "Hkv": Hkv, "D": D, "causal": causal,
-            "candidate_rows": 0, "tiles_s": 0.0, "walk_s": 0.0, "exact_s": 0.0}
+            "candidate_rows": 0, "tiles_s": 0.0, "walk_s": 0.0, "exact_s": 0.0,
+            "nonfinite_inputs": bad_inputs}
     shape = (B, Sq, H)
     res = {"bad": torch.zeros(shape, dtype=torch.bool),
            "step": torch.full(shape, -1, dtype=torch.int64),
