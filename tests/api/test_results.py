@@ -273,6 +273,9 @@ def test_an_array_in_a_table_cell_is_refused_naming_row_and_column(tmp_path):
 def test_a_name_whose_temp_file_would_be_too_long_is_refused(tmp_path):
     """The atomic write's temp name is TEMP_EXTRA bytes longer than the target's: a name
     that fits NAME_MAX as <name>.json but not as its temp file fails cleanly, before work."""
+    for n in (233, 250):      # fit NAME_MAX as <name>.json, not as the temp file
+        with pytest.raises(ValueError, match=rf"^name='n+' is {n} bytes long"):
+            results.save("n" * n, {"a": 1}, root=tmp_path)
     longest = "n" * results.MAX_NAME_BYTES
     assert results.save(longest, {"a": 1}, root=tmp_path).name == longest + ".json"
     for n in (results.MAX_NAME_BYTES + 1, 240, 250):

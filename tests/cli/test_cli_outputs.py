@@ -125,8 +125,10 @@ def test_attack_names_carry_threshold_and_seed(tmp_path, monkeypatch):
 def test_attack_refuses_to_overwrite_a_record_of_other_options(tmp_path, monkeypatch, capsys,
                                                                no_work):
     monkeypatch.setenv(results.ENV_VAR, str(tmp_path))
-    args = cli.build_parser().parse_args(["attack", "lazy_unfixed", "--budget", "5"])
-    results.save("mine", {"params": cli.attack._options(args)}, root=tmp_path)
+    results.save("mine", {"params": {
+        "seed": 0, "budget_s": 5.0, "space": None, "optimizer": "cma", "structured": True,
+        "baseline": None, "threshold": None, "tolerance": None, "max_evals": None,
+        "mods_asked": None, "classes_asked": None}}, root=tmp_path)
     err = _fail_line(["attack", "lazy_unfixed", "--budget", "5", "--threshold", "4",
                       "--name", "mine"], capsys)
     assert "holds a run with other options (threshold: None there, 4.0 now)" in err
