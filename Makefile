@@ -50,7 +50,7 @@ test-wheel: setup
 	$(WHEEL_RUN) venv/bin/python $(CURDIR)/tests/project/wheel_smoke.py
 	$(WHEEL_RUN) venv/bin/fa-lab table --which bf16 --S 512 --H 1
 	$(WHEEL_RUN) venv/bin/fa-lab attack lazy_unfixed --budget 5
-	test -s $(WHEEL_DIR)/fa_lab_results/table_bf16_cpu_S512.json
+	test -s $(WHEEL_DIR)/fa_lab_results/table_bf16_cpu_S512_H1.json
 	test -s $(WHEEL_DIR)/fa_lab_results/attack_lazy_unfixed.json
 	$(WHEEL_RUN) venv/bin/fa-lab lab 2>&1 | grep -F "pip install 'fa_lab[lab]'"
 	rm -rf $(WHEEL_DIR)

@@ -24,7 +24,7 @@ import torch
 
 from fa_lab import autograd, dispatch, policies, upstream as upstream_versions, varlen
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
-                           layout_problem, warn_layout)
+                           layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
 from fa_lab.kernels.swp_fp8 import model as swp_fp8
 from fa_lab.kernels._common.geometry import BLOCK_N
@@ -333,6 +333,7 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
         raise ValueError("trace takes dense calls; trace one sequence of a varlen batch at a time")
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
+    bad_inputs = warn_nonfinite_inputs(q, k, v)  # not the policy's doing: say so
     recorder = TraceRecorder(triples, group_size=H // k.shape[2])
     planned = dispatch.plan(call)
     warn_fp8_scale(call)
@@ -344,7 +345,7 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     thr = pol.threshold / per_unit if pol.lazy else float("nan")
     tr = recorder.build(kernel=planned.family, policy=pol, log2_per_unit=per_unit,
                         threshold_units=thr)
-    tr.meta.update(upstream=call.upstream, backend=planned.backend)
+    tr.meta.update(upstream=call.upstream, backend=planned.backend, nonfinite_inputs=bad_inputs)
     return tr
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import operator
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -26,6 +28,16 @@ def check_int(name: str, value, *, lo: int | None = None) -> int:
     if lo is not None and out < lo:
         raise ValueError(f"{name} must be >= {lo}, got {out}")
     return out
+
+
+def check_positive(name: str, value) -> float:
+    """A finite real number > 0 (a Python or numpy number; never a bool or a string) as
+    float; TypeError/ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 TRUE_WORDS = ("true", "1", "yes", "on")
@@ -110,6 +122,62 @@ def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
     return B, Sq, H, D, Skv, Hkv
 
 
+def check_device(name: str, device) -> str:
+    """``cpu`` or ``cuda[:N]`` (a str or a torch.device) that exists on this machine, as a
+    str; ValueError/TypeError naming ``name`` (a CUDA device on a machine without one
+    says so, instead of torch's error at the first tensor)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be 'cpu' or 'cuda[:N]', got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name}={device!r}: expected cpu or cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={device!r}: expected cpu or cuda[:N]")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} asks for a CUDA GPU and none is available on "
+                             "this machine (torch.cuda.is_available() is False); use 'cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} "
+                             f"CUDA device(s), cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return str(device)
+
+
+def nonfinite_inputs(q=None, k=None, v=None, *, shown: int = 4) -> str | None:
+    """Where q, k and v ([B, S, H, D]) hold NaN or inf, in words, or None: for each, the
+    count and the first ``shown`` (batch, row, head) of q or (batch, key, head) of k and v
+    holding one. Such a value reaches the output whatever the policy does; ``trace``,
+    ``onset.predict`` and the dashboards say so, so that the policy is not blamed."""
+    said = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            continue
+        bad = ~torch.isfinite(t.float())
+        n = int(bad.sum())
+        if not n:
+            continue
+        nan = int(torch.isnan(t.float()).sum())
+        where = bad.any(-1).nonzero()
+        first = ", ".join(str(tuple(w)) for w in where[:shown].tolist())
+        more = f", ... ({where.shape[0]} in all)" if where.shape[0] > shown else ""
+        axis = "row" if name == "q" else "key"
+        said.append(f"{name} has {n} non-finite value{'s' if n > 1 else ''} ({nan} NaN, "
+                    f"{n - nan} inf) at (batch, {axis}, head) {first}{more}")
+    if not said:
+        return None
+    return ("; ".join(said) + ": the inputs carry them into the output, whatever the policy "
+            "does")
+
+
+def warn_nonfinite_inputs(q, k, v) -> str | None:
+    """``nonfinite_inputs``, also given as a RuntimeWarning at the user's line."""
+    note = nonfinite_inputs(q, k, v)
+    if note is not None:
+        warnings.warn(note, RuntimeWarning, stacklevel=caller_stacklevel())
+    return note
+
+
 def check_mod(name, x, shapes, dtype, device) -> None:
     """A score modifier (bias, ALiBi slopes, sink): a tensor of ``dtype`` with one of
     ``shapes`` on ``device`` (q's), as upstream takes them."""
@@ -164,8 +232,10 @@ def layout_hint(problem: str) -> str:
             "v.transpose(1, 2)")
 
 
-def _caller_stacklevel() -> int:
-    """The stacklevel of ``warnings.warn`` that names the first frame outside fa_lab."""
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by the function that calls this one,
+    naming the first frame outside fa_lab: the user's line, however deep in fa_lab (an api
+    call, a sweep's planning) the warning is given, so a user can filter it by module."""
     package = str(Path(__file__).resolve().parent)
     frame, level = sys._getframe(2), 2
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
@@ -178,4 +248,4 @@ def warn_layout(q, k) -> None:
     than [B, S, H, D] (``layout_problem``): the call runs as given."""
     problem = layout_problem(q.shape, k.shape)
     if problem is not None:
-        warnings.warn(layout_hint(problem), UserWarning, stacklevel=_caller_stacklevel())
+        warnings.warn(layout_hint(problem), UserWarning, stacklevel=caller_stacklevel())

@@ -27,6 +27,7 @@ import torch
 
 from fa_lab import capabilities, kernels, routing, varlen
 from fa_lab.capabilities import Caps
+from fa_lab.checks import caller_stacklevel
 from fa_lab.kernels import FAMILIES
 from fa_lab import upstream as upstream_versions
 from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
@@ -285,10 +286,10 @@ def routing_quiet():
 
 
 def _warn_once(key, message: str) -> None:
-    """Warn at the line that called ``plan``'s caller (``flash_attn_func``, ``trace``, ...)."""
+    """Warn at the user's line: the first frame outside fa_lab (``checks.caller_stacklevel``)."""
     if key not in _WARNED and not _QUIET.get():
         _WARNED.add(key)
-        warnings.warn(message, RoutingWarning, stacklevel=3)
+        warnings.warn(message, RoutingWarning, stacklevel=caller_stacklevel())
 
 
 def route(call: Call, notes: list) -> str:
@@ -392,7 +393,7 @@ def _plan(call: Call, notes: list) -> Plan:
     missing = [f for f in call.features if f not in e.caps.features]
     if missing:
         raise ValueError(f"{', '.join(missing)} not supported by the {family} kernel on "
-                         f"backend={backend!r}; use backend='emulator'")
+                         f"backend={backend!r}; {_feature_advice(family, backend, missing, call.policy)}")
     refusal = policy_refusal(e, call.policy)
     if refusal:
         raise ValueError(refusal)
@@ -402,6 +403,24 @@ def _plan(call: Call, notes: list) -> Plan:
         if why:
             raise RuntimeError(f"backend={backend!r} cannot run: {why}")
     return Plan(call, family, backend, e)
+
+
+def _feature_advice(family: str, backend: str, missing: list, policy) -> str:
+    """What runs ``missing`` features: another backend of ``family``, or else the kernels
+    that have them (never the backend the call already uses)."""
+    def has(e):
+        return all(f in e.caps.features for f in missing)
+    others = [b for b in BACKENDS if b != backend and (family, b) in TABLE and has(TABLE[(family, b)])]
+    if others:
+        return f"use backend={others[0]!r}"
+    kernels = sorted({f for (f, _), e in TABLE.items() if has(e)})
+    advice = f"no backend of the {family} kernel implements it"
+    if kernels:
+        advice += f" (the {', '.join(kernels)} kernel{'s' if len(kernels) > 1 else ''} do{'es' if len(kernels) == 1 else ''})"
+    if getattr(policy, "semantic_fields", ()):
+        advice += (f"; policy {policy.name!r} sets semantics fields, which only the online "
+                   "kernel runs: drop the feature, or use a policy without them")
+    return advice
 
 
 def _kwargs(p: Plan, recorder) -> dict:

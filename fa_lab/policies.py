@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fa_lab import values
+from fa_lab.checks import caller_stacklevel
 from fa_lab.numerics import E4M3_MAX
 from fa_lab.semantics import Semantics
 
@@ -354,7 +355,7 @@ class Request:
             return _resolve(*args)
         policy, said = _resolve_cached(key)
         for message, category in said:  # what resolving said, said again on every call
-            warnings.warn(message, category, stacklevel=3)
+            warnings.warn(message, category, stacklevel=caller_stacklevel())
         return policy
 
     def given(self) -> str:

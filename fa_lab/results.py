@@ -57,8 +57,16 @@ ENV_VAR = "FA_LAB_RESULTS"
 #: The results folder under the working directory when neither root= nor ENV_VAR says.
 DEFAULT_DIRNAME = "fa_lab_results"
 SUFFIX = ".json"
+#: The longest file name (bytes) most file systems take (NAME_MAX).
+NAME_MAX = 255
+#: What ``atomic_write_bytes``'s hidden temp name adds to the target's: ".", "." and 12
+#: hex digits, ".tmp".
+TEMP_EXTRA = 18
+#: The longest result name (bytes, without ``.json``) whose temp file name still fits.
+MAX_NAME_BYTES = NAME_MAX - TEMP_EXTRA - len(SUFFIX)
 
-__all__ = ["load", "list", "save", "path", "reference", "references", "check_name",
+__all__ = ["load", "list", "save", "path", "reference", "references", "check_name", "check_folder",
+           "check_writable", "check_same_run",
            "results_dir", "read_json", "Result", "provenance", "atomic_write_bytes",
            "atomic_write_json", "REFERENCE_DIR", "ENV_VAR", "DEFAULT_DIRNAME"]
 
@@ -74,6 +82,59 @@ def results_dir(root=None) -> Path:
         return Path(root)
     env = os.environ.get(ENV_VAR)
     return Path(env) if env else Path.cwd() / DEFAULT_DIRNAME
+
+
+def check_folder(root=None, *, what: str = "the results folder") -> Path:
+    """The results folder (``results_dir(root)``), checked before any work: it, or the
+    nearest folder above it that exists, must be a writable folder. A file in the way
+    raises ``NotADirectoryError``, a folder this process may not write ``PermissionError``,
+    each naming the path and where the folder came from (``root``/``--out-dir`` or
+    ``$FA_LAB_RESULTS``)."""
+    directory = results_dir(root)
+    origin = ("" if root is not None else f" (from ${ENV_VAR})" if os.environ.get(ENV_VAR)
+              else "")
+    return check_writable(directory, f"{what} {directory}{origin}")
+
+
+def check_writable(directory, what: str) -> Path:
+    """``directory``, or the nearest existing folder above it, is a folder this process
+    can write: else ``NotADirectoryError``/``PermissionError`` naming ``what`` and the
+    path at fault."""
+    directory = Path(directory)
+    p = directory
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        where = "it" if p == directory else str(p)
+        raise NotADirectoryError(f"{what} cannot be made: {where} is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} cannot be written: no permission to write in {p}")
+    return directory
+
+
+def check_same_run(name, params: Mapping, *, root=None, ignore=()) -> None:
+    """Refuse, before any work, to overwrite result ``name`` with another run's: where the
+    file exists and its ``params`` differ from ``params`` (``ignore``: keys that do not
+    change the result), ``FileExistsError`` names the file and the options that differ. A
+    rerun with the same options overwrites."""
+    p = path(name, root=root)
+    if not p.is_file():
+        return
+    try:
+        old = read_json(p)
+    except ValueError:
+        old = None
+    new = json.loads(json.dumps(dict(params), default=_json_default))
+    had = old.get("params") if isinstance(old, dict) else None
+    if not isinstance(had, dict):
+        raise FileExistsError(f"{p} exists and holds no run's params: not overwritten; pass "
+                              "another name (--name) or remove the file")
+    keys = sorted((set(had) | set(new)) - set(ignore), key=str)
+    differ = [k for k in keys if had.get(k) != new.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {had.get(k)!r} there, {new.get(k)!r} now" for k in differ[:6])
+        raise FileExistsError(f"{p} holds a run with other options ({shown}): not "
+                              "overwritten; pass another name (--name) or remove the file")
 
 
 def check_name(name) -> str:
@@ -97,6 +158,10 @@ def check_name(name) -> str:
         why = "starts with '.'"
     elif "\x00" in name:
         why = "contains a NUL character"
+    elif len(os.fsencode(stem)) > MAX_NAME_BYTES:
+        why = (f"is {len(os.fsencode(stem))} bytes long: a result name takes at most "
+               f"{MAX_NAME_BYTES} (the file system's {NAME_MAX}, less {SUFFIX!r} and the "
+               f"{TEMP_EXTRA} the atomic write's temp name adds)")
     if why:
         raise ValueError(f"name={name!r} {why}: a result name is one plain file name (no "
                          f"directories), stored as <results dir>/<name>.json")
@@ -233,7 +298,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes, got {type(data).__name__}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"  # TEMP_EXTRA more bytes
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -261,25 +326,29 @@ def _json_default(x):
     raise TypeError(f"cannot store {type(x).__name__} as JSON")
 
 
-def _clean_value(v):
-    """NaN/inf floats become null, numpy/torch scalars plain numbers, recursively."""
+def _clean_value(v, where: str = "payload"):
+    """NaN/inf floats become null, numpy/torch scalars plain numbers, recursively; an
+    array of more than one element raises TypeError naming its key (``where``)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, Mapping):
-        return {k: _clean_value(x) for k, x in v.items()}
+        return {k: _clean_value(x, f"{where}[{k!r}]") for k, x in v.items()}
     if isinstance(v, (builtins.list, tuple)):
-        return [_clean_value(x) for x in v]
+        return [_clean_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         try:
-            return _clean_value(v.item())
-        except (ValueError, RuntimeError):  # a multi-element array: left to json's default
-            return v
+            return _clean_value(v.item(), where)
+        except (ValueError, RuntimeError):  # a multi-element array or tensor
+            shape = tuple(getattr(v, "shape", ()))
+            raise TypeError(f"cannot store {type(v).__name__} of shape {shape} as JSON at "
+                            f"{where}: convert it first (.tolist(), or a number)") from None
     return v
 
 
 def _clean(records):
     """Table rows with NaN/inf floats as null so the JSON stays standard."""
-    return [{k: _clean_value(v) for k, v in r.items()} for r in records]
+    return [{k: _clean_value(v, f"rows[{i}][{k!r}]") for k, v in r.items()}
+            for i, r in enumerate(records)]
 
 
 def save(name, payload, *, params: dict | None = None, device="cpu", root=None) -> Path:
@@ -291,6 +360,7 @@ def save(name, payload, *, params: dict | None = None, device="cpu", root=None) 
     ``provenance`` added where it has none, and ``params`` where given). ``device`` names
     the device in the provenance. ``name`` must be a plain file name (see ``check_name``)."""
     stem = check_name(name)
+    check_folder(root)
     if params is not None and not isinstance(params, Mapping):
         raise TypeError(f"params must be a dict or None, got {type(params).__name__}")
     if hasattr(payload, "to_dict") and hasattr(payload, "columns"):  # a DataFrame

@@ -45,8 +45,8 @@ before these fields behaves exactly as it did. Fields, in log2 units unless stat
   l always sums the fp32 P, before the cast. The P offset is ``Policy.p_headroom``.
 * ``max_lag`` (False): a tile's P is computed against the running max from before that
   tile, and the rescale that follows covers it; a row with an empty max uses the new one.
-* ``block_n`` (None): KV columns per online-softmax step; None: the kernel's own (64 in
-  the online model).
+* ``block_n`` (None): KV columns per online-softmax step, 1 .. ``MAX_BLOCK_N``; None: the
+  kernel's own (64 in the online model).
 * ``kv_order`` (``"ascending"``): the order of the KV tiles; ``"descending"`` visits the
   last (partial) tile first, as FlashAttention's kernels do.
 * ``v_tail`` (``"zero"``): V rows past the sequence's end inside its last tile: ``"zero"``
@@ -85,6 +85,10 @@ FLT_MAX = 3.4028234663852886e38
 #: The Semantics fields that take one of a fixed set of values (``fa_lab.values``), other
 #: than the switches (bool fields, also declared there).
 _CHOICES = tuple(f for f in values.DECLARED if f not in values.POLICY_FIELDS)
+
+#: The largest ``block_n``: wider than any kernel's KV tile (CPU flash attention's 512
+#: included); a step's scores are rows x block_n, so a larger one only costs memory.
+MAX_BLOCK_N = 4096
 
 
 def _real(name: str, value) -> float:
@@ -151,8 +155,9 @@ class Semantics:
             if isinstance(self.block_n, bool) or not isinstance(self.block_n, int):
                 raise TypeError("block_n must be None or an int, got "
                                 f"{type(self.block_n).__name__}")
-            if self.block_n < 1:
-                raise ValueError(f"block_n must be >= 1, got {self.block_n}")
+            if not 1 <= self.block_n <= MAX_BLOCK_N:
+                raise ValueError(f"block_n must be in 1 .. {MAX_BLOCK_N} (KV columns per "
+                                 f"step; a kernel's tile), got {self.block_n}")
 
     def changed(self) -> tuple[str, ...]:
         """The names of the fields that differ from the defaults, in field order."""

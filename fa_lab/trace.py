@@ -86,6 +86,9 @@ def normalize_rows(rows, batch, head, shape_bhs) -> list[tuple[int, int, int]]:
             isinstance(rows, torch.Tensor) and rows.dim() == 0):
         rows = [index("rows", rows)]  # one row; a bool, float or 0-d float tensor raises here
     elif isinstance(rows, range):
+        bad = _first_outside(rows, S)  # before the list is built: a range may be huge
+        if bad is not None:
+            raise ValueError(f"rows[{bad}]: query row {rows[bad]} out of range [0, {S})")
         rows = list(rows)
     elif isinstance(rows, tuple) and len(rows) == 3 and all(is_index(r) for r in rows):
         r = tuple(index("rows", x) for x in rows)
@@ -120,6 +123,16 @@ def normalize_rows(rows, batch, head, shape_bhs) -> list[tuple[int, int, int]]:
             raise ValueError(f"rows[{i}]: query row {s} out of range [0, {S})")
         triples.append((b, h, s))
     return triples
+
+
+def _first_outside(r: range, n: int) -> int | None:
+    """The index of ``r``'s first value outside [0, n), or None; O(1) for any length."""
+    if not r:
+        return None
+    if not 0 <= r[0] < n:
+        return 0
+    i = -(-(n - r.start) // r.step) if r.step > 0 else r.start // -r.step + 1
+    return i if i < len(r) else None
 
 
 class TraceRecorder:

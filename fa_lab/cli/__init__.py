@@ -22,7 +22,7 @@ USAGE = """\
     fa-lab sweep  GRID.yaml [--workers 2] [--import FILE]
     fa-lab attack POLICY [--budget 60] [--mods bias,alibi,sink] [--import FILE]
     fa-lab bench  [--suite dense,splitk,varlen] [--shapes 0,1,..] [--impls a,b,..]
-    fa-lab lab    JupyterLab on notebooks/ (needs pip install 'fa_lab[lab]')
+    fa-lab lab    [--port N] [--no-browser]  JupyterLab on notebooks/ (pip install 'fa_lab[lab]')
 
 Results go to the results folder: --out-dir DIR, else $FA_LAB_RESULTS, else
 ./fa_lab_results (JSON as <name>.json, sweeps as atlas/<name>/); the lab's reference data

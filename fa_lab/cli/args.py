@@ -48,25 +48,14 @@ def result_name(text) -> str:
 
 
 def device_arg(text) -> str:
-    """``cpu`` or ``cuda[:N]``, and a CUDA device must exist on this machine."""
-    import torch
+    """``cpu`` or ``cuda[:N]``, and a CUDA device must exist on this machine
+    (``fa_lab.checks.check_device``)."""
+    from fa_lab.checks import check_device
 
     try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError, TypeError):
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(
-                f"{text!r} asks for a CUDA GPU and none is available on this machine "
-                f"(torch.cuda.is_available() is False); use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
-    return text
+        return check_device("--device", text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_bool_flag(parser, flag: str, *, default=False, help=None, dest=None):

@@ -5,6 +5,8 @@ results folder, and its repro line runs as printed."""
 
 from __future__ import annotations
 
+import re
+
 from fa_lab import results
 
 from .args import (UsageError, add_bool_flag, add_import_flag, add_out_dir_flag, import_policies,
@@ -61,6 +63,39 @@ def add_arguments(p) -> None:
                    help="also write the shrunk input (or the near miss) as a .npz regression file")
 
 
+#: Saved params that do not change what the attack finds (``results.check_same_run``).
+VOLATILE = ("mods", "classes", "imports", "machine", "command")
+
+
+def _options(args) -> dict:
+    """The options that change the attack's record, as saved in its params."""
+    return {"seed": args.seed, "budget_s": args.budget, "space": args.space,
+            "optimizer": args.optimizer, "structured": not args.random_starts,
+            "baseline": args.baseline, "threshold": args.threshold,
+            "tolerance": args.tolerance, "max_evals": args.max_evals,
+            "mods_asked": args.mods, "classes_asked": args.classes}
+
+
+def default_name(policy: str, args) -> str:
+    """attack_<policy>, with a suffix for each option away from its default: the space,
+    mods, random starts, the optimizer, --threshold, --seed, --baseline, --tolerance,
+    --classes, --max-evals (--budget is not: a longer search of the same attack)."""
+    def word(x):
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", str(x))
+    parts = [f"attack_{word(policy)}"]
+    parts += [args.space] if args.space not in (None, "scores", "zoo") else []
+    parts += ["mods"] if args.mods else []
+    parts += ["random_starts"] if args.random_starts else []
+    parts += [args.optimizer] if args.optimizer != "cma" else []
+    parts += [f"thr{args.threshold:g}"] if args.threshold is not None else []
+    parts += [f"seed{args.seed}"] if args.seed else []
+    parts += [f"vs-{word(args.baseline)}"] if args.baseline is not None else []
+    parts += [f"tol{args.tolerance:g}"] if args.tolerance is not None else []
+    parts += [f"classes-{word(args.classes)}"] if args.classes is not None else []
+    parts += [f"evals{args.max_evals}"] if args.max_evals is not None else []
+    return results.check_name("_".join(parts))
+
+
 def run(args) -> int:
     import json
     import math
@@ -84,6 +119,11 @@ def run(args) -> int:
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
     if args.baseline is not None and args.baseline not in policies.names():
         raise UsageError(f"--baseline {args.baseline!r} is not a registered policy")
+    saved_as = None
+    if not args.no_save:  # the file, checked before the search
+        results.check_folder(args.out_dir)
+        saved_as = args.name or default_name(name, args)
+        results.check_same_run(saved_as, _options(args), root=args.out_dir, ignore=VOLATILE)
     started = time.perf_counter()
     res = search(name, space=args.space, mods=args.mods, budget_s=args.budget, seed=args.seed,
                  threshold=args.threshold, tolerance=args.tolerance, max_evals=args.max_evals,
@@ -91,11 +131,8 @@ def run(args) -> int:
                  optimizer=args.optimizer, classes=args.classes)
     res.imports = tuple(args.imports)  # the repro registers the user's policy first
     wall = time.perf_counter() - started
-    params = {"seed": args.seed, "budget_s": args.budget, "space": args.space,
-              "mods": res.mods, "optimizer": args.optimizer, "structured": not args.random_starts,
-              "baseline": args.baseline, "threshold": args.threshold,
-              "tolerance": args.tolerance, "max_evals": args.max_evals,
-              "classes": list(res.classes), "imports": list(args.imports),
+    params = {**_options(args), "mods": res.mods, "classes": list(res.classes),
+              "imports": list(args.imports),
               "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
               "command": "fa-lab attack"}
     rec = record(name, [(res, wall)], params=params)
@@ -103,12 +140,8 @@ def run(args) -> int:
     if args.regression:
         regression = save_regression(res, args.regression)
         rec["regression"] = str(regression)
-    if not args.no_save:
-        suffix = ("" if args.space in (None, "scores", "zoo") else f"_{args.space}") + \
-            ("_mods" if args.mods else "") + ("_random_starts" if args.random_starts else "") + \
-            ("" if args.optimizer == "cma" else f"_{args.optimizer}")
-        saved = results.save(args.name or f"attack_{name.replace(':', '-')}{suffix}", rec,
-                             root=args.out_dir)
+    if saved_as is not None:
+        saved = results.save(saved_as, rec, root=args.out_dir)
     if args.json:
         run = rec["runs"][0]
         slim = {k: run[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",

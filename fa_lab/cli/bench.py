@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from fa_lab import results
+
 from .args import (UsageError, add_bool_flag, add_out_dir_flag, device_arg, nonnegative_int,
                    positive_int, result_name, seed_int)
 
@@ -61,6 +63,8 @@ def run(args) -> int:
             raise UsageError(f"--impls: unknown implementations "
                              f"{unknown or [args.impls]}; choose from {', '.join(bench.ALL_IMPLS)}")
     jobs = bench.suite_jobs(suites, impls)
+    if not args.no_save:
+        results.check_folder(args.out_dir)  # before anything is timed
     if args.shapes is not None:
         try:
             idx = [int(i) for i in args.shapes.split(",")]

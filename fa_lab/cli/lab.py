@@ -1,22 +1,57 @@
-"""``fa-lab lab``: JupyterLab on the lessons (``notebooks/`` of a checkout). JupyterLab and
-the dashboards' widgets come with the ``[lab]`` extra: ``pip install 'fa_lab[lab]'``."""
+"""``fa-lab lab``: JupyterLab on the lessons (``notebooks/`` of a checkout), as ``make lab``
+runs it: one OpenMP thread that sleeps when idle, and the checkout's ``.jupyter/`` on
+Jupyter's config path, so saving a lesson strips its outputs. JupyterLab and the
+dashboards' widgets come with the ``[lab]`` extra: ``pip install 'fa_lab[lab]'``.
+
+The server runs in a session of its own, so only this process takes a Ctrl-C or a
+SIGTERM; it then stops the server with SIGTERM (JupyterLab shuts its kernels down on
+it), waits up to ``STOP_GRACE_S`` seconds, and kills what is left."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 
 from fa_lab.studies import experiments as ex
 
-from .args import UsageError
+from .args import INTERRUPTED, UsageError, _int_at_least, add_bool_flag
 
 HELP = "JupyterLab on notebooks/ (needs the [lab] extra)"
 
+#: Seconds the server has to stop (and stop its kernels) after SIGTERM before it is killed.
+STOP_GRACE_S = 20
+
+#: What ``make lab`` sets (Makefile ``LAB_ENV``): one OpenMP thread, sleeping when idle.
+LAB_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+port_int = _int_at_least(1, "a port number in 1 .. 65535", hi=65535)
+
 
 def add_arguments(p) -> None:
-    """No arguments."""
+    p.add_argument("--port", type=port_int, default=None,
+                   help="the port JupyterLab serves on (default: Jupyter's, 8888 or the next free)")
+    add_bool_flag(p, "--no-browser", dest="no_browser",
+                  help="do not open a browser (print the address only)")
+
+
+def lab_env(environ) -> dict:
+    """The server's environment: ``environ`` with ``LAB_ENV`` and the checkout's
+    ``.jupyter/`` first on ``JUPYTER_CONFIG_PATH`` (its save hook strips the lessons)."""
+    env = dict(environ, **LAB_ENV)
+    config = str(ex.ROOT / ".jupyter")
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+        [config] + [p for p in environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p])
+    return env
+
+
+def command(args, notebooks) -> list[str]:
+    root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    port = [f"--ServerApp.port={args.port}", "--ServerApp.port_retries=0"] if args.port else []
+    browser = ["--no-browser"] if args.no_browser else []
+    return [sys.executable, "-m", "jupyterlab", *root, *port, *browser, str(notebooks)]
 
 
 def run(args) -> int:
@@ -29,5 +64,40 @@ def run(args) -> int:
     if not notebooks.is_dir():
         raise UsageError(f"no lessons at {notebooks}: they come with a checkout of fa_lab, "
                          f"not with an installed wheel")
-    root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    return subprocess.call([sys.executable, "-m", "jupyter", "lab", *root, str(notebooks)])
+    if not (ex.ROOT / ".jupyter").is_dir():
+        raise UsageError(f"no {ex.ROOT / '.jupyter'}: the lab's Jupyter config comes with a "
+                         "checkout of fa_lab")
+    proc = subprocess.Popen(command(args, notebooks), env=lab_env(os.environ),
+                            start_new_session=True)
+    stopped = []
+
+    def stop(signum, _frame):
+        stopped.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    handled = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+    old = {s: signal.signal(s, stop) for s in handled}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=STOP_GRACE_S if stopped else None)
+                break
+            except subprocess.TimeoutExpired:  # the server did not stop in time
+                _kill_session(proc)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:  # this process is leaving: leave no server behind
+            _kill_session(proc)
+    if stopped:
+        return INTERRUPTED if stopped[0] == signal.SIGINT else 128 + stopped[0]
+    return code
+
+
+def _kill_session(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from fa_lab import results
+
 from .args import (INTERRUPTED, UsageError, add_bool_flag, add_import_flag, add_out_dir_flag,
                    import_policies, positive_int)
 
@@ -41,8 +43,9 @@ def run(args) -> int:
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     name = sweep.check_name(args.name or grid.name)
-    total = len(grid.points())  # every check of the grid, before any work
     folder = sweep.sweep_dir(name, args.out_dir)
+    results.check_writable(folder, f"the sweep's folder {folder}")  # before the grid's planning
+    total = len(grid.points())  # every check of the grid, before any work
     client = None
     try:
         if args.scheduler:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pandas as pd
@@ -166,6 +167,13 @@ def run(args) -> int:
             if getattr(args, key) is not None:
                 sizes[key] = getattr(args, key)
         plan.append((kind, sizes))
+    saves = {}
+    if not args.no_save:  # the files, checked before any table runs
+        results.check_folder(args.out_dir)
+        for kind, sizes in plan:
+            name, params = result_name_and_params(args, kind, sizes, len(plan), version.name)
+            results.check_same_run(name, params, root=args.out_dir)
+            saves[kind] = name, params
     if torch.device(args.device).type == "cpu":
         est = cpu_estimate_s(plan)
         if args.full or est > CPU_WARN_S:
@@ -204,18 +212,40 @@ def run(args) -> int:
         if {k: sizes[k] for k in seed} != seed:
             print("(sizes differ from the seed's: NaN onset and counts scale with S, "
                   "since a longer KV walk gives more chances to be dragged)")
-        if not args.no_save:
-            if args.name is None:
-                name = f"table_{kind}_{args.device.split(':')[0]}_S{sizes['S']}"
-            else:  # both tables under one --name would overwrite each other
-                name = args.name if len(plan) == 1 else f"{results.check_name(args.name)}_{kind}"
+        if kind in saves:
+            name, params = saves[kind]
             path = ex.save_result(name, table, device=args.device, directory=args.out_dir,
-                                  params={**sizes, "causal": args.causal, "seed": args.seed,
-                                          "backend": args.backend, "upstream": version.name,
-                                          **({"policies": list(args.policies)}
-                                             if args.policies is not None else {}),
-                                          **({"fp8_saturate": args.fp8_saturate} if kind == "fp8" else {})})
+                                  params=params)
             print(f"saved {path}")
     return 0
+
+
+def _word(text: str) -> str:
+    """``text`` as a piece of a file name (characters other than letters, digits, '.',
+    '_' and '-' become '-')."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+
+
+def result_name_and_params(args, kind: str, sizes: dict, tables: int, version: str):
+    """A table's result name and the params saved with it. The default name carries every
+    option that changes the table away from its default (sizes, --causal, --seed,
+    --policies, --backend, --upstream, --fp8-saturate), so two different runs get two
+    files; ``results.check_same_run`` refuses whatever else would overwrite another run."""
+    params = {**sizes, "causal": args.causal, "seed": args.seed, "backend": args.backend,
+              "upstream": version,
+              **({"policies": list(args.policies)} if args.policies is not None else {}),
+              **({"fp8_saturate": args.fp8_saturate} if kind == "fp8" else {})}
+    if args.name is not None:  # both tables under one --name would overwrite each other
+        return (args.name if tables == 1 else f"{results.check_name(args.name)}_{kind}"), params
+    base = ex.CPU_SIZES[kind]
+    parts = [f"table_{kind}_{args.device.split(':')[0]}", f"S{sizes['S']}"]
+    parts += [f"{a}{sizes[a]}" for a in ("B", "H") if sizes[a] != base[a]]
+    parts += ["causal"] if args.causal else []
+    parts += [f"seed{args.seed}"] if args.seed else []
+    parts += [_word("-".join(args.policies))] if args.policies is not None else []
+    parts += [args.backend] if args.backend != "auto" else []
+    parts += [_word(version)] if args.upstream is not None else []
+    parts += ["nosat"] if kind == "fp8" and args.fp8_saturate is False else []
+    return results.check_name("_".join(parts)), params
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from fa_lab import metrics, reference, results
 from fa_lab.api import flash_attn_func
-from fa_lab.checks import check_int
+from fa_lab.checks import check_int, check_positive
 from fa_lab.numerics import E4M3_MAX, e4m3
 from fa_lab.policies import get as get_policy
 
@@ -55,13 +55,22 @@ def seed_table(name: str) -> dict:
     """The seed's own figures (data/seed/pr1033_<name>.json, ``name`` "bf16" or "fp8").
 
     A missing file raises ``FileNotFoundError`` naming it and the seed tables there; a
-    truncated or invalid one ``ValueError`` naming it."""
+    truncated or invalid one, or one without a list of ``rows`` each with a numeric
+    ``k_scale``, ``ValueError`` naming it."""
     path = SEED_DIR / f"pr1033_{results.check_name(name)}.json"
     if not path.is_file():
         have = sorted(p.stem[len("pr1033_"):] for p in SEED_DIR.glob("pr1033_*.json"))
         raise FileNotFoundError(f"no seed table {name!r}: {path} does not exist; "
                                 f"seed tables in {SEED_DIR}: {', '.join(have) or '(none)'}")
-    return results.read_json(path)
+    table = results.read_json(path)
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+        raise ValueError(f"{path}: not a seed table: it holds no list 'rows' (a seed table "
+                         "is a JSON object whose 'rows' list the seed's figures)")
+    for i, row in enumerate(table["rows"]):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: rows[{i}] is a {type(row).__name__}, not an object")
+        check_positive(f"{path}: rows[{i}]['k_scale']", row.get("k_scale"))
+    return table
 
 
 def _generator(device, seed: int) -> torch.Generator:
@@ -189,6 +198,8 @@ def fp8_table(k_scales=FP8_K_SCALES, *, B=1, S=2048, H=2, causal=False, seed=0, 
 def bf16_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
     """Wide view: per K scale, measured rel-L2 / NaN % beside the seed's."""
     seed = {r["k_scale"]: r for r in seed_table("bf16")["rows"]}
+    for i, K in enumerate(table["k_scale"]):  # a string K would match no seed row
+        check_positive(f"table row {i}: k_scale", K)
     out = []
     for K, g in table.groupby("k_scale"):
         row = {"k_scale": K}
@@ -208,6 +219,8 @@ def bf16_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
 
 def fp8_versus_seed(table: pd.DataFrame) -> pd.DataFrame:
     seed_rows = seed_table("fp8")["rows"]
+    for i, K in enumerate(table["k_scale"]):
+        check_positive(f"table row {i}: k_scale", K)
 
     def seed_of(K, pol, bound):
         for r in seed_rows:

@@ -85,8 +85,19 @@ class Entry:
         return {"before": self.before, "after": self.after, **self.variants}
 
     def run(self, policy: Policy | str = "before", case: Case | None = None):
-        """(out, lse, case, records) under a preset's name or a Policy."""
-        pol = self.policies()[policy] if isinstance(policy, str) else policy
+        """(out, lse, case, records) under a preset's name or a Policy; a name the entry
+        lacks raises a ValueError naming the names it has."""
+        if isinstance(policy, str):
+            presets = self.policies()
+            if policy not in presets:
+                raise ValueError(f"policy={policy!r} is not a preset of zoo entry {self.name!r}; "
+                                 f"choose one of {', '.join(map(repr, presets))} or pass a Policy")
+            pol = presets[policy]
+        elif isinstance(policy, Policy):
+            pol = policy
+        else:
+            raise TypeError(f"policy must be a preset name (str) or a fa_lab.Policy, got "
+                            f"{type(policy).__name__}")
         case = self.case() if case is None else case
         records: list = []
         out, lse = case.run(pol, record=records)

@@ -249,3 +249,58 @@ def test_the_package_has_one_atomic_writer():
                 if pattern.search(line):
                     hits.append(f"{f.relative_to(results.ROOT)}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+# ---- issue 36: a value JSON cannot hold, a name too long, a seed table of another shape ------
+
+@pytest.mark.parametrize("payload, where", [
+    ({"a": {"b": __import__("torch").ones(3)}}, r"payload\['a'\]\['b'\]"),
+    ({"a": [1, __import__("numpy").zeros((2, 2))]}, r"payload\['a'\]\[1\]"),
+])
+def test_an_array_inside_a_saved_dict_is_refused_naming_its_key(tmp_path, payload, where):
+    with pytest.raises(TypeError, match=rf"^cannot store \w+ of shape .* as JSON at {where}"):
+        results.save("arr", payload, root=tmp_path)
+    assert list(tmp_path.iterdir()) == []          # refused before any file is touched
+
+
+def test_an_array_in_a_table_cell_is_refused_naming_row_and_column(tmp_path):
+    import torch
+    table = pd.DataFrame([{"k_scale": 8, "out": torch.ones(2)}])
+    with pytest.raises(TypeError, match=r"as JSON at rows\[0\]\['out'\]"):
+        results.save("cell", table, root=tmp_path)
+
+
+def test_a_name_whose_temp_file_would_be_too_long_is_refused(tmp_path):
+    """The atomic write's temp name is TEMP_EXTRA bytes longer than the target's: a name
+    that fits NAME_MAX as <name>.json but not as its temp file fails cleanly, before work."""
+    for n in (233, 250):      # fit NAME_MAX as <name>.json, not as the temp file
+        with pytest.raises(ValueError, match=rf"^name='n+' is {n} bytes long"):
+            results.save("n" * n, {"a": 1}, root=tmp_path)
+    longest = "n" * results.MAX_NAME_BYTES
+    assert results.save(longest, {"a": 1}, root=tmp_path).name == longest + ".json"
+    for n in (results.MAX_NAME_BYTES + 1, 240, 250):
+        with pytest.raises(ValueError, match=rf"^name='n+' is {n} bytes long: a result name "
+                                             rf"takes at most {results.MAX_NAME_BYTES}"):
+            results.save("n" * n, {"a": 1}, root=tmp_path)
+    assert results.list(root=tmp_path) == [longest]
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"source": "x"}', r"pr1033_bf16\.json: not a seed table: it holds no list 'rows'"),
+    ('{"rows": {"k_scale": 8}}', r"pr1033_bf16\.json: not a seed table"),
+    ('{"rows": [{"k_scale": "8", "lazy": 0.1}]}', r"rows\[0\]\['k_scale'\] must be a number, got str"),
+    ('{"rows": [3]}', r"rows\[0\] is a int, not an object"),
+])
+def test_a_seed_table_of_another_shape_names_the_file(tmp_path, monkeypatch, text, match):
+    monkeypatch.setattr(ex, "SEED_DIR", tmp_path)
+    (tmp_path / "pr1033_bf16.json").write_text(text)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ex.seed_table("bf16")
+
+
+def test_a_table_with_string_k_scales_is_refused_not_stripped_of_the_seed():
+    table = pd.DataFrame([{"k_scale": "8", "policy": "lazy", "rel_l2": 0.1, "nan_frac": 0.0}])
+    with pytest.raises(TypeError, match=r"^table row 0: k_scale must be a number, got str"):
+        ex.bf16_versus_seed(table)
+    good = ex.bf16_versus_seed(table.assign(k_scale=8))
+    assert good.seed_lazy_rel_l2[0] == ex.seed_table("bf16")["rows"][0]["lazy"]

@@ -121,3 +121,17 @@ def test_kernels_without_a_field_refuse_it_by_name():
     assert P.resolve(fp8=False, seqlen_kv=1024, rescale=zoo) == zoo
     assert P.resolve(fp8=False, seqlen_kv=1024, rescale="lazy") == P.get("lazy")
     assert P.get("lazy").codes == P.Codes(1, 0, 8.0, 0.0, 0.0)
+
+
+def test_block_n_is_bounded_to_a_kernels_tile():
+    """A huge block_n is refused naming the field and the bound, not run into an
+    allocation of rows x block_n scores (issue 36's probe: 10**9)."""
+    with pytest.raises(ValueError, match=r"^block_n must be in 1 \.\. \d+ .*got 1000000000"):
+        Semantics(block_n=10**9)
+    from fa_lab.semantics import MAX_BLOCK_N
+
+    for n in (MAX_BLOCK_N + 1, 10**9):
+        with pytest.raises(ValueError, match=rf"^block_n must be in 1 \.\. {MAX_BLOCK_N}.*got {n}"):
+            Semantics(block_n=n)
+    assert Semantics(block_n=MAX_BLOCK_N).block_n == MAX_BLOCK_N
+    assert Semantics(block_n=512).block_n == 512     # CPU flash attention's (the zoo's)

@@ -184,3 +184,28 @@ def test_issue_example_float_row_and_head_refused(qkv, no_work):
         traced(qkv, rows=[1.5], head=1.7)
     with pytest.raises(TypeError, match=r"^rows\[0\] must be an integer"):
         traced(qkv, rows=[1.5], head=1)
+
+
+@pytest.mark.parametrize("rows, pattern", [
+    (range(10**9), r"^rows\[64\]: query row 64 out of range \[0, 64\)$"),
+    (range(-5, 10**12), r"^rows\[0\]: query row -5 out of range"),
+    (range(10**12, 0, -1), r"^rows\[0\]: query row 1000000000000 out of range"),
+    (range(63, -10**9, -1), r"^rows\[64\]: query row -1 out of range"),
+])
+def test_a_huge_range_is_refused_without_building_its_list(qkv, no_work, monkeypatch, rows, pattern):
+    """The range's bounds are checked in O(1): no list of 10**9 rows (a MemoryError), the
+    same error as for a list, naming the first row out of range."""
+    real_list = list
+
+    def guarded(x=()):
+        if isinstance(x, range) and len(x) > 10**6:
+            raise AssertionError("list() of a huge range")
+        return real_list(x)
+    monkeypatch.setattr("builtins.list", guarded)
+    try:
+        with pytest.raises(ValueError, match=pattern):
+            normalize_rows(rows, 0, 0, (B, H, S))
+    finally:
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match=pattern):
+        traced(qkv, rows=rows)

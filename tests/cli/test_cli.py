@@ -302,6 +302,7 @@ def test_table_writes_to_out_dir_else_the_results_folder_never_data(tmp_path):
         assert r.returncode == 0, r.stderr
         printed = [line[len("saved "):] for line in r.stdout.splitlines()
                    if line.startswith("saved ")]
-        assert [tmp_path / p for p in printed] == [where / "table_fp8_cpu_S256.json"], r.stdout
-        assert (where / "table_fp8_cpu_S256.json").is_file()
+        # H=1 is away from the CPU size (H=2): the name says so
+        assert [tmp_path / p for p in printed] == [where / "table_fp8_cpu_S256_H1.json"], r.stdout
+        assert (where / "table_fp8_cpu_S256_H1.json").is_file()
     assert {p.name: p.stat().st_mtime_ns for p in results.REFERENCE_DIR.iterdir()} == before

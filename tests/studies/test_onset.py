@@ -20,13 +20,13 @@ def _model(q, k, v, **kw):
 @pytest.fixture(scope="module")
 def k40():
     q, k, v = ex.bf16_inputs(1, 1024, 2, 128, 40)
-    return q, k, v, onset.tile_maxima(q, k, v)
+    return q, k, v, onset.tile_maxima(q, k, v, causal=False)
 
 
 def test_drag_case_dies_where_the_drop_budget_runs_out():
     # the victim's base falls 40 per loop tile: deficits 40, 80, 120, 160 -> lost at tile 4
     q, k, v = ex.drag_case(fall=40.0)
-    p = onset.predict(q, k, v, rescale="lazy_unfixed")
+    p = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed")
     assert p.bad[0, :, 0].nonzero().flatten().tolist() == [1]
     assert int(p.step[0, 1, 0]) == 4
     assert int(p.dragged[0, 1, 0]) == 4
@@ -35,7 +35,7 @@ def test_drag_case_dies_where_the_drop_budget_runs_out():
     assert int(tr.lanes.first_nonfinite_step[0]) == 4
     # a fall of 30 spends 120 of the 128: the row survives, 8 units to spare
     q, k, v = ex.drag_case(fall=30.0)
-    p = onset.predict(q, k, v, rescale="lazy_unfixed")
+    p = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed")
     assert not p.bad.any()
     assert 8.0 < float(p.margin[0, 1, 0]) < 8.7
     assert torch.isfinite(_model(q, k, v, causal=False, rescale="lazy_unfixed")).all()
@@ -43,7 +43,7 @@ def test_drag_case_dies_where_the_drop_budget_runs_out():
 
 def test_no_trigger_no_drag():
     q, k, v = ex.drag_case(trigger=False)
-    p = onset.predict(q, k, v, rescale="lazy_unfixed")
+    p = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed")
     assert not p.bad.any() and float(p.deficit.max()) == 0.0
 
 
@@ -51,7 +51,7 @@ def test_no_trigger_no_drag():
 def test_seed_inputs_row_by_row(k40, level):
     q, k, v, tiles = k40
     out = _model(q, k, v, causal=False, rescale="lazy_unfixed")
-    p = onset.predict(q, k, v, rescale="lazy_unfixed", level=level, tiles=tiles)
+    p = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed", level=level, tiles=tiles)
     r = onset.validate(p, out)
     assert 0.03 < r["model_bad_row_frac"] < 0.05          # 82 of 2048 rows at K x40
     assert r["tp"] == int(onset.model_bad_rows(out).sum()) and r["fp"] == 0 and r["fn"] == 0
@@ -64,7 +64,7 @@ def test_seed_inputs_row_by_row(k40, level):
 @pytest.mark.parametrize("policy", ["lazy", "eager", "fa4_row", "lazy_capped"])
 def test_fixed_policies_predicted_finite(k40, policy):
     q, k, v, tiles = k40
-    p = onset.predict(q, k, v, rescale=policy, tiles=tiles)
+    p = onset.predict(q, k, v, causal=False, rescale=policy, tiles=tiles)
     assert not p.bad.any()
     assert float(p.deficit.max()) <= (8.0 if policy != "lazy_capped" else 1e9)
     assert torch.isfinite(_model(q, k, v, causal=False, rescale=policy)).all()
@@ -73,8 +73,8 @@ def test_fixed_policies_predicted_finite(k40, policy):
 def test_threshold_does_not_move_the_onset_at_large_k(k40):
     # every wave fires at every tile at K x40, whatever the threshold (as on the H200 grid)
     q, k, v, tiles = k40
-    a = onset.predict(q, k, v, rescale="lazy_unfixed", rescale_threshold=2.0, tiles=tiles)
-    b = onset.predict(q, k, v, rescale="lazy_unfixed", rescale_threshold=12.0, tiles=tiles)
+    a = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed", rescale_threshold=2.0, tiles=tiles)
+    b = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed", rescale_threshold=12.0, tiles=tiles)
     assert torch.equal(a.bad, b.bad) and a.bad.any()
 
 
@@ -133,22 +133,22 @@ def test_fp8_rows_with_no_key_die_where_the_lift_overflows(descale, dead):
 
 def test_tiles_are_shared_and_refused_when_stale(k40):
     q, k, v, tiles = k40
-    a = onset.predict(q, k, v, rescale="lazy_unfixed", tiles=tiles)
-    b = onset.predict(q, k, v, rescale="lazy_unfixed")
+    a = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed", tiles=tiles)
+    b = onset.predict(q, k, v, causal=False, rescale="lazy_unfixed")
     assert torch.equal(a.bad, b.bad) and torch.equal(a.step, b.step)
     q2 = q[:, :512].contiguous()  # other shape: the tiles are recomputed, not misused
-    c = onset.predict(q2, k, v, rescale="lazy_unfixed", tiles=tiles)
+    c = onset.predict(q2, k, v, causal=False, rescale="lazy_unfixed", tiles=tiles)
     assert c.bad.shape == (1, 512, 2)
-    assert torch.equal(c.bad, onset.predict(q2, k, v, rescale="lazy_unfixed").bad)
+    assert torch.equal(c.bad, onset.predict(q2, k, v, causal=False, rescale="lazy_unfixed").bad)
 
 
 def test_refusals_and_the_generic_kernel():
     q, k, v = ex.bf16_inputs(1, 128, 1, 64, 64)
     with pytest.raises(ValueError, match="level"):
-        onset.predict(q, k, v, level="fast")
-    p = onset.predict(q, k, v, rescale="eager")  # short and eager: upstream's generic kernel
+        onset.predict(q, k, v, causal=False, level="fast")
+    p = onset.predict(q, k, v, causal=False, rescale="eager")  # short and eager: upstream's generic kernel
     assert p.meta["kernel"] == "generic" and not p.bad.any()
-    assert onset.predict(q, k, v, rescale="eager", kernel="swp_bf16").meta["kernel"] == "swp_bf16"
+    assert onset.predict(q, k, v, causal=False, rescale="eager", kernel="swp_bf16").meta["kernel"] == "swp_bf16"
 
 
 def test_validate_counts():
@@ -221,3 +221,24 @@ def test_bias_and_alibi_row_for_row():
             seen["prologue"] += int((p.step == 1).sum()) if not c.causal else 0
     assert seen["bad"] > 100 and seen["prologue"] > 0        # the cases are not all finite
 
+
+
+@pytest.mark.parametrize("version", ["fixed", "main-11c4174d"])
+def test_predict_takes_the_calls_defaults(version):
+    """A bare ``predict(q, k, v)`` answers for a bare ``flash_attn_func(q, k, v)``: causal,
+    the upstream version's policy (issue 36: it assumed non-causal lazy_unfixed, and said
+    NaN for a call that gives none)."""
+    import inspect
+
+    from fa_lab import api, upstream
+
+    q, k, v = ex.bf16_inputs(1, 1024, 1, 128, 40)
+    with upstream.using_upstream(version):
+        p = onset.predict(q, k, v)
+        out = fa_lab.flash_attn_func(q, k, v, backend="emulator")
+        planned = api.plan(q, k, v)
+    assert p.meta["causal"] is inspect.signature(fa_lab.flash_attn_func).parameters["causal"].default
+    assert p.meta["policy_resolved"] == planned.call.policy.describe()
+    r = onset.validate(p, out)
+    assert r["fp"] == 0 and r["fn"] == 0
+    assert (p.bad_row_frac > 0) == (not torch.isfinite(out).all()) == (version != "fixed")

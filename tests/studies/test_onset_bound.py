@@ -229,3 +229,41 @@ def test_a_region_filter_rejects_what_lies_outside():
     jump = Candidate(family="scores", spread=0.0, n_tiles=3, trim=0, jump=3.0, jump_col=0)
     assert inside(flat) and not inside(jump)
     np.testing.assert_equal(inside(Candidate(family="scores", n_tiles=1, trim=0, jump=3.0)), True)
+
+
+def test_bound_refuses_a_rule_policy():
+    """A rule has no vote, rebase or threshold for the formulas to read: bounding it would
+    call inputs safe that it kills (issue 36), so it is refused, saying why."""
+    rule = policies.Policy.from_rule(lambda m, mt, thr: mt, name="always_rebase_down")
+    with pytest.raises(ValueError, match=r"^policy 'always_rebase_down' decides by a Python "
+                                         r"rule \(Policy.from_rule\): onset.bound derives"):
+        onset.bound(rule)
+
+
+def _list_cases():
+    for name, e in ENTRIES.items():
+        c = e.case()
+        if isinstance(c.seqlen_kv, (list, tuple)):
+            yield name, e, c
+
+
+@pytest.mark.parametrize("name", [n for n, _, _ in _list_cases()])
+def test_measure_takes_per_sequence_lengths(name):
+    """The zoo's varlen cases give seqlen_kv as one length per sequence: measure takes it,
+    as the joined measures of each sequence alone (rows in [B, H, Sq] order)."""
+    e, c = ENTRIES[name], ENTRIES[name].case()
+    kw = dict(policy=e.before, causal=c.causal, bias=c.mask, softmax_scale=c.softmax_scale)
+    m = onset.measure(c.q, c.k, c.v, seqlen_kv=c.seqlen_kv, **kw)
+    B, Sq, H = c.q.shape[0], c.q.shape[1], c.q.shape[2]
+    per = Sq * H
+    for b, n in enumerate(c.seqlen_kv):
+        alone = onset.measure(c.q[b:b + 1], c.k[b:b + 1], c.v[b:b + 1], seqlen_kv=n, **kw)
+        mine = slice(b * per, (b + 1) * per)
+        assert np.array_equal(m.n[mine], alone.n) and (m.n[mine] <= n).all()
+        assert np.array_equal(m.defined[mine], alone.defined)
+        assert (not m.defined[mine].any()) == (n == 0)
+    assert m.n.shape == (B * per,)
+    with pytest.raises(ValueError, match=r"^seqlen_kv has 1 lengths; q has"):
+        onset.measure(c.q, c.k, c.v, seqlen_kv=[1], **kw)
+    with pytest.raises(ValueError, match=r"seqlen_kv\[0\]=\d+ exceeds the \d+ keys of k"):
+        onset.measure(c.q, c.k, c.v, seqlen_kv=[c.k.shape[1] + 1] * B, **kw)

@@ -510,3 +510,68 @@ def test_from_yaml_names_the_file_and_what_is_wrong(tmp_path, text, needle):
     assert len(str(e.value).splitlines()) == 1
     with pytest.raises(FileNotFoundError, match="no grid file"):
         sweep.Grid.from_yaml(tmp_path / "missing.yaml")
+
+
+# ---- issue 36: a point's identity is what it computes; the dashboard on loopback -------------
+
+def test_a_redefined_policy_is_recomputed_and_the_sweep_says_so(client, tmp_path, capsys):
+    """The user's scenario: policy 'mine' (rebase tile, threshold 4) swept, then redefined
+    under the same name (rebase max, threshold 5) and swept again. The rerun recomputes the
+    point, says so, and the table holds the new definition's numbers only."""
+    grid = {"policy": ["mine"], "k_scale": [40], "S": [512], "D": [64]}
+    try:
+        fa_lab.policies.register(fa_lab.Policy("wave", "tile", threshold=4.0, name="mine"))
+        first = sweep.run(grid, client=client, out=tmp_path, name="redef", progress=False)
+        assert first.nan_frac[0] > 0
+        again = sweep.run(grid, client=client, out=tmp_path, name="redef", progress=False)
+        assert again.attrs["computed"] == 0 and again.attrs["skipped"] == 1  # same definition
+        fa_lab.policies.register(fa_lab.Policy("wave", "max", threshold=5.0, name="mine"),
+                                 replace=True)
+        capsys.readouterr()
+        table = sweep.run(grid, client=client, out=tmp_path, name="redef", progress=False)
+    finally:
+        fa_lab.policies.unregister("mine")
+    err = capsys.readouterr().err
+    assert (table.attrs["computed"], table.attrs["skipped"]) == (1, 0)
+    assert len(table) == 1 and table.nan_frac[0] == 0 and table.threshold_used[0] == 5.0
+    assert table.point_id[0] != first.point_id[0]
+    assert "sweep redef: policy 'mine' changed since the stored run: recomputing 1 point" in err
+    assert table.attrs["redefined"] == {"mine": 1} and first.attrs["redefined"] == {}
+
+
+def test_a_rule_policys_identity_is_its_source_and_what_it_closes_over():
+    from fa_lab.numerics import fmax
+    from fa_lab.studies.sweep.grid import policy_definition
+
+    def make(cap):
+        return fa_lab.Policy.from_rule(lambda m, mt, thr: fmax(m, mt - cap), name="r")
+    assert policy_definition(make(1.0)) == policy_definition(make(1.0))
+    assert policy_definition(make(1.0)) != policy_definition(make(2.0))
+    a = fa_lab.Policy("wave", "tile", name="x", color="#123456", description="one")
+    b = fa_lab.Policy("wave", "tile", name="y", color="#654321", description="two")
+    assert policy_definition(a) == policy_definition(b)   # labels change nothing computed
+    assert policy_definition(a) != policy_definition(
+        fa_lab.Policy("wave", "tile", name="x", semantics=fa_lab.semantics.Semantics(block_n=128)))
+
+
+def test_the_dask_dashboard_listens_on_loopback_only(client):
+    """A LocalCluster's dashboard at ":0" listens on every interface (0.0.0.0) while the
+    sweep prints http://127.0.0.1:...: every listening socket of the sweep's cluster (this
+    process's scheduler and dashboard, and its workers) is on loopback."""
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    listening = []
+    for p in procs:
+        conns = getattr(p, "net_connections", p.connections)(kind="inet")
+        listening += [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
+    port = int(client.dashboard_link.split(":")[-1].split("/")[0])
+    assert any(a.port == port for a in listening), (port, listening)
+    assert listening and all(a.ip in ("127.0.0.1", "::1") for a in listening), listening
+
+
+def test_a_grid_of_too_many_points_is_refused_before_planning(monkeypatch):
+    monkeypatch.setattr(sweep.grid, "_plan", lambda *a, **k: pytest.fail("planned"))
+    with pytest.raises(sweep.GridError, match=r"^axis 'S': the grid has 1,000,000 points "
+                                              r"\(S\[1000\] × k_scale\[1000\]\), more than a "
+                                              r"sweep takes \(100,000\)"):
+        sweep.Grid({"policy": ["lazy"], "k_scale": list(range(1, 1001)),
+                    "S": list(range(1, 1001))})

@@ -273,3 +273,34 @@ def test_flydsl_drag_numbers():
     out, lse, _, _ = run("flydsl_lazy_drag", "after")
     assert out[0, 0, 0].tolist() == pytest.approx([0.0, 1 / 64], abs=1e-12)
     assert float(lse[0, 0, 0]) == pytest.approx(200 * LN2, rel=1e-7)
+
+
+def test_an_entry_runs_only_its_own_presets():
+    """A name the entry lacks is a ValueError naming the entry and its presets, not a
+    bare KeyError; a non-policy a TypeError."""
+    e = next(iter(ENTRIES.values()))
+    with pytest.raises(ValueError, match=rf"^policy='during' is not a preset of zoo entry "
+                                         rf"'{e.name}'; choose one of 'before', 'after'"):
+        e.run("during")
+    with pytest.raises(TypeError, match=r"^policy must be a preset name \(str\) or a fa_lab.Policy, got int"):
+        e.run(3)
+
+
+@pytest.mark.parametrize("backend", ["emulator", "auto"])
+@pytest.mark.parametrize("feature", ["sink", "alibi_slopes", "num_kv_splits"])
+def test_a_preset_with_a_feature_its_kernel_lacks_gets_advice_that_helps(backend, feature):
+    """A zoo preset runs on the online kernel, which has no sink, ALiBi or split-K: the
+    refusal names the feature and what does run it, and never tells a call already on the
+    emulator to use the emulator."""
+    import fa_lab
+    from fa_lab.studies.experiments import bf16_inputs
+
+    q, k, v = bf16_inputs(1, 512, 4, 128, 4.0)
+    extra = {"sink": torch.zeros(4), "alibi_slopes": torch.ones(4), "num_kv_splits": 2}[feature]
+    with pytest.raises(ValueError) as e:
+        fa_lab.flash_attn_func(q, k, v, rescale="sdpa_masked_row:before", backend=backend,
+                               **{feature: extra})
+    said = str(e.value)
+    assert said.startswith(f"{feature} not supported by the online kernel on backend='emulator'; "
+                           "no backend of the online kernel implements it (the swp_bf16 kernel does)")
+    assert "use backend='emulator'" not in said and "sets semantics fields" in said

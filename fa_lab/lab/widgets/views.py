@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from fa_lab import metrics, policies, reference
+from fa_lab.checks import check_device, nonfinite_inputs
 from fa_lab.lab import viz
 from fa_lab.api import flash_attn_func, trace
 from fa_lab.studies.experiments import bf16_inputs, fp8_inputs, quantize_e4m3
@@ -340,7 +341,7 @@ def compute_rescale_view(k_scale=32, threshold=None, policy="lazy_unfixed", caus
     n_waves = _int("n_waves", n_waves, 1)
     _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
     names = _which(figures)
-    device = default_device() if device is None else device
+    device = default_device() if device is None else check_device("device", device)
 
     key = ("bf16", S, H, D, k_scale, seed, str(device))
     q, k, v = _bf16_inputs(S, H, D, k_scale, seed, device)
@@ -371,6 +372,7 @@ def compute_rescale_view(k_scale=32, threshold=None, policy="lazy_unfixed", caus
         "label": label, "policies": ran, "stats": stats, "out": out, "lse": lse,
         "reference": ref,
         "outputs": {p: o for p, (o, _) in outputs.items()}, "partial": not all_policies,
+        "nonfinite_inputs": _CACHE.get(key + ("nonfinite",), lambda: nonfinite_inputs(q, k, v)),
     }
     if not with_trace:
         view["summary"] = _rescale_summary(view)
@@ -436,7 +438,16 @@ def _rescale_summary(view) -> str:
             f"D={p['D']}, seed {p['seed']}, {p['device']}; rel-L2 against fp32"
             + _stats_html(view["stats"], view["label"], cols, view["policies"])
             + ("<div style='color:#777'>the policies' numbers against fp32: "
-               "computing...</div>" if pending else "") + _row_sentence(view) + "</div>")
+               "computing...</div>" if pending else "") + _input_sentence(view)
+            + _row_sentence(view) + "</div>")
+
+
+def _input_sentence(view) -> str:
+    """Where the inputs themselves hold NaN or inf (``checks.nonfinite_inputs``): said in
+    the summary, so that no policy is blamed for them."""
+    note = view.get("nonfinite_inputs")
+    return ("" if note is None else
+            f"<div style='color:#b30000;margin-top:4px'>Inputs: {html.escape(note)}.</div>")
 
 
 def _headroom(x):
@@ -487,7 +498,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=None, policy="lazy_unfixed", reba
     n_waves = _int("n_waves", n_waves, 1)
     _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
     names = _which(figures)
-    device = default_device() if device is None else device
+    device = default_device() if device is None else check_device("device", device)
 
     key = ("fp8", S, H, k_scale, seed, str(device))
     (q8, k8, v8), (qd, kd, vd) = _CACHE.get(key, lambda: fp8_inputs(1, S, H, k_scale, seed=seed,
@@ -538,6 +549,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=None, policy="lazy_unfixed", reba
         "policy": tr.policy, "label": tr.policy.name, "stats": stats, "out": out, "lse": lse,
         "trace": tr, "trace_fix": traced(fix_of(policy)), "lane": lane,
         "partial": stats is None,
+        "nonfinite_inputs": _CACHE.get(key + ("nonfinite",), lambda: nonfinite_inputs(q8, k8, v8)),
     }
     return _finish_view(view, tile, names, heat_value, run_policy, _fp8_summary)
 
@@ -559,7 +571,7 @@ def _fp8_summary(view) -> str:
                f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
                f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
                f"{s['nan_rows']} of {s['rows']} rows NaN")
-            + _row_sentence(view) + "</div>")
+            + _input_sentence(view) + _row_sentence(view) + "</div>")
 
 
 def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=False,
@@ -580,7 +592,7 @@ def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=F
     D = _choice("D", D, (128,))
     seed = _int("seed", seed, 0)
     head = _int("head", head, 0, H)
-    device = default_device() if device is None else device
+    device = default_device() if device is None else check_device("device", device)
     base = compute_rescale_view(k_scale, threshold, "lazy", causal, S, seed, 0, H=H, D=D,
                                 head=head, device=device, backend=backend, figures=False,
                                 with_trace=False)
@@ -597,7 +609,7 @@ def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=F
     stats = pd.concat([base["stats"], pd.DataFrame([_stats_row("fp8", o8, ref)])],
                       ignore_index=True)
     view = {"params": dict(base["params"], fp8_policy=fp8_policy), "fp8_label": pol8.name,
-            "stats": stats,
+            "stats": stats, "nonfinite_inputs": base["nonfinite_inputs"],
             "outputs": outputs, "reference": ref}
     p = view["params"]
     cols = [("output", None),
@@ -606,7 +618,8 @@ def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=F
     view["summary"] = (f"<div class='fa-lab-summary' style='font-size:12px'><b>K x{p['k_scale']:g}, "
                        f"threshold {p['threshold']:g}</b><br>S={p['S']}, H={p['H']}; fp8 = e4m3 "
                        f"per tensor under {html.escape(pol8.name)}; rel-L2 against fp32"
-                       + _stats_html(stats, "", cols, base["policies"]) + "</div>")
+                       + _stats_html(stats, "", cols, base["policies"]) + _input_sentence(view)
+                       + "</div>")
 
     def make(which):
         if "difference" not in which:

@@ -31,6 +31,7 @@ out for every input. A continuous hazard reports a ``margin`` in log2 units (>= 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from fa_lab import values
+from fa_lab.checks import check_int
 from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, LOG2E, f32
 
 #: log2 of the fp32 overflow boundary.
@@ -186,6 +188,11 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
     pol, family = _resolve(policy, dtype, seqlen_kv)
+    if pol.rule is not None:  # vote and rebase are None: every formula below would misread it
+        raise ValueError(f"policy {pol.name!r} decides by a Python rule (Policy.from_rule): "
+                         "onset.bound derives a region from a policy's vote, rebase and "
+                         "threshold, and a rule has none; use onset.predict or the attack "
+                         "(fa_lab.studies.adversary) on it")
     sem = pol.semantics
     if sem.fixed_max is not None:
         return _fixed_max_region(pol, family, dtype, float(tolerance))
@@ -441,6 +448,31 @@ def _floor_ls() -> float:
     return hi
 
 
+def _seqlens(seqlen_kv, B: int, Skv: int) -> list[int] | None:
+    """Per-sequence key counts as a list of B ints in 0 .. Skv, or None for one count
+    (None or an int, which ``measure`` takes as it is); ValueError/TypeError naming
+    ``seqlen_kv``."""
+    if seqlen_kv is None:
+        return None
+    if isinstance(seqlen_kv, torch.Tensor):
+        if seqlen_kv.dim() == 0:
+            seqlen_kv = seqlen_kv.item()
+        else:
+            seqlen_kv = seqlen_kv.tolist()
+    if not isinstance(seqlen_kv, (list, tuple)):
+        n = check_int("seqlen_kv", seqlen_kv, lo=0)
+        if n > Skv:
+            raise ValueError(f"seqlen_kv={n} exceeds the {Skv} keys of k")
+        return None
+    if len(seqlen_kv) != B:
+        raise ValueError(f"seqlen_kv has {len(seqlen_kv)} lengths; q has {B} sequences")
+    lens = [check_int(f"seqlen_kv[{i}]", n, lo=0) for i, n in enumerate(seqlen_kv)]
+    for i, n in enumerate(lens):
+        if n > Skv:
+            raise ValueError(f"seqlen_kv[{i}]={n} exceeds the {Skv} keys of k")
+    return lens
+
+
 def _sentinel_margin(m: Measure, pol, tol: float, H: float, flush: float, unit: float):
     sem = pol.semantics
     to_scaled = (lambda x: x) if sem.mask_domain == "scaled" else (lambda x: f32(x * m.c))
@@ -465,14 +497,27 @@ def _sentinel_margin(m: Measure, pol, tol: float, H: float, flush: float, unit: 
 
 
 def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal: bool = False,
-            bias: torch.Tensor | None = None, seqlen_kv: int | None = None,
+            bias: torch.Tensor | None = None, seqlen_kv=None,
             softmax_scale: float | None = None, q_descale: float | None = None,
             k_descale: float | None = None, dtype: str | None = None) -> Measure:
     """The ``Measure`` of one input (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; ``bias``
     [Sq, Skv] in natural-log units, -inf = masked, or bool, True = visible; ``seqlen_kv``
-    the valid keys of every sequence, default Skv) on the tiles ``policy``'s kernel visits.
-    Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e (a policy
+    the valid keys: an int for every sequence, B ints (a list, tuple or 1-D tensor: one per
+    sequence, as the zoo's cases give them) or None, Skv) on the tiles ``policy``'s kernel
+    visits. Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e (a policy
     with ``q_prescale``: round(q c) . k, as its kernel computes them)."""
+    lens = _seqlens(seqlen_kv, q.shape[0], k.shape[1])
+    if lens is not None:  # one sequence at a time, the rows joined in [B, H, Sq] order
+        parts = [measure(q[b:b + 1], k[b:b + 1], v[b:b + 1], policy=policy, causal=causal,
+                         bias=bias, seqlen_kv=n, softmax_scale=softmax_scale,
+                         q_descale=q_descale, k_descale=k_descale, dtype=dtype)
+                 for b, n in enumerate(lens)]
+        joined = {f.name: np.concatenate([getattr(m, f.name) for m in parts])
+                  for f in dataclasses.fields(Measure)
+                  if isinstance(getattr(parts[0], f.name), np.ndarray)}
+        return dataclasses.replace(parts[0], **joined, v_max=max(m.v_max for m in parts),
+                                   tail_nonfinite=any(m.tail_nonfinite for m in parts),
+                                   causal_short=any(m.causal_short for m in parts))
     if dtype is None:
         dtype = "fp8" if q.dtype == torch.float8_e4m3fn else _INPUT_FORMAT.get(q.dtype, "bf16")
         dtype = "fp32" if dtype == "none" else dtype
@@ -481,7 +526,7 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     bn = _block_n(pol, family)
     B, Sq, H, D = q.shape
     Skv = k.shape[1]
-    n_kv = Skv if seqlen_kv is None else int(seqlen_kv)
+    n_kv = Skv if seqlen_kv is None else check_int("seqlen_kv", seqlen_kv, lo=0)
     qd = 1.0 if q_descale is None else q_descale
     kd = 1.0 if k_descale is None else k_descale
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)

@@ -3,6 +3,7 @@ kernel's base recurrence replayed per policy (``predict``) into an ``Onset``."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,11 +11,19 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from fa_lab.api import flash_attn_func
+from fa_lab.checks import warn_nonfinite_inputs
 from fa_lab.numerics import ieee_fp32_matmul
 from .recurrences import SCORE_MODS, Tiles, _Bf16, _Fp8, _INF
 
 
 LEVELS = ("tile", "exact")
+
+#: ``flash_attn_func``'s defaults, read off its signature: ``predict`` answers for the call
+#: a user makes, so a bare ``predict(q, k, v)`` is a bare ``flash_attn_func(q, k, v)``
+#: (causal, the current upstream's policy).
+CALL_DEFAULTS = {name: p.default for name, p in inspect.signature(flash_attn_func).parameters.items()
+                 if p.kind is p.KEYWORD_ONLY}
 
 
 @dataclass
@@ -25,7 +34,8 @@ class Onset:
     ``margin`` (128 minus the tile level's estimate of log2 max|O| at its worst step:
     <= 0 means the tile level predicts overflow), ``dragged`` (loop steps at which the row
     was dragged down), ``elements`` / ``nan_elements`` (the predicted non-finite / NaN output
-    elements of the row). ``meta``: kernel, policy, level, sizes, candidate rows (exact
+    elements of the row). ``meta``: kernel, policy, level, sizes, ``nonfinite_inputs`` (where
+    q, k and v hold NaN or inf, in words, or None), candidate rows (exact
     level) and timings."""
 
     bad: torch.Tensor
@@ -89,7 +99,7 @@ def _check(q, k, v, causal, rescale, rescale_threshold, rebase_bound, p_headroom
     return call, planned.family
 
 
-def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None,
+def tile_maxima(q, k, v, *, causal: bool = CALL_DEFAULTS["causal"], q_descale=None, k_descale=None,
                 v_descale=None, exact_scores: bool = True, chunk_rows: int = 1024,
                 bias=None, alibi_slopes=None) -> Tiles:
     """Every row's tile maxima (one matmul and an amax per tile; no exp, no PV): the only
@@ -102,16 +112,18 @@ def tile_maxima(q, k, v, *, causal: bool = False, q_descale=None, k_descale=None
     return kern.tiles(chunk_rows)
 
 
-def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            rescale="lazy_unfixed", rescale_threshold=None, rebase_bound=None, p_headroom=None,
+def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+            causal: bool = CALL_DEFAULTS["causal"], rescale=CALL_DEFAULTS["rescale"],
+            rescale_threshold=None, rebase_bound=None, p_headroom=None,
             q_descale=None, k_descale=None, v_descale=None, fp8_saturate=None,
             level: str = "tile", tiles: Tiles | None = None, exact_scores: bool = True,
             chunk_rows: int = 1024, kernel: str | None = None, bias=None,
             alibi_slopes=None) -> Onset:
     """Predict each row's fate under the kernel fa_lab would run for this call.
 
-    Arguments as ``fa_lab.flash_attn_func`` (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; fp8
-    with its descales; the default policy is ``lazy_unfixed``). ``level``: ``"tile"`` (tile
+    Arguments as ``fa_lab.flash_attn_func``, with its defaults (``CALL_DEFAULTS``: causal,
+    and the current upstream version's policy): q [B, Sq, H, D], k and v [B, Skv, Hkv, D];
+    fp8 with its descales. ``level``: ``"tile"`` (tile
     maxima only: the one-hot estimate) or ``"exact"`` (candidate rows replayed with their
     known bases; see the module docstring). ``tiles``: a ``tile_maxima`` of the same
     inputs, to share the score pass between policies. ``exact_scores``: scores as the
@@ -128,12 +140,14 @@ def predict(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
                           (q_descale, k_descale, v_descale), fp8_saturate, kernel, bias,
                           alibi_slopes)
     pol = call.policy
+    bad_inputs = warn_nonfinite_inputs(q, k, v)  # the output carries them, not the policy
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     meta = {"kernel": family, "policy": pol.name, "policy_resolved": pol.describe(),
             "threshold": float(pol.threshold) if pol.lazy else None, "level": level,
             "B": B, "Sq": Sq, "Skv": Skv, "H": H, "Hkv": Hkv, "D": D, "causal": causal,
-            "candidate_rows": 0, "tiles_s": 0.0, "walk_s": 0.0, "exact_s": 0.0}
+            "candidate_rows": 0, "tiles_s": 0.0, "walk_s": 0.0, "exact_s": 0.0,
+            "nonfinite_inputs": bad_inputs}
     shape = (B, Sq, H)
     res = {"bad": torch.zeros(shape, dtype=torch.bool),
            "step": torch.full(shape, -1, dtype=torch.int64),

@@ -9,7 +9,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -22,7 +21,7 @@ import torch
 from fa_lab import results
 
 from .grid import Grid, GridError, SweepError, _describe, check_name
-from .store import _write_part, done_points, load, sweep_dir
+from .store import _write_part, done_points, load, name_key, stored_names, sweep_dir
 from .point import compute_point
 
 
@@ -63,7 +62,9 @@ def local_client(n_workers: int = 2, *, gpu: bool | None = None):
 
     if gpu is None:
         gpu = torch.cuda.is_available()
-    dashboard = ":0"  # a free port: two sweeps on one machine each get theirs
+    # a free port (two sweeps on one machine each get theirs), on loopback only: ":0" alone
+    # listens on every interface, and the dashboard is open to the network
+    dashboard = "127.0.0.1:0"
     with _workers_ignore_ctrl_c():
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                dashboard_address=dashboard, env=dict(WORKER_ENV),
@@ -159,15 +160,18 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
         raise ValueError(f"counts must be 'auto', 'always' or 'never', got {counts!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
+    directory = results.check_writable(sweep_dir(name, out), f"the sweep's folder {sweep_dir(name, out)}")
     points = grid.points()  # every check, before any task
-    directory = sweep_dir(name, out)
     done = done_points(name, out=out)
     todo = [p for p in points if p["point_id"] not in done]
+    redefined = _redefined(name, out, todo)
+    for pol, n in redefined.items():
+        print(f"sweep {name}: policy {pol!r} changed since the stored run: recomputing {n} "
+              f"point{'s' if n > 1 else ''}", file=sys.stderr, flush=True)
     run_id = uuid.uuid4().hex
     failures = {}
     if todo:
         own = client is None
-        _check_writable(directory)  # before a cluster starts
         if own and any(_needs_gpu(p) for p in todo) and not torch.cuda.is_available():
             raise GridError(grid.spelled["backend"], "points on CUDA (backend 'triton' or device "
                             "'cuda') need a GPU; this machine has none: pass client= (or "
@@ -190,22 +194,25 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
                 close_local(client)
     table = load(name, out=out)
     table.attrs.update(points=len(points), skipped=len(points) - len(todo),
-                       computed=len(todo) - len(failures), failed=len(failures), run_id=run_id)
+                       computed=len(todo) - len(failures), failed=len(failures), run_id=run_id,
+                       redefined=redefined)
     if failures and raise_errors:
         raise SweepError(failures, table)
     return table
 
 
-def _check_writable(directory: Path) -> None:
-    """Refuse a folder that cannot be made or written, naming the path at fault."""
-    p = directory
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    if not p.is_dir():
-        raise NotADirectoryError(f"{p} is a file, not a folder: the sweep's folder would be "
-                                 f"{directory}")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise PermissionError(f"{p}: no permission to write the sweep's folder {directory}")
+def _redefined(name: str, out, todo: list) -> dict:
+    """Policy name -> how many points to run have a stored row of the same name (axes and
+    policy name) under another point_id: computed with another definition of the policy."""
+    if not todo:
+        return {}
+    stored = stored_names(name, out=out)
+    counts: dict = {}
+    for p in todo:
+        key = name_key({**p, "policy": getattr(p["policy"], "name", p["policy"])})
+        if stored.get(key, set()) - {p["point_id"]}:
+            counts[key[0]] = counts.get(key[0], 0) + 1
+    return counts
 
 
 def dashboard(client) -> str:

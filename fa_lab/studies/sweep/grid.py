@@ -3,7 +3,9 @@ planned as a call, so a point the API would refuse is refused before the sweep s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -66,6 +68,12 @@ DEVICES = ("cpu", "cuda")
 
 
 BY_KV_LEN = "by_kv_len"
+
+
+#: The most points a grid may have: each is planned on the client and run as one Dask task
+#: with a Parquet part, so a grid past this is a mistake (a range too wide) more often than
+#: a plan; a real campaign runs as several sweeps.
+MAX_POINTS = 100_000
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -218,6 +226,14 @@ class Grid:
                 self.spelled[axis] = axis
                 axes[axis] = list(DEFAULTS[axis])
         self.axes = {a: tuple(axes[a]) for a in AXES}
+        size = math.prod(len(v) for v in self.axes.values())
+        if size > MAX_POINTS:  # before any point is planned
+            big = max(AXES, key=lambda a: len(self.axes[a]))
+            sizes = " × ".join(f"{self.spelled[a]}[{len(v)}]" for a, v in self.axes.items()
+                               if len(v) > 1)
+            raise GridError(self.spelled[big], f"the grid has {size:,} points ({sizes}), more "
+                            f"than a sweep takes ({MAX_POINTS:,}): split it into sweeps of "
+                            "fewer points")
         self._points = None
 
     @classmethod
@@ -270,11 +286,57 @@ def check_name(name) -> str:
     return name
 
 
-def _point_id(p: dict) -> str:
+def _point_id(p: dict, policy) -> str:
+    """A point's identity: what it computes. Its axes (the policy by name), and the
+    resolved ``policy``'s whole definition (``policy_definition``), so a policy
+    redefined under the same name makes new points, which a rerun computes."""
     key = {a: (_policy_name(p[a]) if a == "policy" else p[a]) for a in AXES}
     key["threshold"] = p["threshold_asked"]
+    key["definition"] = policy_definition(policy)
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+#: The Policy fields that name and show a policy, and change nothing it computes.
+_LABELS = ("name", "description", "color")
+
+
+def policy_definition(policy) -> str:
+    """What ``policy`` computes, as text: every field but its labels (``_LABELS``), the
+    semantics field by field, and a rule by its source, the values it closes over and its
+    defaults (or, where no source is found, its bytecode and constants)."""
+    if not dataclasses.is_dataclass(policy):
+        return repr(policy)
+    fields = {}
+    for f in dataclasses.fields(policy):
+        value = getattr(policy, f.name)
+        if f.name in _LABELS:
+            continue
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        elif callable(value):
+            value = _rule_text(value)
+        fields[f.name] = value
+    return json.dumps(fields, sort_keys=True, default=repr)
+
+
+def _rule_text(rule) -> str:
+    code = getattr(rule, "__code__", None)
+    try:
+        text = inspect.getsource(rule)
+    except (OSError, TypeError):
+        text = repr(rule) if code is None else f"{code.co_code.hex()} {code.co_consts!r}"
+    cells = [_stable(c.cell_contents) for c in (getattr(rule, "__closure__", None) or ())]
+    defaults = [_stable(d) for d in (getattr(rule, "__defaults__", None) or ())]
+    return f"{text}\nclosure {cells!r} defaults {defaults!r}"
+
+
+def _stable(x) -> str:
+    """``repr`` of a value, a function by its qualified name (a function's repr holds its
+    address, which differs from run to run)."""
+    if callable(x) and hasattr(x, "__qualname__"):
+        return f"{getattr(x, '__module__', '')}.{x.__qualname__}"
+    return repr(x)
 
 
 def _device_of(backend: str, device) -> str:
@@ -362,7 +424,7 @@ def _expand(grid: Grid) -> list[dict]:
         p["kernel"] = family
         p["policy_resolved"] = policy.describe() if hasattr(policy, "describe") else str(policy)
         p["threshold_used"] = float(policy.threshold) if getattr(policy, "lazy", False) else math.nan
-        p["point_id"] = _point_id(p)
+        p["point_id"] = _point_id(p, policy)
         if p["point_id"] not in seen:
             seen.add(p["point_id"])
             points.append(p)

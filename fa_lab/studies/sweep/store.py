@@ -119,6 +119,32 @@ _SORT = ("policy", "dtype", "backend", "device", "B", "S", "H", "D", "causal", "
          "threshold", "seed")
 
 
+#: The columns that name a point: its axes, the policy by name. A stored row and a point
+#: with the same name but another point_id were computed under another definition of the
+#: policy (``grid.policy_definition``); the newest row of a name is the current one.
+NAME_KEY = ("policy", "dtype", "backend", "device", "B", "S", "H", "D", "causal", "k_scale",
+            "threshold_asked", "seed")
+
+
+def name_key(row) -> tuple:
+    """A point's or a row's name (``NAME_KEY``) as plain Python values."""
+    kinds = {"B": int, "S": int, "H": int, "D": int, "seed": int, "causal": bool,
+             "k_scale": float}
+    return tuple(kinds.get(c, str)(row[c]) for c in NAME_KEY)
+
+
+def stored_names(name: str, *, out=None) -> dict:
+    """The sweep's stored rows: name key -> the point_ids stored under it."""
+    files = _parts(sweep_dir(name, out))
+    if not files:
+        return {}
+    t = _read(files, columns=["point_id", *NAME_KEY]).to_pylist()
+    names: dict = {}
+    for r in t:
+        names.setdefault(name_key(r), set()).add(r["point_id"])
+    return names
+
+
 def load(name: str, *, out=None) -> pd.DataFrame:
     """The table of sweep ``name`` in the results folder ``out`` (one row per point; the
     newest row where a point ran twice), sorted by the grid's axes. A sweep that has no
@@ -150,6 +176,8 @@ def _load(directory: Path, what: str = "sweep") -> pd.DataFrame:
         return SCHEMA.empty_table().to_pandas()
     df = _read(files).to_pandas()
     df = df.sort_values("timestamp", kind="stable").drop_duplicates("point_id", keep="last")
+    # a policy redefined under its name: its newest rows are the current definition's
+    df = df.drop_duplicates(list(NAME_KEY), keep="last")
     return df.sort_values(list(_SORT), kind="stable").reset_index(drop=True)
 
 
