@@ -244,7 +244,7 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
 def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None):
     """Where the threshold matters. Left: NaN % of the output against the threshold, one line
     per K scale (``nan_pct``: index K scale, columns thresholds). Right: the share of loop
-    row-steps whose row voted, whose wave fired and which were dragged, against the threshold
+    row-steps whose row voted, whose wave fired and which were swept, against the threshold
     (``rates``: index thresholds, those three columns in %), at ``k_scale``."""
     from plotly.subplots import make_subplots
 
@@ -258,7 +258,7 @@ def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None
         fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
                         mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
     for col, color in zip(rates.columns, (viz.EVENT_COLORS["vote"], viz.EVENT_COLORS["fire"],
-                                          viz.EVENT_COLORS["dragged"])):
+                                          viz.EVENT_COLORS["swept"])):
         fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
                         mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
     fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))
