@@ -400,3 +400,29 @@ def check_guaranteed_safe(guaranteed_safe, nan: pd.DataFrame | None = None, *, n
                     assert (nan.loc[pol][t] == 0).all(), \
                         f"your bound says threshold {t:g} is safe, but {pol} made NaN there"
     return 128 - math.log2(n_keys) - math.log2(vm)
+
+
+# ---- lesson 07: a policy that survives the zoo ----------------------------------------------
+
+def check_zoo_policy(policy, *, max_evals=40, budget_s=120.0):
+    """Lesson 07's exercise, three layers on ``policy`` (a ``Policy`` with an e4m3 P cast):
+    every zoo entry's own input, an attack of ``max_evals`` runs over every class of failure,
+    and the bound (every input, in closed form: no live NaN or saturation hazard). An
+    AssertionError lists every layer it fails. Returns the attack's result and the bound."""
+    from fa_lab.studies import adversary, onset
+    from fa_lab.zoo import ENTRIES
+
+    assert policy.semantics.p_cast == "e4m3", "the exercise asks for an e4m3 P cast"
+    fails = []
+    shows = [name for name, e in ENTRIES.items() if e.shows(policy)]
+    if shows:
+        fails.append(f"the symptom is back on these entries' own inputs: {shows}")
+    attack = adversary.search(policy, max_evals=max_evals, budget_s=budget_s, seed=0, shrink=False)
+    if attack.found:
+        fails.append(f"the attack broke it: {adversary.summary(attack).splitlines()[0]}")
+    region = onset.bound(policy)
+    live = [h.name for h in region.hazards if h.kind in ("nan", "saturation") and not h.never]
+    if live:
+        fails.append(f"the bound leaves these hazards live: {live}")
+    assert not fails, "\n".join(fails)
+    return attack, region

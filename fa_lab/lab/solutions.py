@@ -108,3 +108,17 @@ def best_case_speedup(ms):
 def guaranteed_safe(threshold, n_keys, v_max):
     """Lesson 06's deficit bound: THR + log2 n + log2 max|v| < 128."""
     return threshold + math.log2(n_keys) + math.log2(v_max) < 128
+
+
+# ---- lesson 07 ---------------------------------------------------------------------------
+
+def zoo_policy():
+    """One policy that survives the zoo (lesson 07 prints it after the exercise): each field
+    closes one entry's mechanism."""
+    from fa_lab import Policy
+    from fa_lab.semantics import Semantics
+
+    return Policy(vote="row", rebase="max", threshold=0.75, p_headroom=8.0, name="answer",
+                  semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="always",
+                                      empty_row_guard="zero_base", clamp_exp_diff=True,
+                                      epilogue_guard="zero", o_gate="row", v_tail="zero"))

@@ -282,3 +282,23 @@ def test_guaranteed_safe_check():
     ex.check_guaranteed_safe(sol.guaranteed_safe, nan, n_keys=2048, v_max=4.0)
     with pytest.raises(AssertionError, match="made NaN there"):
         ex.check_guaranteed_safe(sol.guaranteed_safe, nan, n_keys=1, v_max=1.0)   # 120 < 128
+
+
+# ---- lesson 07 ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_zoo_policy_check():
+    import dataclasses
+
+    from fa_lab import Policy
+    from fa_lab.semantics import Semantics
+
+    answer = sol.zoo_policy()
+    ex.check_zoo_policy(answer)
+    start = Policy(vote="row", rebase="max", threshold=4.0, p_headroom=8.0, name="start",
+                   semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="causal",
+                                       empty_row_guard="none", o_gate="always", v_tail="cache"))
+    rejects(ex.check_zoo_policy, start, "entries' own inputs(.|\n)*the attack broke it")
+    rejects(ex.check_zoo_policy, dataclasses.replace(answer, semantics=dataclasses.replace(
+        answer.semantics, p_cast="input")), "e4m3 P cast")
+    rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")
