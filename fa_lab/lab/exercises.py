@@ -360,10 +360,10 @@ def check_combine(combine, cases=None) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-# ---- lesson 05: the best case ---------------------------------------------------------------
+# ---- appendix F: the best case ---------------------------------------------------------------
 
 def check_best_case(best_case_speedup) -> float:
-    """Lesson 05's exercise on constructed launches: the multiply costs 1 ms of 10, the vote
+    """Appendix F's exercise on constructed launches: the multiply costs 1 ms of 10, the vote
     0.5 ms; the second launch's three rounds give other answers for their mean, minimum and
     per-round ratios than for the medians. Returns the answer on the first."""
     one = best_case_speedup({"eager": [10.0], "no_rescale_bound": [9.0], "lazy_never": [10.5]})

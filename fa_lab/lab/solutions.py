@@ -94,7 +94,7 @@ def combine(parts):
     return out, lse
 
 
-# ---- lesson 05 ---------------------------------------------------------------------------
+# ---- appendix F ---------------------------------------------------------------------------
 
 def best_case_speedup(ms):
     """Eager's median time over t_best = t_bound + (t_never - t_eager), each a median of its

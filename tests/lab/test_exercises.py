@@ -247,7 +247,7 @@ def test_combine_check(small_combine_cases):
     rejects(ex.check_combine, dead_dropped, "still reaches its row", small_combine_cases)
 
 
-# ---- lesson 05 ---------------------------------------------------------------------------
+# ---- appendix F ---------------------------------------------------------------------------
 
 def test_best_case_check():
     assert abs(ex.check_best_case(sol.best_case_speedup) - 10 / 9.5) < 1e-12
