@@ -20,12 +20,14 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Idle OpenMP threads spin by default: on a small shared machine that doubles wall time.
+# FA_LAB_SOLUTIONS=1: the lessons run with the reference answers to their exercises
+# (fa_lab/lab/solutions.py; notebooks/conftest.py sets it too, for nbval run by hand).
 # The browser test's timings go to a scratch file, so a test run leaves the checkout as it
 # found it; run tests/lab/test_browser.py alone to record data/results/browser_redraw.json.
 test: setup
 	OMP_WAIT_POLICY=PASSIVE FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
 		$(PY) -m pytest -q tests
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
+	OMP_WAIT_POLICY=PASSIVE FA_LAB_SOLUTIONS=1 $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
 	$(MAKE) test-wheel
 	$(MAKE) test-triton-floor
 

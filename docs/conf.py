@@ -56,6 +56,9 @@ nb_merge_streams = True
 # Kernels that the build starts run this file first (IPython runs $PYTHONSTARTUP): plotly
 # figures become HTML that needs plotly.js on the page, not a mime type MyST-NB can't show.
 os.environ["PYTHONSTARTUP"] = str(DOCS / "docs_kernel_startup.py")
+# The site shows each lesson run with the reference answers (fa_lab.lab.exercises.yours):
+# a learner's exercise cell starts as a stub, and the built page keeps the stub's source.
+os.environ["FA_LAB_SOLUTIONS"] = "1"
 nb_execution_show_tb = True              # a failing lesson's traceback in the build log
 # jupyter-cache keys a lesson by its code cells alone: a change to the package, the kernels,
 # the reference data the lessons read, the kernel startup file or plotly would leave stale

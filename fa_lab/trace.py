@@ -2,7 +2,7 @@
 
 A model (or a traced Triton kernel) fills a ``TraceRecorder`` for the rows the user chose;
 ``Trace`` is what comes back: one row per (lane, step) in ``Trace.steps`` with the running
-max m, the tile max mt, the row's own vote, whether its wave fired, whether it was dragged
+max m, the tile max mt, the row's own vote, whether its wave fired, whether it was swept
 (its wave fired while its tile max sat below its running max), the correction factor, l,
 and whether O and l are still finite; plus each lane's final output and LSE.
 
@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 #: Columns of Trace.steps, in order.
-STEP_FIELDS = ("m", "mt", "vote", "fire", "dragged", "corr", "l", "o_finite", "l_finite")
+STEP_FIELDS = ("m", "mt", "vote", "fire", "swept", "corr", "l", "o_finite", "l_finite")
 
 
 def normalize_rows(rows, batch, head, shape_bhs) -> list[tuple[int, int, int]]:
@@ -177,13 +177,13 @@ class TraceRecorder:
             return x[b, hk, g, p].detach().float().cpu().numpy()
         return x[b, hk, g, p].detach().cpu().numpy()  # [B, Hkv, G, R, D]
 
-    def record(self, step: int, col0: int, phase: str, *, m, mt, vote, fire, dragged, corr, l, O):
+    def record(self, step: int, col0: int, phase: str, *, m, mt, vote, fire, swept, corr, l, O):
         if self._sel is None:
             return
         lanes = self._sel[0]
         o_fin = torch.isfinite(O).all(-1)
         vals = {
-            "m": m, "mt": mt, "vote": vote, "fire": fire, "dragged": dragged, "corr": corr,
+            "m": m, "mt": mt, "vote": vote, "fire": fire, "swept": swept, "corr": corr,
             "l": l, "o_finite": o_fin, "l_finite": torch.isfinite(l),
         }
         self.add_steps(lanes, step, col0, phase, {k: self._pick(vals[k]) for k in STEP_FIELDS})
@@ -246,7 +246,7 @@ class TraceRecorder:
 
     def build(self, *, kernel: str, policy, log2_per_unit: float, threshold_units: float) -> "Trace":
         steps = self._steps_frame()
-        for k in ("vote", "fire", "dragged", "o_finite", "l_finite"):
+        for k in ("vote", "fire", "swept", "o_finite", "l_finite"):
             steps[k] = steps[k].astype(bool)
         lanes = pd.DataFrame(self.triples, columns=["batch", "head", "row"])
         lanes.index.name = "lane"
@@ -257,7 +257,7 @@ class TraceRecorder:
         bad = steps[~(steps.o_finite & steps.l_finite)]
         first = bad.groupby("lane").step.min()
         lanes["first_nonfinite_step"] = first.reindex(lanes.index).astype("Int64")
-        lanes["n_dragged"] = steps.groupby("lane").dragged.sum().reindex(lanes.index).fillna(0).astype(int)
+        lanes["n_swept"] = steps.groupby("lane").swept.sum().reindex(lanes.index).fillna(0).astype(int)
         lanes["out_finite"] = np.isfinite(out).all(-1)
         return Trace(kernel=kernel, policy=policy, steps=steps, lanes=lanes,
                      out=torch.from_numpy(out), log2_per_unit=log2_per_unit,
@@ -268,7 +268,7 @@ class TraceRecorder:
 class Trace:
     """What ``fa_lab.trace`` returns. ``steps`` is tidy (one row per lane and step);
     ``lanes`` has one row per traced lane (batch, head, row, lse, first_nonfinite_step,
-    n_dragged, out_finite); ``out`` is [lanes, D] fp32 (bf16 values)."""
+    n_swept, out_finite); ``out`` is [lanes, D] fp32 (bf16 values)."""
 
     kernel: str
     policy: object

@@ -81,7 +81,7 @@ def assert_traces_match(tk, tm):
     sk, sm = tk.steps, tm.steps
     assert list(sk.columns) == list(sm.columns) and len(sk) == len(sm) > 0
     for c in ("lane", "step", "col0", "phase", "batch", "head", "row",
-              "vote", "fire", "dragged", "o_finite", "l_finite"):
+              "vote", "fire", "swept", "o_finite", "l_finite"):
         assert (sk[c].values == sm[c].values).all(), f"trace column {c} differs"
     # m and mt are maxima of scores summed in another order; corr and l are exp2 of
     # differences of such values (rel. error ~ ulp(m) * ln 2), accumulated; below the
@@ -104,7 +104,7 @@ def assert_traces_match(tk, tm):
     assert (same | near).all(), \
         "trace column l (after a subnormal corr)"
     lanes_k, lanes_m = tk.lanes, tm.lanes
-    for c in ("batch", "head", "row", "first_nonfinite_step", "n_dragged", "out_finite"):
+    for c in ("batch", "head", "row", "first_nonfinite_step", "n_swept", "out_finite"):
         assert lanes_k[c].equals(lanes_m[c]), f"lanes column {c} differs"
     np.testing.assert_allclose(lanes_k.lse.values, lanes_m.lse.values, rtol=1e-5, equal_nan=True)
     assert_same_masks("trace out", tk.out, tm.out)

@@ -12,7 +12,7 @@ story rather than on a wall of helpers.
 * fp8 (lesson 03): ``Fp8Lesson`` holds the bug report's fp8 inputs at its KV length and
   runs or traces the fp8 kernel on them (``run_fp8`` / ``trace_fp8`` on any fp8 inputs);
   ``seed_fp8`` reads one figure of the bug report's table (data/seed/); ``mean_abs_dev`` is
-  the bug report's metric.
+  the bug report's metric; ``e4m3_error_parts`` splits the error of P's e4m3 cast.
 * timings (lesson 04): ``round_verdict`` says what interleaved rounds support.
 
 Every function is plain: it computes, it does not print, and it can be called from a
@@ -244,7 +244,7 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
 def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None):
     """Where the threshold matters. Left: NaN % of the output against the threshold, one line
     per K scale (``nan_pct``: index K scale, columns thresholds). Right: the share of loop
-    row-steps whose row voted, whose wave fired and which were dragged, against the threshold
+    row-steps whose row voted, whose wave fired and which were swept, against the threshold
     (``rates``: index thresholds, those three columns in %), at ``k_scale``."""
     from plotly.subplots import make_subplots
 
@@ -258,7 +258,7 @@ def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None
         fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
                         mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
     for col, color in zip(rates.columns, (viz.EVENT_COLORS["vote"], viz.EVENT_COLORS["fire"],
-                                          viz.EVENT_COLORS["dragged"])):
+                                          viz.EVENT_COLORS["swept"])):
         fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
                         mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
     fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))
@@ -276,6 +276,43 @@ def mean_abs_dev(out: torch.Tensor) -> float:
     d = (out.double() - 1).abs()
     ok = torch.isfinite(d)
     return float(d[ok].mean()) if bool(ok.any()) else math.nan
+
+
+def e4m3_error_parts(S: torch.Tensor, ls: float, tr) -> dict:
+    """Where the e4m3 cast of P puts a row's error (lesson 03, V = ones, so ``o - 1`` is that
+    error alone). ``S`` [rows, keys]: the raw fp8-product scores of one head; ``ls`` the
+    kernel's log2 scale; ``tr`` a fp8 trace of all those rows. Recomputes every P from the
+    trace's own bases as the kernel does (``exp2(fma(S, ls, -ls * m) + H)``), weights it by
+    the corrections that came after its pair, and splits ``sum (e4m3(P) - P) w / l`` in fp64
+    into the row's largest term, every other pair's largest term and all other terms (means
+    over rows of their absolute values); also the mean |o - 1| before and after the output's
+    bf16 rounding, the rows not exactly 1, the share of ``l`` in the other pairs' largest
+    terms and the share of row-pairs based at their own best key (%)."""
+    from fa_lab.numerics import e4m3, exp2, fma_f32
+
+    n_pairs = S.shape[1] // 128
+    top = S.argmax(1, keepdim=True)                                  # each row's best key
+    pair_top = S.view(S.shape[0], n_pairs, 128).argmax(-1) + 128 * torch.arange(n_pairs)
+    m = torch.tensor(tr.matrix("m").values, dtype=torch.float32)
+    corr = torch.tensor(tr.matrix("corr").values, dtype=torch.float64)
+    later = torch.flip(torch.cumprod(torch.flip(corr, [1]), 1), [1])    # corrections after a pair
+    w = torch.cat([later[:, 1:], torch.ones_like(later[:, :1])], 1).repeat_interleave(128, 1)
+    base = m.repeat_interleave(128, 1)
+    P = exp2(fma_f32(S, ls, (0.0 - ls * base) + tr.policy.p_headroom)).double()
+    err = (e4m3(P.float()).double() - P) * w
+    l = (P * w).sum(1)
+    e_top = err.gather(1, top)[:, 0]
+    e_pairs = err.gather(1, pair_top).sum(1) - e_top
+    rest = err.sum(1) - e_top - e_pairs
+    return {"largest term": (e_top / l).abs().mean().item(),
+            "other pairs' largest terms": (e_pairs / l).abs().mean().item(),
+            "all other terms": (rest / l).abs().mean().item(),
+            "o - 1 before rounding": (err.sum(1) / l).abs().mean().item(),
+            "o - 1, bf16 output": mean_abs_dev(tr.out),
+            "rows not exactly 1": int((tr.out != 1).any(-1).sum()),
+            "share of l in other pairs' maxima": (((P * w).gather(1, pair_top).sum(1)
+                                                   - (P * w).gather(1, top)[:, 0]) / l).mean().item(),
+            "pairs based at their own best key %": 100 * (tr.steps.m == tr.steps.mt).mean()}
 
 
 def seed_fp8(policy: str, k_scale: int, field: str, bound: float | None = None):

@@ -54,7 +54,7 @@ def run_groups(qh: torch.Tensor, groups, run, recorder, out_dtype, seqlen_q: int
 
 @dataclass
 class Decision:
-    """One step's decision, per row. ``vote``/``fire``/``dragged`` are None for a
+    """One step's decision, per row. ``vote``/``fire``/``swept`` are None for a
     ``vote="tile"`` policy (nothing is voted: every row rescales); ``target`` is the new
     running max and ``corr = exp2((m - target) * scale)`` the factor O and l are multiplied by."""
 
@@ -62,7 +62,7 @@ class Decision:
     corr: torch.Tensor
     vote: torch.Tensor | None = None
     fire: torch.Tensor | None = None
-    dragged: torch.Tensor | None = None
+    swept: torch.Tensor | None = None
 
 
 #: At most this many single-wave calls look for the wave a raising rule fails on.
@@ -263,8 +263,8 @@ def decide(policy: Policy, m: torch.Tensor, mt: torch.Tensor, scale: float | Non
     else:
         c = choose(policy, m, mt, scaled(mt - m), where)
         vote, fire, apply, target = c.vote, c.fire, c.move, c.target
-        if vote is None:  # every row moves: nothing voted, nothing dragged
+        if vote is None:  # every row moves: nothing voted, nothing swept
             return Decision(target=target, corr=exp2(scaled(m - target)))
     corr = torch.where(apply, exp2(scaled(m - target)), torch.ones_like(m))
     return Decision(target=torch.where(apply, target, m), corr=corr, vote=vote, fire=fire,
-                    dragged=fire & (mt < m))
+                    swept=fire & (mt < m))

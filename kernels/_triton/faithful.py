@@ -31,7 +31,7 @@ def wave_ballot(flags, ROWS: tl.constexpr, WAVE: tl.constexpr):
 
 
 @triton.jit
-def record_step(buf, slot, step, n_steps, keep, m, mt, vote, fire, dragged, corr, l, O,
+def record_step(buf, slot, step, n_steps, keep, m, mt, vote, fire, swept, corr, l, O,
                 N_FIELDS: tl.constexpr):
     """Store one step of the per-row trace for the traced rows (slot >= 0)."""
     ptr = buf + (slot * n_steps + step) * N_FIELDS
@@ -42,7 +42,7 @@ def record_step(buf, slot, step, n_steps, keep, m, mt, vote, fire, dragged, corr
     tl.store(ptr + 1, mt, mask=ok)
     tl.store(ptr + 2, vote.to(tl.float32), mask=ok)
     tl.store(ptr + 3, fire.to(tl.float32), mask=ok)
-    tl.store(ptr + 4, dragged.to(tl.float32), mask=ok)
+    tl.store(ptr + 4, swept.to(tl.float32), mask=ok)
     tl.store(ptr + 5, corr, mask=ok)
     tl.store(ptr + 6, l, mask=ok)
     tl.store(ptr + 7, o_finite, mask=ok)

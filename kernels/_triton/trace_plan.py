@@ -18,7 +18,7 @@ import torch
 from fa_lab.trace import STEP_FIELDS, TraceRecorder
 
 N_FIELDS = len(STEP_FIELDS)
-_BOOL_FIELDS = {"vote", "fire", "dragged", "o_finite", "l_finite"}
+_BOOL_FIELDS = {"vote", "fire", "swept", "o_finite", "l_finite"}
 
 Key = tuple[int, int, int]  # (batch, head, query row)
 Schedule = tuple[tuple[int, str], ...]  # ((col0, phase), ...) one per step

@@ -125,7 +125,7 @@ def _generic_fwd(
 
     if TRACE:
         slot = tl.load(TraceSlot + (b * H + h) * Sq + rows64, mask=row_ok, other=-1)
-    no = rows < 0  # vote, fire, dragged: always False (no ballot)
+    no = rows < 0  # vote, fire, swept: always False (no ballot)
     yes = rows >= 0
 
     m = tl.full([ROWS], float("-inf"), tl.float32)

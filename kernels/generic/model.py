@@ -172,7 +172,7 @@ def _run_group(qf, kp, vp, rows, n_sub, Sq, Skv, causal, skip_pad, pack, rnd, re
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)
             rec.record(t, t * BLOCK_N, "tile", m=m * c, mt=mt * c, vote=false, fire=false,
-                       dragged=false, corr=corr, l=l, O=O)
+                       swept=false, corr=corr, l=l, O=O)
     inv = guarded_rcp(l) if causal else 1.0 / l
     out = rnd(O * inv[..., None])
     lse = m * sm_scale + torch.log(l)

@@ -281,7 +281,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         lazy = vote is not None
         trace.step(s, int(tile[0]) * bn, m=torch.where(a, m_new, m), mt=mt,
                    vote=(vote & a) if lazy else None, fire=(move & a) if lazy else None,
-                   dragged=(move & a & (mt < m)) if lazy else None, corr=f,
+                   swept=(move & a & (mt < m)) if lazy else None, corr=f,
                    l=torch.where(a, l_new, l), O=torch.where(a[..., None], O_new, O))
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
@@ -301,7 +301,7 @@ class _Tracer:
     """Hands every step to a ``recorder`` (``fa_lab.trace.TraceRecorder`` or a rescale
     counter) in its layout: per-row state as [B, Hkv, G, R], O as [B, Hkv, G, R, D]. A
     row's ``vote`` is its own jump past the threshold, ``fire`` whether it moved its max,
-    ``dragged`` whether it moved while its tile max sat below its old max; an eager policy
+    ``swept`` whether it moved while its tile max sat below its old max; an eager policy
     votes nothing (all False), as the FlyDSL models record it."""
 
     def __init__(self, recorder, B: int, Hkv: int, H: int, R: int):
@@ -312,14 +312,14 @@ class _Tracer:
     def _g(self, t):
         return t.reshape(*self.shape, *t.shape[3:])
 
-    def step(self, step: int, col0: int, *, m, mt, vote, fire, dragged, corr, l, O):
+    def step(self, step: int, col0: int, *, m, mt, vote, fire, swept, corr, l, O):
         if self.rec is None or not self.rec.active:
             return
         false = torch.zeros_like(m, dtype=torch.bool)
         self.rec.record(step, col0, "loop", m=self._g(m), mt=self._g(mt),
                         vote=self._g(false if vote is None else vote),
                         fire=self._g(false if fire is None else fire),
-                        dragged=self._g(false if dragged is None else dragged),
+                        swept=self._g(false if swept is None else swept),
                         corr=self._g(corr), l=self._g(l), O=self._g(O))
 
     def finish(self, out, lse):

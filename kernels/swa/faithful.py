@@ -139,7 +139,7 @@ def _swa_fwd(
 
     if TRACE:
         slot = tl.load(TraceSlot + (b * H + h) * S + rows64)
-    no = rows < 0  # all False: vote/fire/dragged outside the loop
+    no = rows < 0  # all False: vote/fire/swept outside the loop
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
@@ -168,7 +168,7 @@ def _swa_fwd(
             target = mt
             vote = (mt - m) > threshold
         fire = wave_ballot(vote.to(tl.int32), ROWS, WAVE)
-        dragged = fire & (mt < m)
+        swept = fire & (mt < m)
         corr = tl.where(fire, exp2_ieee(m - target), 1.0)
         O = O * corr[:, None]
         pb = round_bf16(pb * corr[:, None])  # the packs not yet consumed
@@ -177,7 +177,7 @@ def _swa_fwd(
         O = O + pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
-            record_step(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
+            record_step(TraceBuf, slot, t, n_trace_steps, yes, m, mt, vote, fire, swept, corr, l, O,
                         N_FIELDS)
 
     # Epilogue: rescale_uncond on the last three tiles (nt >= 4: at least one).

@@ -218,12 +218,12 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, polic
     def v_tile(t, lo=0, hi=BLOCK_N):
         return vb[..., t * BLOCK_N + lo:t * BLOCK_N + hi, :]
 
-    def record(t, phase, *, mt, vote=None, fire=None, dragged=None, corr=None):
+    def record(t, phase, *, mt, vote=None, fire=None, swept=None, corr=None):
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)
             rec.record(t, base + t * BLOCK_N, phase, m=m, mt=mt,
                        vote=false if vote is None else vote, fire=false if fire is None else fire,
-                       dragged=false if dragged is None else dragged,
+                       swept=false if swept is None else swept,
                        corr=torch.ones_like(m) if corr is None else corr, l=l, O=O)
 
     # Prologue: tile 0 sets the first base.
@@ -252,7 +252,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, polic
         else:
             raise values.unknown("rebase", policy.rebase, f"the {FAMILY.name} model")
         fire = wave_any(vote)
-        dragged = fire & (mt < m)
+        swept = fire & (mt < m)
         corr = torch.where(fire, exp2(m - target), torch.ones_like(m))
         O = O * corr[..., None]
         pb_rest = bf16(pb[..., PV_SPLIT:] * corr[..., None])  # packs not yet consumed
@@ -260,7 +260,7 @@ def _run_group(qs, kb, vb, rows, base, nt, window_left, window_right, thr, polic
         m = torch.where(fire, target, m)
         O = O + exact_dot(pb_rest, v_tile(t - 1, PV_SPLIT))
         pf = exp2(s - m[..., None])
-        record(t, "loop", mt=mt, vote=vote, fire=fire, dragged=dragged, corr=corr)
+        record(t, "loop", mt=mt, vote=vote, fire=fire, swept=swept, corr=corr)
 
     # Epilogue: rescale_uncond on the last three tiles.
     for t in range(max(1, nt - 3), nt):

@@ -213,7 +213,7 @@ def _swp_bf16_fwd(
 
     if TRACE:
         slot = tl.load(TraceSlot + (b * H + h) * Sq + rows64, mask=row_ok, other=-1)
-    no = rows < 0  # all False: vote/fire/dragged outside the lazy loop
+    no = rows < 0  # all False: vote/fire/swept outside the lazy loop
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
@@ -266,7 +266,7 @@ def _swp_bf16_fwd(
                 moved = exp2_ieee(m - target)
             corr = tl.where(apply, moved, 1.0)
             target = tl.where(apply, target, m)
-        dragged = fire & (mt < m)
+        swept = fire & (mt < m)
         O = O * corr[:, None]
         pb = _round_pack(pb * corr[:, None], IS_BF16)  # the packs not yet consumed
         l = l * corr
@@ -274,7 +274,7 @@ def _swp_bf16_fwd(
         O = O + pv_part(pb, v, PV_LO, TILE_N, scratch, TILE_N, DOT_MODE)
         pf = exp2_ieee(s - m[:, None])
         if TRACE:
-            record_step(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, dragged, corr,
+            record_step(TraceBuf, slot, t0 + t, n_trace_steps, yes, m, mt, vote, fire, swept, corr,
                         l, O, N_FIELDS)
 
     # Epilogue: the last three tiles, always eager.

@@ -190,12 +190,12 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         c0 = (t0 + t) * BLOCK_N
         return vp[..., c0 + lo:c0 + hi, :]
 
-    def record(t, phase, *, mt, vote=None, fire=None, dragged=None, corr=None):
+    def record(t, phase, *, mt, vote=None, fire=None, swept=None, corr=None):
         if rec is not None and rec.active:
             false = torch.zeros_like(m, dtype=torch.bool)
             rec.record(t0 + t, (t0 + t) * BLOCK_N, phase, m=m, mt=mt,
                        vote=false if vote is None else vote, fire=false if fire is None else fire,
-                       dragged=false if dragged is None else dragged,
+                       swept=false if swept is None else swept,
                        corr=torch.ones_like(m) if corr is None else corr, l=l, O=O)
 
     # Prologue: tile 0 sets the first base.
@@ -224,7 +224,7 @@ def _run_group(qs, kp, vp, rows, N, Sq, Skv, causal, policy, rnd, rec, mods=None
         m = target
         O = O + exact_dot(pb_rest, v_tile(t - 1, PV_SPLIT))
         pf = exp2(s - m[..., None])
-        record(t, "loop", mt=mt, vote=dec.vote, fire=dec.fire, dragged=dec.dragged, corr=corr)
+        record(t, "loop", mt=mt, vote=dec.vote, fire=dec.fire, swept=dec.swept, corr=corr)
 
     # Epilogue: the last three tiles, always eager.
     for t in range(max(1, N - 3), N):

@@ -208,7 +208,7 @@ def _fwd_kernel(
             corr = exp2_ieee((m - mn) * ls)
             vote = tl.full((BLOCK_M,), 0, tl.int1)
             fire = vote
-            dragged = vote
+            swept = vote
         else:
             d = (mt - m) * ls  # +inf on the first pair
             vote = ~(d <= threshold)  # NaN votes: an ordered compare fails
@@ -217,7 +217,7 @@ def _fwd_kernel(
             votes = tl.reshape(vote.to(tl.int32), (NW, WAVE))
             any_vote = tl.max(votes, axis=1) > 0
             fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
-            dragged = fire & (mt < m)
+            swept = fire & (mt < m)
             if rebase_code == 1:  # "tile": every moving row rebases to its own tile max
                 corr = exp2_ieee(-d)
                 mn = mt
@@ -247,7 +247,7 @@ def _fwd_kernel(
         l = l + sum_b
         O = O + pv_b
         if TRACE:  # one step per tile pair
-            record_step(Trace, slot, p, max_steps, yes, m, mt, vote, fire, dragged, corr, l, O,
+            record_step(Trace, slot, p, max_steps, yes, m, mt, vote, fire, swept, corr, l, O,
                         N_FIELDS)
 
     # Epilogue: rcp(l) if l > 0 else 0 (IEEE division; rcp(inf) = 0, NaN l gives 0).

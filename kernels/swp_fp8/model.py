@@ -97,7 +97,7 @@ def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, satu
             rec.record(p, tiles[0] * BLOCK_N, "pair", m=m, mt=mt,
                        vote=false if dec.vote is None else dec.vote,
                        fire=false if dec.fire is None else dec.fire,
-                       dragged=false if dec.dragged is None else dec.dragged, corr=corr, l=l, O=O)
+                       swept=false if dec.swept is None else dec.swept, corr=corr, l=l, O=O)
 
     out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
     # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2

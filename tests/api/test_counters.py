@@ -24,8 +24,8 @@ def test_who_skips_and_who_scales_up(counts):
     assert counts["lazy"]["o_rescale_skip_frac"] > 0.05
     assert counts["fa4_row"]["o_rescale_skip_frac"] > 0.05
     # only the unfixed rebase ever multiplies a row by more than 1, and each of its
-    # dragged rows is scaled up
-    assert counts["lazy_unfixed"]["rows_scaled_up"] == counts["lazy_unfixed"]["rows_dragged"] > 0
+    # swept rows is scaled up (dragged)
+    assert counts["lazy_unfixed"]["rows_scaled_up"] == counts["lazy_unfixed"]["rows_swept"] > 0
     for p in ("eager", "lazy", "fa4_row"):
         assert counts[p]["rows_scaled_up"] == 0
     # dragging feeds itself: a lowered base makes the next tile look like a jump, so the
@@ -39,7 +39,7 @@ def test_hand_case_counts():
     # 32 rows pad to one 256-row block: 8 waves x 4 loop tiles; only the first wave holds
     # the trigger, and it fires at every loop tile, dragging the victim each time
     assert c["loop_wave_steps"] == 32 and c["o_multiplies"] == 4
-    assert c["rows_dragged"] == 4 and c["rows_scaled_up"] == 4
+    assert c["rows_swept"] == 4 and c["rows_scaled_up"] == 4
 
 
 def test_fp8_not_counted():

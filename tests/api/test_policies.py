@@ -155,7 +155,7 @@ def test_builtins_as_rules_are_bit_identical_bf16(name):
     rows = list(range(0, 1024, 37))
     ta = fa_lab.trace(q, k, v, rows=rows, head=1, rescale=name, **kw)
     tb = fa_lab.trace(q, k, v, rows=rows, head=1, rescale=rule, **kw)
-    cols = NUMERIC + ([] if name == "eager" else ["fire", "dragged"])
+    cols = NUMERIC + ([] if name == "eager" else ["fire", "swept"])
     for c in cols:
         x, y = ta.steps[c].to_numpy(), tb.steps[c].to_numpy()
         assert ((x == y) | ((x != x) & (y != y))).all(), c

@@ -89,13 +89,13 @@ def test_heatmap_marks_drags_fires_and_first_nonfinite(bf16_case):
     tr = bf16_case["trace"]
     st = tr.steps
     fig = viz.running_max_heatmap(tr)
-    fired = by_name(fig, "wave fired (row not dragged)")
-    dragged = by_name(fig, "dragged (wave fired, tile max < m)")
+    fired = by_name(fig, "wave fired (row not swept)")
+    swept = by_name(fig, "swept (wave fired, tile max < m)")
     star = by_name(fig, "first non-finite O or l")
-    d = st[st.dragged]
-    f = st[st.fire & ~st.dragged]
+    d = st[st.swept]
+    f = st[st.fire & ~st.swept]
     assert len(d) > 0 and len(f) > 0
-    assert sorted(zip(dragged.x, dragged.y)) == sorted(zip(d.step, d.lane))
+    assert sorted(zip(swept.x, swept.y)) == sorted(zip(d.step, d.lane))
     assert sorted(zip(fired.x, fired.y)) == sorted(zip(f.step, f.lane))
     first = tr.lanes.first_nonfinite_step.dropna()
     assert sorted(zip(star.x, star.y)) == sorted((int(s), int(i)) for i, s in first.items())
@@ -137,7 +137,7 @@ def test_lane_lines_values_events_and_lse(bf16_case):
     fin = np.isfinite(log_l)
     np.testing.assert_array_equal(got[fin], log_l[fin])
     assert np.isnan(got[~fin]).all()
-    assert list(by_name(fig, "dragged (fired, tile max < m)").x) == d.step[d.dragged].tolist()
+    assert list(by_name(fig, "swept (fired, tile max < m)").x) == d.step[d.swept].tolist()
     first = int(tr.lanes.loc[lane, "first_nonfinite_step"])
     vlines = [s for s in fig.layout.shapes if s.x0 == s.x1 == first]
     assert len(vlines) == 2  # both panels
@@ -338,7 +338,7 @@ def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
     tr = bf16_case["trace"]
     figs = [viz.running_max_heatmap(tr), viz.running_max_heatmap(tr, "l"),
             viz.running_max_heatmap(tr, "deficit", highlight=3),
-            viz.running_max_heatmap(tr, "dragged"),
+            viz.running_max_heatmap(tr, "swept"),
             viz.lane_lines(tr, bf16_case["lane"]), viz.lane_lines(fp8_trace, 0),
             viz.row_compare({"lazy_unfixed": tr, "again": tr}, bf16_case["lane"]),
             viz.wave_ballot(tr, 3, highlight=bf16_case["lane"]), viz.wave_ballot(fp8_trace, 0),
@@ -427,11 +427,11 @@ def test_deficit_is_the_true_max_minus_m(wave_traces):
 
 def test_heatmap_flags_are_two_colours_and_ranges_stay_fixed(wave_traces):
     tr = wave_traces["lazy_unfixed"]
-    flags = viz.running_max_heatmap(tr, "dragged")
+    flags = viz.running_max_heatmap(tr, "swept")
     heat = flags.data[1]
     assert heat.zmin == 0 and heat.zmax == 1
     assert [c[1] for c in heat.colorscale] == ["#eeeeee", "#eeeeee", "#ff2d2d", "#ff2d2d"]
-    assert heat.colorbar.ticktext == ("no", "dragged")
+    assert heat.colorbar.ticktext == ("no", "swept")
     assert len(flags.data[2].x) == len(flags.data[3].x) == 0           # no markers over flags
     d1 = viz.running_max_heatmap(tr, "deficit").data[1]
     d2 = viz.running_max_heatmap(wave_traces["lazy"], "deficit").data[1]
@@ -443,17 +443,17 @@ def test_heatmap_flags_are_two_colours_and_ranges_stay_fixed(wave_traces):
 def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
     tr = wave_traces["lazy_unfixed"]
     st = tr.steps
-    step = int(st[st.dragged].step.iloc[0])
+    step = int(st[st.swept].step.iloc[0])
     fig = viz.wave_ballot(tr, step, highlight=bf16_case["lane"])
     at = st[st.step == step]
-    n_vote, n_drag = int(at.vote.sum()), int(at.dragged.sum())
+    n_vote, n_drag = int(at.vote.sum()), int(at.swept.sum())
     lanes_voted = fig.data[1]                                          # drawn on top
     assert len(lanes_voted.x) == 2 * n_vote                            # two lanes per row
     voted = [t for t in fig.data if t.name and t.name.startswith("voted")][0]
-    dragged = [t for t in fig.data if t.name and t.name.startswith("dragged")][0]
-    assert voted.name.endswith(f": {n_vote}") and dragged.name.endswith(f": {n_drag}")
-    assert all(x < 0 for x in dragged.x) and all(x > 8 for x in voted.x)
-    assert f"{n_vote} voted, the wave fired, {n_drag} dragged" in fig.layout.title.text
+    swept = [t for t in fig.data if t.name and t.name.startswith("swept")][0]
+    assert voted.name.endswith(f": {n_vote}") and swept.name.endswith(f": {n_drag}")
+    assert all(x < 0 for x in swept.x) and all(x > 8 for x in voted.x)
+    assert f"{n_vote} voted, the wave fired, {n_drag} swept" in fig.layout.title.text
     assert any("FIRE" in a.text for a in fig.layout.annotations)
 
 

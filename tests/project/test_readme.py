@@ -62,8 +62,8 @@ CHECKS = {
         assert fa_lab.upstream.current() == "fixed"   # the block left the session as it was
     """,
     "fa_lab.trace(": """
-        assert len(t.lanes) == 32 and (t.lanes.n_dragged > 0).any()
-        assert {"m", "mt", "vote", "fire", "dragged", "corr", "l"} <= set(t.steps.columns)
+        assert len(t.lanes) == 32 and (t.lanes.n_swept > 0).any()
+        assert {"m", "mt", "vote", "fire", "swept", "corr", "l"} <= set(t.steps.columns)
     """,
     "fa_lab.compare(": """
         assert c.a == "emulator" and c.b == "interpret" and c.same_masks

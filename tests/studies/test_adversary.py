@@ -55,7 +55,7 @@ def test_search_breaks_lazy_unfixed_below_the_seed_size():
     assert s.seqlen_kv <= 320 and s.seqlen_q == 32    # the seed needed 8192 keys
     assert A.judge(s, "lazy_unfixed").failed
     assert not A.judge(s, "lazy").failed                     # PR #1033's rule survives it
-    assert res.trace and any(r["dragged"] for r in res.trace)
+    assert res.trace and any(r["swept"] for r in res.trace)
     assert "Candidate(**" in res.repro and _run_repro(res.repro) == "True"
 
 
@@ -230,7 +230,7 @@ def test_mod_space_breaks_lazy_unfixed_where_eager_holds(tmp_path):
     assert not A.judge(dataclasses.replace(s, mask="none"), "lazy_unfixed").failed
     assert "'mask':" in res.repro and _run_repro(res.repro) == "True"
     assert res.to_dict()["input_mods"]["bias"]["mask"] == s.mask
-    assert any(r["dragged"] for r in res.trace)
+    assert any(r["swept"] for r in res.trace)
     path = A.save_regression(res, tmp_path / "m.npz")
     r = A.run_regression(path)
     assert r["nonfinite"] and r["meta"]["mods"] == ["bias"]

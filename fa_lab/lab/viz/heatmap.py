@@ -54,10 +54,10 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
                         highlight: int | None = None) -> go.Figure:
     """Traced lanes (rows) x KV steps (columns) heatmap of one trace value.
 
-    0/1 values (vote, fire, dragged, o_finite, l_finite) get two colours, not a colour
+    0/1 values (vote, fire, swept, o_finite, l_finite) get two colours, not a colour
     scale. The deficit, log2(l) and log2(corr) get fixed colour ranges (``FIXED_RANGES``)
     so the colours mean the same thing whatever the data; m and the tile max follow the
-    data unless ``zrange`` is given. With ``markers``: a small x where the row was dragged
+    data unless ``zrange`` is given. With ``markers``: a small x where the row was swept
     (its wave fired while its tile max sat below its running max), a small open circle
     where its wave fired otherwise, a black star at the first step where O or l stopped
     being finite. ``highlight`` (a lane) gets an arrow on the row axis.
@@ -100,12 +100,12 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
 
     st = trace.steps
     show = markers and not flag_value
-    fired = st[st.fire & ~st.dragged] if show else st.iloc[:0]
-    dragged = st[st.dragged] if show else st.iloc[:0]
-    data.append(_event_markers(labels, fired, "wave fired (row not dragged)", "circle-open",
+    fired = st[st.fire & ~st.swept] if show else st.iloc[:0]
+    swept = st[st.swept] if show else st.iloc[:0]
+    data.append(_event_markers(labels, fired, "wave fired (row not swept)", "circle-open",
                                "#c8c8c8", 5, edge="#c8c8c8"))
-    data.append(_event_markers(labels, dragged, "dragged (wave fired, tile max < m)", "x-thin",
-                               EVENT_COLORS["dragged"], 6))
+    data.append(_event_markers(labels, swept, "swept (wave fired, tile max < m)", "x-thin",
+                               EVENT_COLORS["swept"], 6))
     first = lanes["first_nonfinite_step"].dropna()
     data.append(go.Scatter(
         x=first.to_numpy(dtype=int), y=first.index.to_numpy(dtype=int), mode="markers",
@@ -166,7 +166,7 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
     Left: the 64 lanes (lanes r and r + 32 hold the two halves of row r), coloured by the
     row's vote, and the ballot, one decision for the whole wave. Right: each row's jump,
     tile max - m before the step (log2 units), against the vote line at the threshold. A
-    row beyond it voted; when the wave fires, a row below 0 is dragged (unfixed: rebased
+    row beyond it voted; when the wave fires, a row below 0 is swept (unfixed: rebased
     down to its own tile max, corr = 2^(m - mt) > 1; fixed: left alone, corr = 1).
     ``wave``: the first query row of the wave (default: the wave of the first traced lane);
     ``highlight``: a lane to point at."""
@@ -195,15 +195,15 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
     r_in = (sel["row"].to_numpy(int) - w0)
     vote = now["vote"].to_numpy(bool)
     fire = bool(now["fire"].any())
-    dragged = now["dragged"].to_numpy(bool)
+    swept = now["swept"].to_numpy(bool)
     corr = now["corr"].to_numpy(float)
     thr = float(trace.threshold_units) * per
     policy = _policy_label(trace)
     phase = str(now["phase"].iloc[0])
-    cats = np.where(vote, 0, np.where(dragged, 1, np.where(fire, 2, 3)))
-    names = (f"voted: tile max > m + {fmt_number(thr, 3)}", "dragged: wave fired, tile max < m",
+    cats = np.where(vote, 0, np.where(swept, 1, np.where(fire, 2, 3)))
+    names = (f"voted: tile max > m + {fmt_number(thr, 3)}", "swept: wave fired, tile max < m",
              "rebased up (rose, at most the threshold)", "kept m (wave did not fire)")
-    colors = (EVENT_COLORS["vote"], EVENT_COLORS["dragged"], "#7f7f7f", "#c7c7c7")
+    colors = (EVENT_COLORS["vote"], EVENT_COLORS["swept"], "#7f7f7f", "#c7c7c7")
     data = []
     # left panel: 64 lanes as two columns of 32
     # the rows that did not vote first, so that a voter's squares are drawn on top
@@ -273,14 +273,14 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
         shapes.append(dict(type="rect", xref="x2 domain", yref="y2", x0=0, x1=1, y0=r - 0.5,
                            y1=r + 0.5, line=dict(width=0), fillcolor="rgba(0,0,0,0.08)",
                            layer="below"))
-    n_vote, n_drag = int(vote.sum()), int(dragged.sum())
-    up = corr[dragged]
+    n_vote, n_drag = int(vote.sum()), int(swept.sum())
+    up = corr[swept]
     drag_note = (f", corr up to 2^{fmt_number(float(np.log2(up.max())), 3)}" if n_drag and
                  np.isfinite(up).all() and up.max() > 1 else "")
     layout = dict(
         title=dict(text=title or (f"Rows {w0}-{w0 + 31} at step {step} ({phase}), {policy}: "
                                   f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}, "
-                                  f"{n_drag} dragged{drag_note}"), font=dict(size=14),
+                                  f"{n_drag} swept{drag_note}"), font=dict(size=14),
                    x=0, xref="paper", xanchor="left"),
         xaxis=dict(domain=[0, 0.12], range=[-0.8, 1.8], tickvals=[0, 1],
                    ticktext=["lanes<br>0-31", "lanes<br>32-63"], anchor="y", fixedrange=True),

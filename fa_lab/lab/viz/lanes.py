@@ -133,11 +133,11 @@ def lane_lines(trace, lane: int, title: str | None = None, *, window="auto") -> 
                            mode="lines", line=dict(color=color, dash="dot", width=1),
                            hovertemplate="step %{x}: a tile max above %{y:.4g} votes"
                                          "<extra></extra>", **panel[1]))
-    fired = (d["fire"] & ~d["dragged"]).to_numpy()
-    dragged = d["dragged"].to_numpy()
+    fired = (d["fire"] & ~d["swept"]).to_numpy()
+    swept = d["swept"].to_numpy()
     for mask, name, sym, col in ((fired, "wave fired", "circle-open", EVENT_COLORS["fire"]),
-                                 (dragged, "dragged (fired, tile max < m)", "x-thin",
-                                  EVENT_COLORS["dragged"])):
+                                 (swept, "swept (fired, tile max < m)", "x-thin",
+                                  EVENT_COLORS["swept"])):
         xs = [s for s, k in zip(x, mask) if k]
         data.append(go.Scatter(x=xs, y=_finite_or_none(m[mask]), name=name, mode="markers",
                                marker=dict(symbol=sym, size=12, color=col,
@@ -284,10 +284,10 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
         add(s["m"], "m, the base", xa, ya, mode="lines+markers",
             line=dict(color=color, width=2.5), marker=dict(size=4))
         d = s["d"]
-        for mask, nm, sym, col in (((d["fire"] & ~d["dragged"]).to_numpy(), "wave fired",
+        for mask, nm, sym, col in (((d["fire"] & ~d["swept"]).to_numpy(), "wave fired",
                                     "circle-open", EVENT_COLORS["fire"]),
-                                   (d["dragged"].to_numpy(), "dragged", "x-thin",
-                                    EVENT_COLORS["dragged"])):
+                                   (d["swept"].to_numpy(), "swept", "x-thin",
+                                    EVENT_COLORS["swept"])):
             data.append(dict(
                 type="scatter",
                 x=[st for st, k in zip(x, mask) if k], y=_finite_or_none(s["m"][mask]),

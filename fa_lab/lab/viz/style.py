@@ -72,7 +72,7 @@ TRACE_VALUES = {
     "corr": "log2(corr)",
     "vote": "row voted",
     "fire": "wave fired",
-    "dragged": "row dragged",
+    "swept": "row swept",
     "o_finite": "O finite",
     "l_finite": "l finite",
 }
@@ -82,7 +82,7 @@ TRACE_VALUES = {
 _FLAG_COLORS = {
     "vote": ("#eeeeee", "#ff7f0e", "no", "voted"),
     "fire": ("#eeeeee", "#555555", "no", "fired"),
-    "dragged": ("#eeeeee", "#ff2d2d", "no", "dragged"),
+    "swept": ("#eeeeee", "#ff2d2d", "no", "swept"),
     "o_finite": ("#111111", "#eeeeee", "not finite", "finite"),
     "l_finite": ("#111111", "#eeeeee", "not finite", "finite"),
 }
@@ -94,7 +94,7 @@ FIXED_RANGES = {"deficit": (0.0, 128.0), "l": (0.0, 128.0), "corr": (-128.0, 128
 
 
 #: Colours of the mechanism's events, the same in every figure.
-EVENT_COLORS = {"vote": "#ff7f0e", "fire": "#555555", "dragged": "#ff2d2d",
+EVENT_COLORS = {"vote": "#ff7f0e", "fire": "#555555", "swept": "#ff2d2d",
                 "true_max": "#000000", "deficit": "#8c564b", "l": "#2ca02c", "corr": "#ff7f0e"}
 
 

@@ -61,7 +61,7 @@ TAB_HEIGHT = 370
 
 #: The heatmap's choices, by label.
 HEAT_VALUES = (("deficit", "deficit"), ("running max m", "m"), ("tile max", "mt"),
-               ("log2(l)", "l"), ("log2(corr)", "corr"), ("dragged", "dragged"),
+               ("log2(l)", "l"), ("log2(corr)", "corr"), ("swept", "swept"),
                ("voted", "vote"), ("wave fired", "fire"))
 
 
@@ -205,7 +205,7 @@ def _auto_tile(tr, lane: int) -> int:
     if not pd.isna(first):
         return int(first)
     d = tr.lane(lane)
-    drags = d.step[d.dragged]
+    drags = d.step[d.swept]
     return int(drags.iloc[0]) if len(drags) else min(1, tr.n_steps - 1)
 
 
@@ -420,7 +420,7 @@ def _row_sentence(view) -> str:
              f"goes non-finite at KV step {int(first)}")
     return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
             f"<b>{html.escape(view['label'])}</b> {where}; LSE = "
-            f"{viz.fmt_number(float(lane['lse']), 6)}; dragged {int(lane['n_dragged'])} times. "
+            f"{viz.fmt_number(float(lane['lse']), 6)}; swept {int(lane['n_swept'])} times. "
             f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
 

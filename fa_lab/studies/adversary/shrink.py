@@ -166,7 +166,7 @@ def shrink_candidate(c: Candidate, policy, *, threshold=None, tolerance=None, ba
 @routing_quiet()
 def trace_rows(c: Candidate, policy, rows, *, threshold=None) -> list[dict]:
     """The step-by-step trace (``fa_lab.trace``) of the given rows of candidate ``c``, as
-    plain records (step, phase, m, mt, vote, fire, dragged, corr, l, o_finite)."""
+    plain records (step, phase, m, mt, vote, fire, swept, corr, l, o_finite)."""
     from fa_lab import api
     from fa_lab.trace import TraceRecorder
 
@@ -184,6 +184,6 @@ def trace_rows(c: Candidate, policy, rows, *, threshold=None) -> list[dict]:
         tr = api.trace(q, k, v, rows=list(rows), causal=c.causal, rescale=policy,
                        rescale_threshold=threshold, backend="emulator", kernel=KERNEL,
                        **build_mods(c))
-    cols = ["lane", "row", "step", "phase", "m", "mt", "vote", "fire", "dragged", "corr", "l",
+    cols = ["lane", "row", "step", "phase", "m", "mt", "vote", "fire", "swept", "corr", "l",
             "o_finite", "l_finite"]
     return tr.steps[[x for x in cols if x in tr.steps.columns]].to_dict("records")

@@ -84,7 +84,7 @@ FINITENESS_KEYS = ("elements", "rows", "nan", "inf", "nan_frac", "inf_frac", "na
                    "good_lse_min", "good_lse_max")
 
 
-COUNT_KEYS = ("loop_wave_steps", "o_multiplies", "o_rescale_skip_frac", "rows_dragged",
+COUNT_KEYS = ("loop_wave_steps", "o_multiplies", "o_rescale_skip_frac", "rows_swept",
               "rows_scaled_up", "row_steps")
 
 

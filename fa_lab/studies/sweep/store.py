@@ -42,7 +42,7 @@ SCHEMA = pa.schema([
     ("nan_rows_lse_finite", _I), ("good_lse_min", _F), ("good_lse_max", _F),
     ("ref_nonfinite_rows", _I),
     ("loop_wave_steps", _I), ("o_multiplies", _I), ("o_rescale_skip_frac", _F),
-    ("rows_dragged", _I), ("rows_scaled_up", _I), ("row_steps", _I), ("counts_source", _S),
+    ("rows_swept", _I), ("rows_scaled_up", _I), ("row_steps", _I), ("counts_source", _S),
     ("fa_lab_version", _S), ("torch_version", _S), ("triton_version", _S),
     ("python_version", _S), ("device_name", _S), ("hostname", _S), ("worker", _S), ("pid", _I),
     ("torch_threads", _I), ("git_commit", _S), ("timestamp", _S),

@@ -37,13 +37,13 @@ def assert_generic_traces_match(tk, tm):
     sk, sm = tk.steps, tm.steps
     assert list(sk.columns) == list(sm.columns) and len(sk) == len(sm) > 0
     for c in ("lane", "step", "col0", "phase", "batch", "head", "row",
-              "vote", "fire", "dragged", "o_finite", "l_finite"):
+              "vote", "fire", "swept", "o_finite", "l_finite"):
         assert (sk[c].values == sm[c].values).all(), f"trace column {c} differs"
     for c, rtol, atol in (("m", 1e-6, 1e-4), ("mt", 1e-6, 1e-4), ("corr", 2e-4, 2.0**-126),
                           ("l", 2e-4, 2.0**-126)):
         np.testing.assert_allclose(sk[c].values, sm[c].values, rtol=rtol, atol=atol,
                                    equal_nan=True, err_msg=f"trace column {c}")
-    for c in ("batch", "head", "row", "first_nonfinite_step", "n_dragged", "out_finite"):
+    for c in ("batch", "head", "row", "first_nonfinite_step", "n_swept", "out_finite"):
         assert tk.lanes[c].equals(tm.lanes[c]), f"lanes column {c} differs"
     np.testing.assert_allclose(tk.lanes.lse.values, tm.lanes.lse.values, rtol=1e-5, equal_nan=True)
     assert_same_masks("trace out", tk.out, tm.out)

@@ -186,7 +186,7 @@ def test_trace_records_every_subtile_eagerly():
     triples = [(0, 0, 3), (0, 1, 250), (0, 0, 499)]
     tr, out, lse = trace_rows(q, k, v, triples, causal=True)
     s = tr.steps
-    assert not (s.vote.any() or s.fire.any() or s.dragged.any())
+    assert not (s.vote.any() or s.fire.any() or s.swept.any())
     assert (s["corr"] <= 1).all() and (s.phase == "tile").all()
     for lane, (b, h, r) in enumerate(triples):
         steps = tr.lane(lane)

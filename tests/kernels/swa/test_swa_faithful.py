@@ -190,7 +190,7 @@ def test_trace_matches_model_tile_for_tile(wide, rescale):
     tk, tm = traces(q, k, v, rows, window_left=128, rescale=rescale)
     assert_traces_match(tk, tm)
     st = tm.steps
-    assert st.fire.any() and st.dragged.any()
+    assert st.fire.any() and st.swept.any()
     # CTA 0 walks 4 tiles from column 0, CTA 1 eight from column 0 (its band is clamped)
     assert st[st.row < 256].step.max() == 3 and st[st.row >= 256].step.max() == 7
     if rescale == "lazy":

@@ -163,7 +163,7 @@ def test_wide_scores_corrections_never_exceed_one(wide):
     # the counterfactual own-tile-max rebase: the -30 floor does not save it
     tr, out, _ = trace(q, k, v, rows, window_left=256, causal=True, rescale="lazy_unfixed")
     assert torch.isnan(out).any() and (tr.steps["corr"] > 1).any()
-    assert tr.steps[tr.steps["corr"] > 1].dragged.all()
+    assert tr.steps[tr.steps["corr"] > 1].swept.all()
 
 
 def test_band_geometry_by_hand():

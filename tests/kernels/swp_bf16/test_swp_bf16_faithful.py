@@ -146,11 +146,11 @@ def test_trace_matches_model_tile_for_tile(policy, causal):
     assert_traces_match(tk, tm)
     st = tm.steps
     if policy == "eager":
-        assert not st.fire.any() and not st.dragged.any()
+        assert not st.fire.any() and not st.swept.any()
     else:
         assert st.fire.any() and st.vote.any()
     if policy in ("lazy", "lazy_unfixed"):
-        assert st.dragged.any()
+        assert st.swept.any()
     if policy == "lazy_unfixed":
         assert not tk.lanes.out_finite.all()
     # causal blocks stop at the diagonal: 4 tiles for rows 0..255, 8 for 256..511
@@ -168,7 +168,7 @@ def test_trace_matches_model_causal_ragged_gqa():
     tm = fa_lab.trace(q, k, v, backend="emulator", **kw)
     assert_traces_match(tk, tm)
     st = tm.steps
-    masked_drag = st[(st.mt == -INF) & st.dragged]
+    masked_drag = st[(st.mt == -INF) & st.swept]
     assert len(masked_drag) > 0 and (masked_drag.m == -INF).all()
 
 

@@ -235,7 +235,7 @@ def test_trace_matches_model_with_extras(drag_inputs, split_inputs, kw, causal, 
     tm = fa_lab.trace(q, k, v, backend="emulator", **kw)
     assert_traces_match(tk, tm)
     st = tm.steps
-    assert st.fire.any() and st.dragged.any()
+    assert st.fire.any() and st.swept.any()
     if split:  # each split has its own prologue: two in the second block
         assert (st[(st.row == 380) & (st["head"] == 1)].phase == "prologue").sum() == 2
 
@@ -251,7 +251,7 @@ def test_padding_rows_vote_with_their_alibi_term():
     tm = fa_lab.trace(q, k, v, backend="emulator", **kw)
     assert_traces_match(tk, tm)
     last = tm.steps[(tm.steps.row == 192) & (tm.steps.phase == "loop")]
-    assert last.fire.all() and (last.fire & ~last.vote).any() and last.dragged.any()
+    assert last.fire.all() and (last.fire & ~last.vote).any() and last.swept.any()
 
 
 # ----------------------------------------------------------------------------------

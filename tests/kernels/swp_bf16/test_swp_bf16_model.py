@@ -142,7 +142,7 @@ def test_trace_shows_the_drag_by_hand():
     lane = tr.lane(1)
     loop = lane[lane.phase == "loop"]
     assert list(loop.step) == [1, 2, 3, 4]  # N = 8: loop tiles 1..N-4
-    assert loop.fire.all() and loop.dragged.all() and not loop.vote.any()
+    assert loop.fire.all() and loop.swept.all() and not loop.vote.any()
     # each drag rebases the victim to its own (lower) tile max: corr = 2**(m_prev - mt)
     for t in (1, 2, 3, 4):
         row = loop[loop.step == t].iloc[0]
@@ -154,11 +154,11 @@ def test_trace_shows_the_drag_by_hand():
     assert not tr.lanes.loc[1, "out_finite"] and tr.lanes.loc[1, "lse"] == math.inf
     # the trigger row voted every loop tile and was never dragged
     trig = tr.lane(0)
-    assert trig[trig.phase == "loop"].vote.all() and not trig.dragged.any()
+    assert trig[trig.phase == "loop"].vote.all() and not trig.swept.any()
     # the fixed policy: same fires, the victim keeps its max, corr = 1
     fixed = fa_lab.trace(q, k, v, rows=[1], causal=False, rescale="lazy", kernel="swp_bf16").lane(0)
     floop = fixed[fixed.phase == "loop"]
-    assert floop.dragged.all() and (floop["corr"] == 1).all() and (floop.m == mt[0].item()).all()
+    assert floop.swept.all() and (floop["corr"] == 1).all() and (floop.m == mt[0].item()).all()
 
 
 def test_trace_out_equals_forward():
@@ -181,7 +181,7 @@ def test_causal_fully_masked_loop_tile_drags_to_nan():
     k2, v2 = k[:, :1024 - 48], v[:, :1024 - 48]
     out = run(q, k2, v2, causal=True, rescale="lazy_unfixed")[0]
     tr = fa_lab.trace(q, k2, v2, rows=range(512, 1024), causal=True, rescale="lazy_unfixed")
-    neg_inf_drags = tr.steps[(tr.steps.dragged) & (tr.steps.mt == -math.inf)]
+    neg_inf_drags = tr.steps[(tr.steps.swept) & (tr.steps.mt == -math.inf)]
     assert len(neg_inf_drags) > 0 and (neg_inf_drags["corr"] == math.inf).all()
     assert torch.isnan(out).any()
     assert torch.isfinite(run(q, k2, v2, causal=True, rescale="lazy")[0]).all()

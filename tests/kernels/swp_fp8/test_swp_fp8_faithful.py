@@ -279,14 +279,14 @@ def assert_traces_match(tk, tm):
     sk, sm = tk.steps, tm.steps
     assert list(sk.columns) == list(sm.columns) and len(sk) == len(sm) > 0
     for c in ("lane", "step", "col0", "phase", "batch", "head", "row",
-              "vote", "fire", "dragged", "o_finite", "l_finite"):
+              "vote", "fire", "swept", "o_finite", "l_finite"):
         assert (sk[c].values == sm[c].values).all(), f"trace column {c} differs"
     tiny = 2.0**-126  # below the smallest normal only an absolute comparison means anything
     for c, rtol, atol in (("m", 1e-6, 0.0), ("mt", 1e-6, 0.0), ("corr", 1e-4, tiny), ("l", 1e-4, tiny)):
         np.testing.assert_allclose(sk[c].values, sm[c].values, rtol=rtol, atol=atol,
                                    equal_nan=True, err_msg=f"trace column {c}")
     lk, lm = tk.lanes, tm.lanes
-    for c in ("batch", "head", "row", "first_nonfinite_step", "n_dragged", "out_finite"):
+    for c in ("batch", "head", "row", "first_nonfinite_step", "n_swept", "out_finite"):
         assert lk[c].equals(lm[c]), f"lanes column {c} differs"
     np.testing.assert_allclose(lk.lse.values, lm.lse.values, rtol=1e-5, equal_nan=True)
     assert_same_masks("trace out", tk.out, tm.out)
@@ -310,13 +310,13 @@ def test_trace_matches_model_pair_for_pair(rescale, causal):
     last = st.groupby(st.row >= 256).step.max()
     assert (last[False], last[True]) == ((1, 3) if causal else (3, 3))
     if rescale == "eager":
-        assert not (st.vote.any() or st.fire.any() or st.dragged.any())
+        assert not (st.vote.any() or st.fire.any() or st.swept.any())
         return
     # The ballot is per wave: within one block and step some waves fire, others do not.
     later = st[st.step > 0]
     fired = later.groupby(["head", later.row // 256, "step"]).fire.agg(["any", "all"])
     assert (fired["any"] & ~fired["all"]).any()
-    assert st.dragged.any()
+    assert st.swept.any()
     if rescale == "lazy_unfixed":
         assert not tk.lanes.out_finite.all() and tk.lanes.first_nonfinite_step.notna().any()
 

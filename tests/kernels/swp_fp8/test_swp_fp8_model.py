@@ -84,7 +84,7 @@ def test_rules_in_the_trace():
     # monotonic and eager never scale up; the unfixed rule does on dragged rows
     for p in ("lazy", "eager"):
         assert (steps[p]["corr"] <= 1).all()
-    dragged = steps["lazy_unfixed"][steps["lazy_unfixed"].dragged]
+    dragged = steps["lazy_unfixed"][steps["lazy_unfixed"].swept]
     assert len(dragged) > 0 and (dragged["corr"] > 1).all()
     # the cap: a single step never scales up by more than 2**bound
     assert (steps["lazy_capped"]["corr"] <= 2.0**16 * (1 + 1e-6)).all()

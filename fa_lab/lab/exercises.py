@@ -1,0 +1,428 @@
+"""The lessons' exercises: the checks that hold what a learner writes (``notebooks/``).
+
+Every exercise starts in its lesson as a stub that raises ``NotImplementedError`` saying what
+to write. The cell after it runs ``f = exercises.yours(f)`` and then this module's
+``check_*(f)``: each check raises an ``AssertionError`` whose message names the mistake,
+and returns what the lesson shows. The reference answers live in ``fa_lab.lab.solutions``;
+``yours`` substitutes them when ``FA_LAB_SOLUTIONS=1`` (``SOLUTIONS_ENV``), which nbval
+(``notebooks/conftest.py``) and the docs build (``docs/conf.py``) set, so CI runs every
+lesson with an answer and a learner meets the stub. ``tests/lab/test_exercises.py`` shows
+that each check accepts the reference answer and rejects wrong ones.
+
+Checks that run a kernel take their cases as an argument (the lesson's by default), so a
+test can hold them on smaller inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pandas as pd
+import torch
+
+#: The environment variable under which ``yours`` returns the reference answers.
+SOLUTIONS_ENV = "FA_LAB_SOLUTIONS"
+
+
+def yours(fn):
+    """The learner's ``fn``, or, with ``FA_LAB_SOLUTIONS=1``, the reference answer of the same
+    name from ``fa_lab.lab.solutions`` (CI and the docs build run the lessons that way)."""
+    from fa_lab.lab import solutions
+
+    name = getattr(fn, "__name__", None)
+    if not callable(fn) or name is None:
+        raise TypeError(f"yours takes the function the exercise asks for, got {fn!r}")
+    if os.environ.get(SOLUTIONS_ENV) == "1":
+        if not hasattr(solutions, name):
+            raise ValueError(f"no reference answer named {name!r} in fa_lab.lab.solutions")
+        return getattr(solutions, name)
+    return fn
+
+
+# ---- lesson 00: one row's lazy bases ------------------------------------------------------
+
+def check_lazy_bases(lazy_bases) -> pd.DataFrame:
+    """``lazy_bases(tile_max, threshold)``: one row's base after each tile under the lazy rule
+    for one row. Returns the hand-made row and its bases."""
+    row = [3.0, 9.0, 11.0, 12.0, 30.0, 20.0, 38.0, 38.5, 47.0, 10.0]
+    got = [float(x) for x in lazy_bases(row, 8.0)]
+    assert len(got) == len(row), f"one base per tile: {len(row)} tiles, got {len(got)} bases"
+    assert got[0] == row[0], "the first tile sets the base to its own max"
+    assert all(b >= a for a, b in zip(got, got[1:])), \
+        f"a base moved down ({got}): the lazy rule only ever raises it"
+    assert got[1] == row[0], \
+        "tile 1 beats the base by 6, within the threshold of 8: the base stays (not eager)"
+    assert got[2] == row[0], \
+        "tile 2 beats the base by exactly 8: only MORE than the threshold moves it"
+    assert got[4] == row[4], "tile 4 beats the base (12) by 18: the base moves up to that tile max"
+    assert got[-1] == row[8], "a tile far below the base leaves it where it is"
+    for thr in (2.0, 20.0):
+        want = _lazy_reference(row, thr)
+        got_t = [float(x) for x in lazy_bases(row, thr)]
+        assert got_t == want, f"at threshold {thr:g} the bases are {want}, got {got_t}: does " \
+                              f"your rule use the threshold it is given?"
+    return pd.DataFrame({"tile max": row, "base": got})
+
+
+def _lazy_reference(row, thr):
+    from fa_lab.lab import solutions
+
+    return [float(x) for x in solutions.lazy_bases(row, thr)]
+
+
+# ---- lesson 01: the update and the merge ---------------------------------------------------
+
+def empty_state(rows, d, dtype=torch.float64):
+    """The state (m, l, O) of ``rows`` rows before any tile: m = -inf, l = 0, O = 0."""
+    return (torch.full((rows,), -math.inf, dtype=dtype), torch.zeros(rows, dtype=dtype),
+            torch.zeros(rows, d, dtype=dtype))
+
+
+def run_tiles(update, q, k, v, block_n=64):
+    """``update`` over every tile of k and v: the final state of the rows of q [R, D]."""
+    c = math.log2(math.e) / math.sqrt(q.shape[-1])
+    state = empty_state(q.shape[0], v.shape[1], q.dtype)
+    for j in range(0, k.shape[0], block_n):
+        state = update(state, (q @ k[j:j + block_n].T) * c, v[j:j + block_n])
+    return state
+
+
+def finish(state):
+    """out = O / l, and the LSE in natural log: m ln 2 + ln l."""
+    m, l, O = state
+    return O / l[:, None], (m + torch.log2(l)) * math.log(2)
+
+
+def reference_one_head(q, k, v):
+    """``fa_lab.reference.attention`` (non-causal, fp64) for one head given as [S, D]."""
+    from fa_lab import reference
+
+    out, lse = reference.attention(q[None, :, None], k[None, :, None], v[None, :, None],
+                                   causal=False, dtype=torch.float64)
+    return out[0, :, 0], lse[0, 0]
+
+
+def online_problem(rows=256, keys=2048, d=128, k_scale=4.0, seed=1):
+    """Lesson 01's inputs (fp64, one head, [S, D]) and their fp64 reference output and LSE."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, d, generator=g, dtype=torch.float64)
+    k = torch.randn(keys, d, generator=g, dtype=torch.float64) * k_scale
+    v = torch.randn(keys, d, generator=g, dtype=torch.float64)
+    return (q, k, v, *reference_one_head(q, k, v))
+
+
+def check_update(update, problem=None) -> dict:
+    """Exercise 1 of lesson 01: ``update(state, s, v)`` three ways: fp64 against the reference;
+    tile by tile (m is the largest score so far, l at most the keys seen); fp32 at K x32 over
+    128 tiles. Returns the fp64 errors."""
+    q, k, v, ref_out, ref_lse = problem or online_problem()
+    out, lse = finish(run_tiles(update, q, k, v))
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape, \
+        f"update must return (m [R], l [R], O [R, D]); the output came out {tuple(out.shape)}"
+    err_out = (out - ref_out).abs().max().item()
+    err_lse = (lse - ref_lse).abs().max().item()
+    assert err_out < 1e-12, "the output differs from fa_lab.reference.attention"
+    assert err_lse < 1e-12, "the output is right but the LSE is not: is l against the final m?"
+    c = math.log2(math.e) / math.sqrt(q.shape[1])
+    s_all = (q @ k.T) * c
+    state = empty_state(q.shape[0], v.shape[1])
+    for j in range(0, k.shape[0], 64):
+        state = update(state, s_all[:, j:j + 64], v[j:j + 64])
+        assert torch.equal(state[0], s_all[:, :j + 64].amax(-1)), \
+            f"after tile {j // 64}, m is not the largest score seen so far: does the base ever fall?"
+        assert (state[1] <= j + 64).all(), \
+            f"after tile {j // 64}, l exceeds the {j + 64} keys seen: a correction above 1?"
+    g32 = torch.Generator().manual_seed(32)
+    d = q.shape[1]
+    q32, k32, v32 = (torch.randn(n, d, generator=g32) * sc
+                     for n, sc in ((q.shape[0], 1), (8192, 32), (8192, 1)))
+    out32, lse32 = finish(run_tiles(update, q32, k32, v32))
+    ref32, ref_lse32 = reference_one_head(q32, k32, v32)
+    assert torch.isfinite(out32).all() and torch.isfinite(lse32).all(), \
+        "fp32, K x32: your output or LSE overflowed: does the base stay at the running max?"
+    assert (out32 - ref32).abs().max() < 1e-4 and (lse32 - ref_lse32).abs().max() < 1e-3, \
+        "fp32, K x32: finite, but far from the reference"
+    return {"tiles": k.shape[0] // 64, "rows": q.shape[0], "max |out - reference|": err_out,
+            "max |LSE - reference|": err_lse}
+
+
+def check_merge(merge, problem=None, cuts=(0, 640, 1408, 2048)) -> pd.DataFrame:
+    """Exercise 2 of lesson 01: ``merge(a, b)`` of the states of three uneven parts of the keys
+    (each from the reference update), in two orders, against the reference; the merged base
+    must be ``max(m1, m2)``. Returns the errors per order."""
+    from fa_lab.lab import solutions
+
+    q, k, v, ref_out, ref_lse = problem or online_problem()
+    parts = [run_tiles(solutions.update, q, k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    orders = {"(a ⊕ b) ⊕ c": lambda: merge(merge(parts[0], parts[1]), parts[2]),
+              "c ⊕ (b ⊕ a)": lambda: merge(parts[2], merge(parts[1], parts[0]))}
+    rows = {}
+    for name, run in orders.items():
+        o, lse = finish(run())
+        e_out, e_lse = (o - ref_out).abs().max().item(), (lse - ref_lse).abs().max().item()
+        assert e_out < 1e-12 and e_lse < 1e-12, f"{name} differs from the reference"
+        rows[name] = {"max |out - reference|": e_out, "max |LSE - reference|": e_lse}
+    for a, b in ((parts[0], parts[1]), (parts[2], parts[0])):    # either part may hold the max
+        assert torch.equal(merge(a, b)[0], torch.maximum(a[0], b[0])), \
+            "the merged base must be max(m1, m2): below it, the other part's terms exceed 1"
+    return pd.DataFrame(rows).T
+
+
+# ---- lesson 02: a rule that survives, and the onset rule ----------------------------------
+
+def rule_cases(rows=256, keys=8192, device="cpu") -> dict:
+    """Lesson 02's cases for ``check_rule``: the bug report's first block of rows at K x32 and
+    x64 (``rows`` query rows against ``keys`` keys) and ``experiments.drag_case()``."""
+    from fa_lab.studies import experiments
+
+    def block(k_scale):
+        q, k, v = experiments.bf16_inputs(1, keys, 1, 128, k_scale)
+        return tuple(t.contiguous().to(device) for t in (q[:, :rows], k, v))
+
+    return {"K x32": block(32), "K x64": block(64),
+            "drag_case": tuple(t.to(device) for t in experiments.drag_case())}
+
+
+def _rule_row(qc, kc, vc, pol, ref):
+    from fa_lab import api, metrics
+    from fa_lab.lab import lessons
+
+    # kernel="swp_bf16": drag_case's 32 rows would go to upstream's eager generic kernel;
+    # every case runs DUALWAVE_SWP, the kernel lesson 02 is about
+    st = lessons.with_deficit(api.trace(qc, kc, vc, rows=range(qc.shape[1]), causal=False,
+                                        rescale=pol, kernel="swp_bf16"))
+    out = api.flash_attn_func(qc, kc, vc, causal=False, rescale=pol, kernel="swp_bf16")
+    return {"finite": bool(torch.isfinite(out).all()), "rel-L2": metrics.rel_l2(out, ref),
+            "bases moved": int((st.m != st.m_before)[st.step > 0].sum()),
+            "largest deficit": float(st.deficit.max())}
+
+
+def check_rule(rule, cases=None, *, threshold=8.0, other_threshold=4.0) -> pd.DataFrame:
+    """Lesson 02's exercise: ``rule(m, mt, threshold)`` as a policy, on each case against the
+    unfixed rule, the fix and eager: finite, as accurate as eager (within 2 %), fewer bases
+    moved than the fix (in no case more), and every deficit within the threshold; then again
+    at ``other_threshold`` on the first case, where a rule that ignores its threshold lets a
+    base fall further behind. Returns the table, one column per case."""
+    from fa_lab import Policy, reference
+
+    cases = rule_cases() if cases is None else cases
+    mine = Policy.from_rule(rule, name="my_rule", threshold=threshold)
+    table = {}
+    for case, (qc, kc, vc) in cases.items():
+        ref, _ = reference.attention(qc, kc, vc, causal=False)
+        row = {}
+        for name, pol in (("unfixed", "lazy_unfixed"), ("fix", "lazy"), ("eager", "eager"),
+                          ("mine", mine)):
+            row.update({f"{name}: {k}": x for k, x in _rule_row(
+                qc, kc, vc, _at(pol, threshold), ref).items()})
+        table[case] = row
+    checks = pd.DataFrame(table).T
+    assert not checks["unfixed: finite"].all(), "these cases should break the unfixed rule"
+    assert checks["mine: finite"].all(), \
+        f"your rule lets some output overflow: {list(checks.index[~checks['mine: finite'].astype(bool)])}"
+    assert (checks["mine: rel-L2"] <= 1.02 * checks["eager: rel-L2"]).all(), "less accurate than eager"
+    assert (checks["mine: bases moved"] <= checks["fix: bases moved"]).all(), \
+        "moves more bases than the fix in some case"
+    assert checks["mine: bases moved"].sum() < checks["fix: bases moved"].sum(), \
+        "moves as many bases as the fix: the fix rescales every row of a firing wave that gained"
+    assert (checks["mine: largest deficit"] <= threshold).all(), \
+        f"a base fell more than the threshold ({threshold:g}) behind its row's true max"
+    case, (qc, kc, vc) = next(iter(cases.items()))
+    ref, _ = reference.attention(qc, kc, vc, causal=False)
+    other = _rule_row(qc, kc, vc, Policy.from_rule(rule, name="my_rule",
+                                                   threshold=other_threshold), ref)
+    assert other["finite"] and other["largest deficit"] <= other_threshold, \
+        f"at threshold {other_threshold:g} ({case}) a base fell {other['largest deficit']:.2f} " \
+        f"behind its row's true max: does your rule use the threshold it is given?"
+    return checks.T
+
+
+def _at(pol, threshold):
+    """A named policy at ``threshold`` (eager has none)."""
+    import dataclasses
+
+    from fa_lab import policies
+
+    p = policies.get(pol) if isinstance(pol, str) else pol
+    return p if not p.lazy or p.rule is not None else dataclasses.replace(p, threshold=threshold)
+
+
+def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
+    """Lesson 02's puzzle: ``first_nan_tile(tile_max)``, the tile at which a row dies under the
+    unfixed rule when its wave fires on every step (None if it never does). Returns the
+    hand-made rows and the answers."""
+    rows = {"A": [0, 100, 40, -20, 90, -27, 60],       # deficits up to 127: never
+            "B": [50, 10, -60, -77, -78, 0],           # 50 - (-78) = 128 at tile 4
+            "C": [0, 120, 5, 130, 10, 3],              # against the record so far: never
+            "D": [10, -100, 200, 72, 100, 71]}         # 200 - 72 = 128 at tile 3
+    want = {"A": None, "B": 4, "C": None, "D": 3}
+    got = {}
+    for name, row in rows.items():
+        got[name] = first_nan_tile([float(x) for x in row])
+        if got[name] != want[name]:
+            hint = {"A": "the deficit is the best tile max so far minus the CURRENT tile max, "
+                         "not a sum of drops",
+                    "B": "the row dies at a deficit of 128 or more (>= 128, in log2 units)",
+                    "C": "measure against the best tile max SO FAR, not the row's overall best",
+                    "D": "measure against the best tile max so far, not the first tile's"}[name]
+            raise AssertionError(f"row {name} {row}: dies at {want[name]}, you said "
+                                 f"{got[name]}: {hint}")
+    return pd.DataFrame({"tile maxima": {n: r for n, r in rows.items()},
+                         "first NaN tile": got})
+
+
+# ---- lesson 03: the saturation bound --------------------------------------------------------
+
+def check_cast_bound(largest_p, casts_can_differ, casts: pd.DataFrame | None = None):
+    """Lesson 03's exercise: ``largest_p(threshold, headroom)`` and
+    ``casts_can_differ(threshold, headroom)``, on hand-picked values and, given ``casts`` (one
+    row per (threshold, headroom) with the kernel's NaN rows under a non-saturating cast, and
+    mean |o - 1| under both casts), against what the kernel did."""
+    assert largest_p(10.0) == 1024 and largest_p(8.0, 0.0) == 256, \
+        "largest_p: the largest P is 2 to the threshold (a tile max at most THR above the base)"
+    assert largest_p(8.0, 1.0) == 512, "largest_p: the headroom adds to the exponent: 2^(THR + H)"
+    assert not casts_can_differ(8.0), "2^8 = 256 is far inside e4m3's 448"
+    assert not casts_can_differ(8.84), \
+        "2^8.84 is about 458: past 448, but it still rounds to 448 (the next code's midpoint is 464)"
+    assert casts_can_differ(8.86) and casts_can_differ(9.0) and casts_can_differ(8.0, 1.0), \
+        "P past 464 rounds past e4m3's last code: the casts can differ"
+    assert not casts_can_differ(8.0, math.log2(448) - 8.0), \
+        "PR #1020's headroom: P reaches 448, no more"
+    if casts is not None:
+        for (thr, head), r in casts.iterrows():
+            assert r["NaN rows, saturating"] == 0, "a saturating cast made NaN"
+            said = bool(casts_can_differ(thr, head))
+            assert (r["NaN rows, non-saturating"] > 0) == said, \
+                f"threshold {thr:g}, headroom {head:g}: your bound says {said}, but the " \
+                f"non-saturating cast made {r['NaN rows, non-saturating']} NaN rows"
+            if not said:
+                assert r["mean |o - 1|, saturating"] == r["mean |o - 1|, non-saturating"]
+    return True
+
+
+# ---- lesson 04: split-K's combine -----------------------------------------------------------
+
+def combine_cases(rows=512, keys=2048, heads=2, n_splits=3, k_scale=48.0, device="cpu") -> dict:
+    """Lesson 04's cases for ``check_combine``: per policy (``lazy``, ``lazy_unfixed``), the
+    parts ``(o, lse)`` of a walk cut where the kernel cuts it and the kernel's own
+    ``num_kv_splits`` result on the whole walk."""
+    from fa_lab import api
+    from fa_lab.kernels.swp_bf16.model import split_ranges
+    from fa_lab.studies.experiments import bf16_inputs
+
+    q, k, v = bf16_inputs(1, keys, heads, 128, k_scale, seed=0, device=device)
+    q = q[:, :rows].contiguous()
+    cuts = [(64 * a, 64 * z) for a, z in split_ranges(k.shape[1] // 64, n_splits)]
+    cases = {}
+    for policy in ("lazy", "lazy_unfixed"):
+        parts = [api.flash_attn_func(q, k[:, a:z], v[:, a:z], causal=False, rescale=policy,
+                                     return_lse=True) for a, z in cuts]
+        whole = api.flash_attn_func(q, k, v, causal=False, rescale=policy, return_lse=True,
+                                    num_kv_splits=n_splits)
+        cases[policy] = (parts, whole)
+    return cases
+
+
+def check_combine(combine, cases=None) -> pd.DataFrame:
+    """Lesson 04's exercise: ``combine(parts)`` against the kernel's split-K result on each
+    case: NaN and inf in the same places, the LSE within 1e-3, the output within one bf16
+    step. Returns one row per policy."""
+    cases = combine_cases() if cases is None else cases
+    rows = {}
+    for policy, (parts, (o_k, lse_k)) in cases.items():
+        o_c, lse_c = combine(parts)
+        assert o_c.shape == o_k.shape and lse_c.shape == lse_k.shape, \
+            f"combine returns out {tuple(o_k.shape)} and lse {tuple(lse_k.shape)}"
+        assert torch.equal(lse_c.isnan(), lse_k.isnan()) and torch.equal(lse_c.isinf(), lse_k.isinf()), \
+            f"{policy}: your LSE is NaN or inf where the kernel's is not, or the reverse: the " \
+            f"kernel leaves a part whose LSE is NaN out of the LSE"
+        both = torch.isfinite(lse_c) & torch.isfinite(lse_k)
+        lse_diff = (lse_c - lse_k)[both].abs().max().item()
+        assert lse_diff < 1e-3, \
+            f"{policy}: your LSE differs from the kernel's: is it the log-sum-exp of the parts' LSEs?"
+        assert not (o_k.isnan() & ~o_c.isnan()).any(), \
+            f"{policy}: the kernel's output is NaN where yours is not: a dead part's NaN " \
+            f"output still reaches its row"
+        assert not (o_c.isnan() & ~o_k.isnan()).any(), \
+            f"{policy}: your output is NaN where the kernel's is not: do the weights " \
+            f"overflow? part i is weighted by exp(LSE_i - LSE)"
+        ok = torch.isfinite(o_c) & torch.isfinite(o_k.float())
+        rel = ((o_c - o_k.float()).abs() / o_k.float().abs().clamp_min(1))[ok].max().item()
+        assert rel <= 2 ** -7, \
+            f"{policy}: your output differs from the kernel's by more than a bf16 step: is " \
+            f"part i weighted by exp(LSE_i - LSE)?"
+        rows[policy] = {"NaN % (your combine)": 100 * o_c.isnan().float().mean().item(),
+                        "NaN % (split-K kernel)": 100 * o_k.isnan().float().mean().item(),
+                        "largest |difference| / |o|": rel, "largest |LSE difference|": lse_diff,
+                        "rows with a part's LSE NaN": int(torch.stack(
+                            [x.isnan() for _, x in parts]).any(0).sum())}
+    return pd.DataFrame(rows).T
+
+
+# ---- appendix F: the best case ---------------------------------------------------------------
+
+def check_best_case(best_case_speedup) -> float:
+    """Appendix F's exercise on constructed launches: the multiply costs 1 ms of 10, the vote
+    0.5 ms; the second launch's three rounds give other answers for their mean, minimum and
+    per-round ratios than for the medians. Returns the answer on the first."""
+    one = best_case_speedup({"eager": [10.0], "no_rescale_bound": [9.0], "lazy_never": [10.5]})
+    assert abs(one - 10 / 9.5) < 1e-12, "best_case_speedup: eager / (bound + vote alone - eager)"
+    three = best_case_speedup({"eager": [10.0, 12.0, 10.0], "no_rescale_bound": [9.0, 9.0, 6.0],
+                               "lazy_never": [10.5, 8.0, 10.5]})
+    assert abs(three - 10 / 9.5) < 1e-12, \
+        "best_case_speedup: take each variant's median over the rounds first, then the formula"
+    return one
+
+
+# ---- lesson 06: the deficit bound -----------------------------------------------------------
+
+def check_guaranteed_safe(guaranteed_safe, nan: pd.DataFrame | None = None, *, n_keys=2048,
+                          v_max: float | None = None) -> float:
+    """Lesson 06's exercise: ``guaranteed_safe(threshold, n_keys, v_max)`` on hand-picked values
+    and, given the atlas's NaN table (``nan``: index (policy, K scale), one column per
+    threshold) and its ``v_max``, against every cell of it for ``lazy`` and ``fa4_row``.
+    Returns the limit the bound gives at ``n_keys`` and ``v_max`` (1 when not given)."""
+    assert guaranteed_safe(8.0, 2048, 4.5), "the kernel's threshold of 8 is safe at 2048 keys"
+    assert not guaranteed_safe(160.0, 2048, 4.5), "160 is past fp32's 128"
+    assert not guaranteed_safe(117, 2048, 1), \
+        "117 + log2(2048) = 128 reaches fp32's limit: in log2 units, and strictly below 128"
+    assert guaranteed_safe(116.9, 2048, 1), "116.9 + log2(2048) < 128: safe, in log2 units"
+    assert not guaranteed_safe(100, 2048, 2 ** 20), \
+        "values up to 2^20 add 20 binades: is max |v| in your bound?"
+    assert guaranteed_safe(120, 1, 1), "one key and values at most 1: only the threshold counts"
+    assert not guaranteed_safe(120, 2 ** 8, 1), "256 keys add 8 binades: is n_keys in your bound?"
+    vm = 1.0 if v_max is None else float(v_max)
+    if nan is not None:
+        for pol in ("lazy", "fa4_row"):
+            for t in nan.columns:
+                if guaranteed_safe(float(t), n_keys, vm):
+                    assert (nan.loc[pol][t] == 0).all(), \
+                        f"your bound says threshold {t:g} is safe, but {pol} made NaN there"
+    return 128 - math.log2(n_keys) - math.log2(vm)
+
+
+# ---- lesson 07: a policy that survives the zoo ----------------------------------------------
+
+def check_zoo_policy(policy, *, max_evals=40, budget_s=120.0):
+    """Lesson 07's exercise, three layers on ``policy`` (a ``Policy`` with an e4m3 P cast):
+    every zoo entry's own input, an attack of ``max_evals`` runs over every class of failure,
+    and the bound (every input, in closed form: no live NaN or saturation hazard). An
+    AssertionError lists every layer it fails. Returns the attack's result and the bound."""
+    from fa_lab.studies import adversary, onset
+    from fa_lab.zoo import ENTRIES
+
+    assert policy.semantics.p_cast == "e4m3", "the exercise asks for an e4m3 P cast"
+    fails = []
+    shows = [name for name, e in ENTRIES.items() if e.shows(policy)]
+    if shows:
+        fails.append(f"the symptom is back on these entries' own inputs: {shows}")
+    attack = adversary.search(policy, max_evals=max_evals, budget_s=budget_s, seed=0, shrink=False)
+    if attack.found:
+        fails.append(f"the attack broke it: {adversary.summary(attack).splitlines()[0]}")
+    region = onset.bound(policy)
+    live = [h.name for h in region.hazards if h.kind in ("nan", "saturation") and not h.never]
+    if live:
+        fails.append(f"the bound leaves these hazards live: {live}")
+    assert not fails, "\n".join(fails)
+    return attack, region

@@ -1,0 +1,124 @@
+"""The reference answers to the lessons' exercises (``notebooks/``), kept out of the lessons
+so that a learner meets a stub first and writes their own.
+
+A lesson's check cell passes the learner's function through ``exercises.yours``: with the
+environment variable ``FA_LAB_SOLUTIONS=1`` (set for nbval by ``notebooks/conftest.py`` and
+for the docs build by ``docs/conf.py``) it returns the answer of the same name from here,
+so CI runs every lesson with a working answer; otherwise it returns the learner's own.
+``tests/lab/test_exercises.py`` holds each check against these answers and against wrong
+ones. Each function is named as the lesson's stub is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+
+# ---- lesson 00 ---------------------------------------------------------------------------
+
+def lazy_bases(tile_max, threshold=8.0):
+    """One row's base after each tile under the lazy rule for one row: the first tile sets it,
+    and it moves, up to the tile max, only where the tile max beats it by more than
+    ``threshold``."""
+    bases = []
+    for mt in tile_max:
+        if not bases or mt - bases[-1] > threshold:
+            bases.append(mt)
+        else:
+            bases.append(bases[-1])
+    return bases
+
+
+# ---- lesson 01 ---------------------------------------------------------------------------
+
+def update(state, s, v):
+    """Fold one tile (scores s [R, n] in log2 units, values v [n, D]) into state (m, l, O)."""
+    m, l, O = state
+    m_new = torch.maximum(m, s.amax(-1))           # the new base: the largest score so far
+    corr = torch.exp2(m - m_new)                   # moves l and O to the new base (<= 1)
+    p = torch.exp2(s - m_new[:, None])             # this tile's terms against the new base
+    return m_new, l * corr + p.sum(-1), O * corr[:, None] + p @ v
+
+
+def merge(a, b):
+    """a ⊕ b: two states (m, l, O) of the same rows over disjoint sets of keys."""
+    (m1, l1, O1), (m2, l2, O2) = a, b
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp2(m1 - m), torch.exp2(m2 - m)       # each part to the common base
+    return m, w1 * l1 + w2 * l2, w1[:, None] * O1 + w2[:, None] * O2
+
+
+# ---- lesson 02 ---------------------------------------------------------------------------
+
+def my_rule(m, mt, threshold):
+    """Only a row whose own tile max beats its base by more than the threshold moves, up to
+    that tile max; the ballot is ignored (FlashAttention-4's per-row decision on the max)."""
+    return torch.where(mt - m > threshold, mt, m)
+
+
+def first_nan_tile(tile_max):
+    """The first tile at which a row dies under the unfixed rule with its wave firing on every
+    step: its base is then its current tile max, its deficit its best tile max so far minus
+    that, and fp32 gives up once the deficit reaches 128 (log2 units). None if it never does."""
+    best = -math.inf
+    for t, mt in enumerate(tile_max):
+        best = max(best, mt)
+        if best - mt >= 128:
+            return t
+    return None
+
+
+# ---- lesson 03 ---------------------------------------------------------------------------
+
+def largest_p(threshold, headroom=0.0):
+    """The largest P a lazy row can make: its tile max at most ``threshold`` above its base,
+    plus ``headroom`` in the exponent."""
+    return 2.0 ** (threshold + headroom)
+
+
+def casts_can_differ(threshold, headroom=0.0):
+    """Whether such a P can round past e4m3's last code: above 464 (464 itself ties to 448)."""
+    return largest_p(threshold, headroom) > 464
+
+
+# ---- lesson 04 ---------------------------------------------------------------------------
+
+def combine(parts):
+    """The kernel's split-K combine of parts [(o [B, S, H, D], lse [B, H, S]), ...]."""
+    lses = torch.stack([lse for _, lse in parts])
+    lse = torch.logsumexp(torch.where(lses.isnan(), -math.inf, lses), 0)
+    out = sum(torch.exp(x - lse).transpose(1, 2)[..., None] * o.float() for o, x in parts)
+    return out, lse
+
+
+# ---- appendix F ---------------------------------------------------------------------------
+
+def best_case_speedup(ms):
+    """Eager's median time over t_best = t_bound + (t_never - t_eager), each a median of its
+    rounds."""
+    med = {name: statistics.median(times) for name, times in ms.items()}
+    return med["eager"] / (med["no_rescale_bound"] + med["lazy_never"] - med["eager"])
+
+
+# ---- lesson 06 ---------------------------------------------------------------------------
+
+def guaranteed_safe(threshold, n_keys, v_max):
+    """Lesson 06's deficit bound: THR + log2 n + log2 max|v| < 128."""
+    return threshold + math.log2(n_keys) + math.log2(v_max) < 128
+
+
+# ---- lesson 07 ---------------------------------------------------------------------------
+
+def zoo_policy():
+    """One policy that survives the zoo (lesson 07 prints it after the exercise): each field
+    closes one entry's mechanism."""
+    from fa_lab import Policy
+    from fa_lab.semantics import Semantics
+
+    return Policy(vote="row", rebase="max", threshold=0.75, p_headroom=8.0, name="answer",
+                  semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="always",
+                                      empty_row_guard="zero_base", clamp_exp_diff=True,
+                                      epilogue_guard="zero", o_gate="row", v_tail="zero"))

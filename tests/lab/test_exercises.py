@@ -1,0 +1,304 @@
+"""Each lesson's exercise check (fa_lab.lab.exercises) accepts the reference answer
+(fa_lab.lab.solutions) and rejects wrong-but-plausible answers with a message that names the
+mistake; ``yours`` substitutes the reference answer only under FA_LAB_SOLUTIONS=1."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from fa_lab.lab import exercises as ex
+from fa_lab.lab import solutions as sol
+
+
+def rejects(check, answer, match, *args, **kwargs):
+    with pytest.raises(AssertionError, match=match):
+        check(answer, *args, **kwargs)
+
+
+# ---- yours -------------------------------------------------------------------------------
+
+def test_yours_returns_the_learners_function_unless_solutions_are_asked_for(monkeypatch):
+    def update(state, s, v):
+        raise NotImplementedError("write update")
+
+    monkeypatch.delenv(ex.SOLUTIONS_ENV, raising=False)
+    assert ex.yours(update) is update
+    monkeypatch.setenv(ex.SOLUTIONS_ENV, "0")
+    assert ex.yours(update) is update
+    monkeypatch.setenv(ex.SOLUTIONS_ENV, "1")
+    assert ex.yours(update) is sol.update
+
+
+def test_yours_refuses_what_has_no_answer(monkeypatch):
+    monkeypatch.setenv(ex.SOLUTIONS_ENV, "1")
+
+    def not_an_exercise():
+        pass
+
+    with pytest.raises(ValueError, match="not_an_exercise"):
+        ex.yours(not_an_exercise)
+    with pytest.raises(TypeError, match="function"):
+        ex.yours(3)
+
+
+def test_a_stub_fails_with_what_to_write():
+    def update(state, s, v):
+        raise NotImplementedError("Exercise 1: write update(state, s, v)")
+
+    with pytest.raises(NotImplementedError, match="write update"):
+        ex.check_update(update)
+
+
+# ---- lesson 00 ---------------------------------------------------------------------------
+
+def test_lazy_bases_check():
+    ex.check_lazy_bases(sol.lazy_bases)
+    rejects(ex.check_lazy_bases, lambda row, thr: list(__import__("itertools").accumulate(row, max)),
+            "within the threshold")                                          # eager
+    rejects(ex.check_lazy_bases,
+            lambda row, thr: [row[0]] + [b for b in _lazy(row, thr, ge=True)][1:],
+            "MORE than the threshold")                                       # >= instead of >
+    rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, 8.0), "threshold it is given")
+    rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, thr, down=True), "moved down")
+
+
+def _lazy(row, thr, ge=False, down=False):
+    out = []
+    for mt in row:
+        if not out or (mt - out[-1] >= thr if ge else mt - out[-1] > thr) or (down and mt < out[-1] - 30):
+            out.append(mt)
+        else:
+            out.append(out[-1])
+    return out
+
+
+# ---- lesson 01 ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def problem():
+    return ex.online_problem()
+
+
+def test_update_check(problem):
+    assert ex.check_update(sol.update, problem)["max |out - reference|"] < 1e-12
+
+    def own_tile_max(state, s, v):            # the unfixed rebase: the base can fall
+        m, l, O = state
+        m_new = s.amax(-1)
+        corr = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[:, None])
+        return m_new, l * corr + p.sum(-1), O * corr[:, None] + p @ v
+
+    def first_tile_base(state, s, v):         # a base fixed at the first tile's max
+        m, l, O = state
+        m_new = torch.where(torch.isinf(m), s.amax(-1), m)
+        corr = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[:, None])
+        return m_new, l * corr + p.sum(-1), O * corr[:, None] + p @ v
+
+    def no_rescale(state, s, v):              # the right base, l and O never moved to it
+        m, l, O = state
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp2(s - m_new[:, None])
+        return m_new, l + p.sum(-1), O + p @ v
+
+    rejects(ex.check_update, own_tile_max, "does the base ever fall", problem)
+    rejects(ex.check_update, first_tile_base, "largest score seen so far", problem)
+    rejects(ex.check_update, no_rescale, "differs from fa_lab.reference", problem)
+
+
+def test_merge_check(problem):
+    assert (ex.check_merge(sol.merge, problem).to_numpy() < 1e-12).all()
+
+    def add(a, b):                            # no common base
+        return torch.maximum(a[0], b[0]), a[1] + b[1], a[2] + b[2]
+
+    def first_base(a, b):                     # the first part's base for both
+        (m1, l1, O1), (m2, l2, O2) = a, b
+        w2 = torch.exp2(m2 - m1)
+        return m1, l1 + w2 * l2, O1 + w2[:, None] * O2
+
+    def swapped(a, b):                        # each part weighted by the other's factor
+        (m1, l1, O1), (m2, l2, O2) = a, b
+        m = torch.maximum(m1, m2)
+        w1, w2 = torch.exp2(m1 - m), torch.exp2(m2 - m)
+        return m, w2 * l1 + w1 * l2, w2[:, None] * O1 + w1[:, None] * O2
+
+    rejects(ex.check_merge, add, "differs from the reference", problem)
+    rejects(ex.check_merge, first_base, "max\\(m1, m2\\)", problem)
+    rejects(ex.check_merge, swapped, "differs from the reference", problem)
+
+
+# ---- lesson 02 ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_rule_cases():
+    return ex.rule_cases(rows=64, keys=2048)
+
+
+@pytest.mark.slow
+def test_rule_check(small_rule_cases):
+    table = ex.check_rule(sol.my_rule, small_rule_cases)
+    assert (table.loc["mine: bases moved"] < table.loc["fix: bases moved"]).any()
+
+    def hard_coded_8(m, mt, threshold):       # right at the kernel's 8, and only there
+        return torch.where(mt - m > 8.0, mt, m)
+
+    def the_fix(m, mt, threshold):            # the wave's ballot and fmax: as many moves
+        fire = (mt - m > threshold).any(-1, keepdim=True)
+        return torch.where(fire, torch.maximum(m, mt), m)
+
+    def unfixed(m, mt, threshold):            # the wave's ballot and the own tile max
+        fire = (mt - m > threshold).any(-1, keepdim=True)
+        return torch.where(fire, mt, m)
+
+    def never(m, mt, threshold):              # the first tile's base to the end
+        return m
+
+    rejects(ex.check_rule, hard_coded_8, "use the threshold it is given", small_rule_cases)
+    rejects(ex.check_rule, the_fix, "as many bases as the fix", small_rule_cases)
+    rejects(ex.check_rule, unfixed, "overflow", small_rule_cases)
+    rejects(ex.check_rule, never, "overflow|threshold", small_rule_cases)
+
+
+def test_first_nan_tile_check():
+    ex.check_first_nan_tile(sol.first_nan_tile)
+
+    def summed_drops(tile_max):               # accumulation: each drop adds to the deficit
+        deficit = 0.0
+        for t in range(1, len(tile_max)):
+            deficit += max(0.0, tile_max[t - 1] - tile_max[t])
+            if deficit >= 128:
+                return t
+        return None
+
+    def strict(tile_max):                     # > 128 instead of >= 128
+        best = -math.inf
+        for t, mt in enumerate(tile_max):
+            best = max(best, mt)
+            if best - mt > 128:
+                return t
+        return None
+
+    def overall_best(tile_max):               # against the row's best over all tiles
+        top = max(tile_max)
+        return next((t for t, mt in enumerate(tile_max) if top - mt >= 128), None)
+
+    rejects(ex.check_first_nan_tile, summed_drops, "not a sum of drops")
+    rejects(ex.check_first_nan_tile, strict, ">= 128")
+    rejects(ex.check_first_nan_tile, overall_best, "SO FAR")
+
+
+# ---- lesson 03 ---------------------------------------------------------------------------
+
+def test_cast_bound_check():
+    assert ex.check_cast_bound(sol.largest_p, sol.casts_can_differ)
+    rejects(ex.check_cast_bound, lambda t, h=0.0: 2.0 ** t, "headroom", sol.casts_can_differ)
+    rejects(ex.check_cast_bound, sol.largest_p, "still rounds to 448",
+            lambda t, h=0.0: sol.largest_p(t, h) > 448)
+    rejects(ex.check_cast_bound, sol.largest_p, "past 464",
+            lambda t, h=0.0: t > 9)
+
+
+def test_cast_bound_check_against_the_kernels_table():
+    import pandas as pd
+
+    casts = pd.DataFrame([{"threshold": 8.0, "headroom": 0.0, "NaN rows, saturating": 0,
+                           "NaN rows, non-saturating": 0, "mean |o - 1|, saturating": 0.01,
+                           "mean |o - 1|, non-saturating": 0.01},
+                          {"threshold": 9.0, "headroom": 0.0, "NaN rows, saturating": 0,
+                           "NaN rows, non-saturating": 3, "mean |o - 1|, saturating": 0.02,
+                           "mean |o - 1|, non-saturating": 0.03}]).set_index(["threshold", "headroom"])
+    assert ex.check_cast_bound(sol.largest_p, sol.casts_can_differ, casts)
+    liar = casts.copy()
+    liar.loc[(9.0, 0.0), "NaN rows, non-saturating"] = 0
+    with pytest.raises(AssertionError, match="your bound says True"):
+        ex.check_cast_bound(sol.largest_p, sol.casts_can_differ, liar)
+
+
+# ---- lesson 04 ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_combine_cases():
+    return ex.combine_cases()            # the lesson's own cases
+
+
+def test_combine_check(small_combine_cases):
+    table = ex.check_combine(sol.combine, small_combine_cases)
+    assert table.loc["lazy_unfixed", "rows with a part's LSE NaN"] > 0   # a dead part is tested
+
+    def nan_kept(parts):                      # a part with a NaN LSE kept in the LSE
+        lse = torch.logsumexp(torch.stack([x for _, x in parts]), 0)
+        return sum(torch.exp(x - lse).transpose(1, 2)[..., None] * o.float() for o, x in parts), lse
+
+    def unnormalised(parts):                  # weights exp(LSE_i), not exp(LSE_i - LSE)
+        lses = torch.stack([x for _, x in parts])
+        lse = torch.logsumexp(torch.where(lses.isnan(), -math.inf, lses), 0)
+        return sum(torch.exp(x).transpose(1, 2)[..., None] * o.float() for o, x in parts), lse
+
+    def dead_dropped(parts):                  # a dead part's NaN output kept out of the row
+        out, lse = sol.combine(parts)
+        return out.nan_to_num(0.0), lse
+
+    rejects(ex.check_combine, nan_kept, "out of the LSE", small_combine_cases)
+    rejects(ex.check_combine, unnormalised, "exp\\(LSE_i - LSE\\)", small_combine_cases)
+    rejects(ex.check_combine, dead_dropped, "still reaches its row", small_combine_cases)
+
+
+# ---- appendix F ---------------------------------------------------------------------------
+
+def test_best_case_check():
+    assert abs(ex.check_best_case(sol.best_case_speedup) - 10 / 9.5) < 1e-12
+
+    def means(ms):
+        m = {k: statistics.mean(x) for k, x in ms.items()}
+        return m["eager"] / (m["no_rescale_bound"] + m["lazy_never"] - m["eager"])
+
+    def bound_only(ms):
+        m = {k: statistics.median(x) for k, x in ms.items()}
+        return m["eager"] / m["no_rescale_bound"]
+
+    rejects(ex.check_best_case, means, "median")
+    rejects(ex.check_best_case, bound_only, "vote alone")
+
+
+# ---- lesson 06 ---------------------------------------------------------------------------
+
+def test_guaranteed_safe_check():
+    import pandas as pd
+
+    assert abs(ex.check_guaranteed_safe(sol.guaranteed_safe) - 117) < 1e-12
+    rejects(ex.check_guaranteed_safe, lambda t, n, v: t + math.log2(n) + math.log2(v) <= 128,
+            "strictly below 128")
+    rejects(ex.check_guaranteed_safe, lambda t, n, v: t + math.log2(n) < 128, "max \\|v\\|")
+    rejects(ex.check_guaranteed_safe, lambda t, n, v: t + math.log(n) + math.log(v) < 128,
+            "log2 units")
+    rejects(ex.check_guaranteed_safe, lambda t, n, v: t < 128, "log2\\(2048\\)")
+    # against an atlas: a NaN where the bound says safe is the bound's fault
+    nan = pd.DataFrame({8.0: [0.0, 0.0], 120.0: [0.1, 0.1]},
+                       index=pd.MultiIndex.from_tuples([("lazy", 16), ("fa4_row", 16)]))
+    ex.check_guaranteed_safe(sol.guaranteed_safe, nan, n_keys=2048, v_max=4.0)
+    with pytest.raises(AssertionError, match="made NaN there"):
+        ex.check_guaranteed_safe(sol.guaranteed_safe, nan, n_keys=1, v_max=1.0)   # 120 < 128
+
+
+# ---- lesson 07 ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_zoo_policy_check():
+    import dataclasses
+
+    from fa_lab import Policy
+    from fa_lab.semantics import Semantics
+
+    answer = sol.zoo_policy()
+    ex.check_zoo_policy(answer)
+    start = Policy(vote="row", rebase="max", threshold=4.0, p_headroom=8.0, name="start",
+                   semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="causal",
+                                       empty_row_guard="none", o_gate="always", v_tail="cache"))
+    rejects(ex.check_zoo_policy, start, "entries' own inputs(.|\n)*the attack broke it")
+    rejects(ex.check_zoo_policy, dataclasses.replace(answer, semantics=dataclasses.replace(
+        answer.semantics, p_cast="input")), "e4m3 P cast")
+    rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")

@@ -1,0 +1,155 @@
+"""The sentences of the lessons (notebooks/), computed again: each test recomputes the numbers a
+lesson's markdown states, on the lesson's own inputs (its CPU defaults), so that a change to
+the package that makes a sentence false fails here. The lessons keep only the asserts that
+check the learner (fa_lab.lab.exercises)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import fa_lab
+from fa_lab.lab import lessons
+from fa_lab.lab import solutions as sol
+from fa_lab.studies import experiments
+
+# ---- lesson 02, section 1: the by-hand table --------------------------------------------
+
+HAND = {"A": [0, 20, 40, 60, 80, 100], "B": [100, 30, 60, -10, 50, -40],
+        "C": [50, 45, 60, 58, 10, 70]}
+
+
+def deficits(tile_max):
+    return [r - mt for r, mt in zip(itertools.accumulate(tile_max, max), tile_max)]
+
+
+def test_02_by_hand_row_b_dies_at_tile_5_and_the_sum_of_drops_says_3():
+    assert deficits(HAND["B"]) == [0, 70, 40, 110, 50, 140]
+    assert sol.first_nan_tile(HAND["B"]) == 5
+    drops = list(itertools.accumulate(max(0, a - b) for a, b in zip(HAND["B"], HAND["B"][1:])))
+    assert drops[2] == 140 and drops[1] < 128            # the sum of drops reaches 140 at tile 3
+    assert max(deficits(HAND["C"])) == 50 and sol.first_nan_tile(HAND["C"]) is None
+    assert all(b - a > 8 for a, b in zip(HAND["A"], HAND["A"][1:]))   # A votes at every step
+
+
+# ---- lesson 02, section 2: the onset rule on the bug report's first block ----------------
+
+@pytest.fixture(scope="module")
+def unfixed_block():
+    q, k, v = experiments.bf16_inputs(1, 8192, 1, 128, 32)
+    tr = fa_lab.trace(q[:, :256].contiguous(), k, v, rows=range(256), causal=False,
+                      rescale="lazy_unfixed")
+    return tr, lessons.with_deficit(tr)
+
+
+def test_02_waves_fire_at_every_loop_step_and_the_deficit_is_record_minus_tile_max(unfixed_block):
+    _, U = unfixed_block
+    loop = U[U.phase == "loop"]
+    assert loop.fire.all()
+    assert ((loop.deficit - (loop.true_max - loop.mt)).abs() == 0).all()
+
+
+def test_02_the_onset_rule_on_the_block(unfixed_block):
+    tr, U = unfixed_block
+    lanes = tr.lanes
+    bad = lanes[~lanes.out_finite]
+    by_rule = U[(U.phase == "loop") & (U.true_max - U.mt >= 128)].groupby("lane").step.min()
+    assert lanes.loc[by_rule.index].out_finite.sum() == 0     # every such row dies
+    died = bad.first_nonfinite_step.astype(int)
+    at_rule = (died == by_rule.reindex(bad.index)).sum()
+    assert at_rule > len(bad) / 2                              # most, exactly at the rule's tile
+    assert (died <= by_rule.reindex(bad.index).fillna(10**6)).all()   # none later
+    at_death = [float(U[(U.lane == ln) & (U.step == s)].deficit.iloc[0]) for ln, s in died.items()]
+    assert 126 <= min(at_death) < 128                          # the rest: a binade or two early
+
+
+# ---- lesson 02, section 3: the K-scale table on the back of an envelope ------------------
+
+def test_02_the_envelope_reproduces_the_report_within_a_few_points():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4096, 8192, generator=g)
+    tm = z.view(4096, -1, 64).amax(-1)
+    record = torch.cummax(tm, 1).values
+    gap = (record - tm)[:, 1:-3].amax(1)
+    assert abs(record[:, -1].median().item() - 3.8) < 0.1       # "near 3.8 sigma"
+    assert abs(tm.median().item() - 2.3) < 0.1                   # "near 2.3 sigma"
+    assert abs(gap.median().item() - 2.3) < 0.1                 # "the typical gap, about 2.3"
+    for r in experiments.seed_table("bf16")["rows"]:
+        need = 128 / (r["k_scale"] * math.log2(math.e))
+        dying = 100 * (gap >= need).float().mean().item()
+        assert abs(dying - r["lazy_unfixed_nan_pct"]) < 5, (r["k_scale"], dying)
+        if r["k_scale"] <= 16:
+            assert dying == 0 and need > 5.5
+    assert abs(128 / (24 * math.log2(math.e)) - 3.7) < 0.01
+    assert abs(128 / (48 * math.log2(math.e)) - 1.85) < 0.01
+
+
+# ---- lesson 02, section 3: where NaN starts ----------------------------------------------
+
+@pytest.mark.slow
+def test_02_where_nan_starts():
+    """The grid of lesson 02's section 3 at its CPU sizes (2 heads x 256 rows, 4096 keys)."""
+    import pandas as pd
+
+    def block(k_scale, heads=1, skv=8192):
+        q, k, v = experiments.bf16_inputs(1, skv, heads, 128, k_scale)
+        return q[:, :256].contiguous(), k, v
+
+    K_GRID, THR_GRID = (24, 32, 48, 64), (8, 16, 32, 64, 96)
+    nan = {}
+    for K in K_GRID:
+        qg, kg, vg = block(K, heads=2, skv=4096)
+        for thr in THR_GRID:
+            for pol in ("lazy_unfixed", "lazy"):
+                out = fa_lab.flash_attn_func(qg, kg, vg, causal=False, rescale=pol, rescale_threshold=thr)
+                nan[pol, K, thr] = 100 * out.isnan().float().mean().item()
+    nan_u = pd.Series({(K, t): x for (p, K, t), x in nan.items() if p == "lazy_unfixed"}).unstack()
+    assert max(x for (p, _, _), x in nan.items() if p == "lazy") == 0        # the fix: none
+    for thr in THR_GRID:                                                     # more spread, more NaN
+        assert nan_u.loc[64, thr] > nan_u.loc[32, thr] >= nan_u.loc[24, thr]
+    assert all(nan_u.loc[K].is_monotonic_decreasing for K in K_GRID)        # higher threshold, less
+    qk, kk, vk = block(32)
+    by_kv = [100 * fa_lab.flash_attn_func(qk, kk[:, :s].contiguous(), vk[:, :s].contiguous(), causal=False,
+                                          rescale="lazy_unfixed").isnan().float().mean().item()
+             for s in (1024, 2048, 4096, 8192)]
+    assert by_kv == sorted(by_kv) and by_kv[-1] > 4 * by_kv[0]               # more keys, more NaN
+    q4, k4, v4 = block(32, skv=4096)
+    rates = {}
+    for thr in THR_GRID:
+        s = fa_lab.trace(q4, k4, v4, rows=range(256), causal=False, rescale="lazy_unfixed",
+                         rescale_threshold=thr).steps
+        s = s[s.phase == "loop"]
+        rates[thr] = (100 * s.vote.mean(), 100 * s.fire.mean())
+    assert 30 < rates[8][0] < 50 and rates[8][1] == 100      # "two in five vote, every wave fires"
+    fire = [rates[t][1] for t in THR_GRID]
+    assert fire == sorted(fire, reverse=True) and rates[32][1] > 90 > 60 > rates[64][1]
+
+
+# ---- lesson 03, section 4: why the fix costs accuracy -------------------------------------
+
+@pytest.mark.slow
+def test_03_where_the_e4m3_error_comes_from():
+    from fa_lab.kernels.swp_fp8 import model as swp_fp8
+    from fa_lab.numerics import e4m3, exp2, fma_f32
+
+    rows = 256
+    (q8, k8, v8), ds = lessons.Fp8Lesson("cpu", rows=rows).inputs(1000, 1)
+    ls = swp_fp8.log2_scale(ds[0], ds[1])
+    S = q8[0, :, 0].float() @ k8[0, :, 0].float().T
+    parts = {name: lessons.e4m3_error_parts(S, ls, lessons.trace_fp8((q8, k8, v8), ds, range(rows),
+                                                                     rescale=pol))
+             for name, pol in (("unfixed", "lazy_unfixed"), ("monotonic", "lazy"), ("eager", "eager"))}
+    u, mo, eg = parts["unfixed"], parts["monotonic"], parts["eager"]
+    total = "o - 1 before rounding"
+    assert u["pairs based at their own best key %"] > 95 > 20 > eg["pairs based at their own best key %"]
+    s_top = S.gather(1, S.argmax(1, keepdim=True))[:, 0]
+    expo = fma_f32(s_top, ls, 0.0 - ls * s_top)
+    assert 0 < expo.abs().max() < 1e-5 and e4m3(exp2(expo)).eq(1).all()   # P = 1 + rounding -> 1
+    assert u["largest term"] < 1e-6 and u["other pairs' largest terms"] < 1e-5
+    assert 0.2 < eg["share of l in other pairs' maxima"] < 0.35            # "about a quarter"
+    assert eg["other pairs' largest terms"] > 0.5 * eg[total]               # "most of eager's error"
+    assert mo["largest term"] > 0.5 * mo[total]                             # "most of its error"
+    assert 30 < mo[total] / u[total] < 120 and 10 < eg[total] / u[total] < 50
+    assert u["rows not exactly 1"] == 1 and u["o - 1, bf16 output"] == 2.0 ** -8 / rows
+    assert u[total] < 2.0 ** -9 / 10
