@@ -260,7 +260,7 @@ def test_cli_attack_json_carries_mods(capsys, tmp_path, monkeypatch):
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["found"] and rec["mods"] == ["bias", "alibi_slopes"]
     assert rec["space"] == "scores+bias+alibi_slopes" and "bias" in rec["input_mods"]
-    saved = json.loads((tmp_path / "attack_lazy_unfixed_mods.json").read_text())
+    saved = json.loads((tmp_path / "attack_lazy_unfixed_mods_vs-eager.json").read_text())
     run = saved["runs"][0]
     assert saved["mods"] == rec["mods"] and run["space"]["mods"] == rec["mods"]
     assert run["shrunk"]["mask"] == rec["input_mods"]["bias"]["mask"]
