@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Callable
+
 from fa_lab.policies import REBASES, VOTES, Policy
+from fa_lab.routing import Rule
 
 ALL_VOTES = frozenset(VOTES)
 ALL_REBASES = frozenset(REBASES)
@@ -26,6 +29,8 @@ FP8 = frozenset({"fp8"})
 #: Optional features a call may ask for.
 FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace")
 _SWP_FEATURES = frozenset(FEATURES)
+#: How errors name a dtype of ``Caps.dtypes``.
+DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 
 
 @dataclass(frozen=True)
@@ -59,18 +64,28 @@ class Implementation:
 
 @dataclass(frozen=True)
 class Family:
-    """A kernel family: its ``name`` (the package's), one line on what it is, its
-    implementations by kind (``IMPLEMENTATIONS``; the model is required), and whether
-    ``flash_attn_func`` routes to it (``routed``; the SWA kernel has an entry point of its
-    own), and whether it models one of upstream FlyDSL's kernels (``upstream``: upstream's
-    routing picks among those; a family of fa_lab's own runs where a policy's semantics
-    or ``kernel=`` ask for it)."""
+    """A kernel family: everything dispatch knows of it (dispatch names no family).
+
+    ``name`` (the package's), one line on what it is, its implementations by kind
+    (``IMPLEMENTATIONS``; the model is required; each ``Caps`` says the dtypes, head
+    dims, features and policy values it runs); ``routed``: whether ``flash_attn_func``
+    routes to it (False: an entry point of its own calls it, as ``swa_attn_func`` does the
+    SWA kernel); ``rule``: upstream's routing to the FlyDSL kernel it models
+    (``fa_lab.routing.Rule``: upstream's kernel name, which calls upstream sends there, why
+    it cannot run a call asked for by name). A family without a rule is fa_lab's own
+    (``upstream`` False): it runs where ``kernel=`` or a policy's semantics ask for it.
+    ``unconsulted(call, policy)``: why a lazy ``policy`` would never be consulted on
+    ``call`` (a message), or None; dispatch warns with it. ``raw_units``: its traces
+    record maxima in raw fp8-product units (``trace`` scales them by the call's log2 scale)
+    rather than log2 units."""
 
     name: str
     description: str
     implementations: dict
     routed: bool = True
-    upstream: bool = True
+    rule: Rule | None = None
+    unconsulted: Callable | None = None
+    raw_units: bool = False
 
     def __post_init__(self):
         unknown = set(self.implementations) - set(IMPLEMENTATIONS)
@@ -80,6 +95,13 @@ class Family:
         for kind, impl in self.implementations.items():
             if not isinstance(impl, Implementation):
                 raise TypeError(f"family {self.name!r}: {kind} must be an Implementation")
+        if self.rule is not None and not isinstance(self.rule, Rule):
+            raise TypeError(f"family {self.name!r}: rule must be a fa_lab.routing.Rule or None")
+
+    @property
+    def upstream(self) -> bool:
+        """Whether the family models one of upstream FlyDSL's kernels (it has a ``rule``)."""
+        return self.rule is not None
 
     def caps(self, kind: str) -> Caps:
         return self.implementations[kind].caps
@@ -99,7 +121,7 @@ def policy_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
     if policy.rebase not in caps.rebases:
         return (f"policy {policy.name!r} has rebase={policy.rebase!r}, which {where} lacks "
                 f"(it has rebase in {sorted(caps.rebases)})")
-    return semantics_refusal(caps, policy, where)
+    return semantics_refusal(caps, policy, where) if policy.semantic_fields else None
 
 
 def semantics_refusal(caps: Caps, policy: Policy, where: str) -> str | None:

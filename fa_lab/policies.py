@@ -174,10 +174,10 @@ class Policy:
         """True where rows may keep a stale running max (every vote but 'tile')."""
         return self.vote != "tile"
 
-    @property
+    @functools.cached_property
     def semantic_fields(self) -> tuple[str, ...]:
         """The ``semantics`` fields this policy sets away from their defaults: what a kernel
-        must implement, beyond vote/rebase/threshold, to run it."""
+        must implement, beyond vote/rebase/threshold, to run it (computed once per policy)."""
         return self.semantics.changed()
 
     @property
@@ -291,7 +291,10 @@ def user_names() -> tuple[str, ...]:
 
 def as_policy(rescale) -> Policy:
     """A name or a Policy, as a Policy."""
-    return rescale if isinstance(rescale, Policy) else get(rescale)
+    if isinstance(rescale, Policy):
+        return rescale
+    policy = _REGISTRY.get(rescale) if isinstance(rescale, str) else None
+    return policy if policy is not None else get(rescale)
 
 
 def color(policy) -> str | None:
@@ -332,15 +335,19 @@ class Request:
         """The resolved policy for a call (``resolve``), ``default`` where none was named.
         Resolution is a pure function of these values: a repeated call takes it from a
         cache (keyed by the Policy objects, so a re-registered name resolves anew)."""
-        rescale = None if self.rescale is None else as_policy(self.rescale)
+        rescale = self.rescale
+        if rescale is not None and not isinstance(rescale, Policy):
+            rescale = as_policy(rescale)
         args = (fp8, seqlen_kv, rescale, self.lazy_flag is not False, self.rescale_threshold,
                 self.rebase_bound, self.p_headroom, default, headroom_any_dtype)
         try:  # typed: True and 1 (a headroom) are equal and hash alike, and mean different things
-            key = tuple((type(a), a) for a in args)
-            hash(key)
-        except TypeError:  # an argument of a type resolve() refuses: let it say so
+            key = ((bool, fp8), (type(seqlen_kv), seqlen_kv), (type(rescale), rescale),
+                   (bool, args[3]), (type(args[4]), args[4]), (type(args[5]), args[5]),
+                   (type(args[6]), args[6]), (type(default), default),
+                   (type(headroom_any_dtype), headroom_any_dtype))
+            policy, said = _resolve_cached(key)
+        except TypeError:  # an argument of a type resolve() refuses (or cannot hash): let it say so
             return _resolve(*args)
-        policy, said = _resolve_cached(key)
         for message, category in said:  # what resolving said, said again on every call
             warnings.warn(message, category, stacklevel=3)
         return policy

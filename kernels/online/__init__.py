@@ -24,5 +24,4 @@ FAMILY = Family(
     {"model": Implementation("model", Caps(HALF | FP8, (64, 128),
                                            frozenset({"bias", "varlen", "trace"}), ALL_VOTES,
                                            ALL_REBASES, semantics=_SEMANTICS,
-                                           headroom_any_dtype=True), varlen="model")},
-    upstream=False)
+                                           headroom_any_dtype=True), varlen="model")})

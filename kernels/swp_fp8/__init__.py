@@ -6,6 +6,7 @@
 """
 
 from fa_lab.capabilities import ALL_REBASES, ALL_VOTES, FP8, Caps, Family, Implementation
+from fa_lab.routing import FP8_DUALWAVE
 
 FAMILY = Family(
     "swp_fp8", "the fp8 (e4m3) DUALWAVE_SWP kernel: raw-domain maxima, 128-column decisions",
@@ -14,4 +15,5 @@ FAMILY = Family(
      "faithful": Implementation("faithful", Caps(FP8, (128,), frozenset({"trace"}), ALL_VOTES,
                                                  ALL_REBASES)),
      "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), frozenset({"tile", "wave"}),
-                                         ALL_REBASES))})
+                                         ALL_REBASES))},
+    rule=FP8_DUALWAVE, raw_units=True)
