@@ -454,15 +454,19 @@ def _plan(call: Call, notes: list) -> Plan:
     return Plan(call, family, backend, e)
 
 
-#: (family, implementation) -> (its ``forward``, the keyword arguments that takes).
+#: (family, implementation) -> (its module, the keyword arguments its ``forward`` takes).
 _FORWARDS: dict = {}
 
 
 def _forward(e: Entry):
     key = (e.family, e.impl)
     if key not in _FORWARDS:
-        fn = e.load().forward
-        _FORWARDS[key] = fn, frozenset(inspect.signature(fn).parameters)
+        module = e.load()
+        params = inspect.signature(module.forward).parameters
+        takes = frozenset(params)
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            takes |= {"policy"}  # a forward that takes any keyword (a wrapper) takes the policy
+        _FORWARDS[key] = module, takes
     return _FORWARDS[key]
 
 
@@ -488,8 +492,8 @@ def _kwargs(p: Plan, recorder, takes) -> dict:
 
 def _run_dense(p: Plan, recorder=None):
     c = p.call
-    fn, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
-    return fn(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
+    module, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+    return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
 
 
 def run(p: Plan, recorder=None):
@@ -502,8 +506,8 @@ def run(p: Plan, recorder=None):
         from fa_lab import flydsl
         return flydsl.forward(c)
     if c.packing is None:
-        fn, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
-        return fn(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
+        module, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+        return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
     if recorder is not None:
         raise ValueError("trace and count_rescales take dense calls, not varlen")
     pk = c.packing
