@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -264,11 +265,30 @@ for _p in _BUILTINS:
     register(_p)
 
 
+#: Modules that register a library's presets when imported (the failure zoo's
+#: ``"<entry>:<variant>"``). They sit above the core, which never imports them: the registry
+#: imports them the first time it needs them (a name it lacks, or the list of names), so a
+#: preset works by name wherever a policy does.
+PRESET_MODULES = ["fa_lab.zoo"]
+_presets_loaded = False
+
+
+def _load_presets() -> None:
+    global _presets_loaded
+    if _presets_loaded:
+        return
+    _presets_loaded = True
+    for module in PRESET_MODULES:
+        importlib.import_module(module)
+
+
 def get(name: str) -> Policy:
     """The registered policy ``name``; ValueError listing the registered names."""
     if not isinstance(name, str):
         raise TypeError(f"rescale must be a policy name (str) or a fa_lab.Policy, got "
                         f"{type(name).__name__}")
+    if name not in _REGISTRY and not _presets_loaded:
+        _load_presets()
     if name not in _REGISTRY:
         raise ValueError(f"rescale={name!r} is not a registered policy; choose one of "
                          f"{list(_REGISTRY)} or pass a fa_lab.Policy")
@@ -276,16 +296,19 @@ def get(name: str) -> Policy:
 
 
 def names() -> tuple[str, ...]:
-    """Registered policy names, built-ins first, in registration order."""
+    """Registered policy names, built-ins first, in registration order (presets included)."""
+    _load_presets()
     return tuple(_REGISTRY)
 
 
 def registered() -> tuple[Policy, ...]:
+    _load_presets()
     return tuple(_REGISTRY.values())
 
 
 def user_names() -> tuple[str, ...]:
     """The registered names that are neither built-ins nor presets: the user's own."""
+    _load_presets()
     return tuple(n for n in _REGISTRY if n not in BUILTIN_NAMES and n not in _PRESET_NAMES)
 
 
@@ -302,6 +325,8 @@ def color(policy) -> str | None:
     such as the labels of implementations)."""
     if isinstance(policy, Policy):
         return policy.color if policy.color is not None else color(policy.name)
+    if isinstance(policy, str) and policy not in _REGISTRY:
+        _load_presets()
     p = _REGISTRY.get(policy) if isinstance(policy, str) else None
     return None if p is None else p.color
 
