@@ -24,7 +24,7 @@ import torch
 from fa_lab import dispatch, policies, upstream as upstream_versions, varlen
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout)
-from fa_lab.dispatch import BACKENDS, ROUTED, Call
+from fa_lab.dispatch import BACKENDS, Call
 from fa_lab.kernels import FAMILIES, swa
 from fa_lab.kernels.swp_fp8.model import log2_scale
 from fa_lab.kernels._common.geometry import BLOCK_N
@@ -170,9 +170,9 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         mods["num_kv_splits"] = num_kv_splits
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
-    if kernel is not None and (not isinstance(kernel, str) or kernel not in ROUTED):
+    if kernel is not None and (not isinstance(kernel, str) or kernel not in dispatch.ROUTED):
         raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
-                         f"{ROUTED} (the others have entry points of their own)")
+                         f"{dispatch.ROUTED} (the others have entry points of their own)")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     version = upstream_versions.get(upstream)
@@ -280,11 +280,12 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     applied: the call warns once and says which ``kernel=`` applies it. ``fp8_saturate``
     (fp8; default True) picks the P cast: clamp to 448 or NaN. ``upstream``: the FlyDSL
     version whose defaults a bare call takes (``fa_lab.upstream``; default ``"fixed"``, or
-    what ``fa_lab.set_upstream`` chose). ``kernel``: "swp_bf16", "swp_fp8" or "generic"
-    instead of upstream's routing, or "online".
+    what ``fa_lab.set_upstream`` chose). ``kernel``: a routed family's name instead of
+    upstream's routing (``fa_lab.dispatch.ROUTED``: the bf16/f16 and fp8 DUALWAVE_SWP
+    kernels, the generic kernel, the online-softmax model).
     A policy that sets ``fa_lab.semantics`` fields (the failure zoo's presets, such as
     ``rescale="fa4_fp8_saturation:before"``) runs on the online-softmax family, the one
-    that implements them (``kernel="online"`` runs any declarative policy there).
+    that implements them (asked for by name, it runs any declarative policy).
     ``backend``: ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the
     faithful Triton ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors
     through Triton's interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so

@@ -70,7 +70,7 @@ class Entry:
     def varlen_load(self):
         """The module with the implementation's one-launch ``forward_varlen``."""
         name = FAMILIES[self.family].implementations[self.impl].varlen
-        return importlib.import_module(f"{kernels.__name__}.{self.family}.{name}")
+        return importlib.import_module(f"{kernels.PACKAGES[self.family]}.{name}")
 
 
 def _entries():
@@ -84,13 +84,29 @@ def _entries():
 
 
 #: (family, backend) -> Entry: the one table, built from the registered families.
-TABLE: dict[tuple[str, str], Entry] = _entries()
+TABLE: dict[tuple[str, str], Entry] = {}
 #: The families ``flash_attn_func`` routes to (``kernel=`` takes these).
-ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
+ROUTED: tuple[str, ...] = ()
 #: The routed families that model upstream FlyDSL's kernels (upstream's routing picks among
 #: them by their rules); the others are fa_lab's own and run where a policy or ``kernel=``
 #: asks for them.
-UPSTREAM = tuple(name for name in ROUTED if FAMILIES[name].upstream)
+UPSTREAM: tuple[str, ...] = ()
+
+
+def _build() -> None:
+    """(Re)build ``TABLE``, ``ROUTED`` and ``UPSTREAM`` from the registered families (on
+    import, and whenever ``fa_lab.kernels.register`` adds one)."""
+    global ROUTED, UPSTREAM
+    TABLE.clear()
+    TABLE.update(_entries())
+    ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
+    UPSTREAM = tuple(name for name in ROUTED if FAMILIES[name].upstream)
+    _FORWARDS.clear()
+
+
+_FORWARDS: dict = {}
+_build()
+kernels._LISTENERS.append(_build)
 
 
 def entry(family: str, backend: str) -> Entry:
@@ -454,8 +470,8 @@ def _plan(call: Call, notes: list) -> Plan:
     return Plan(call, family, backend, e)
 
 
-#: (family, implementation) -> (its module, the keyword arguments its ``forward`` takes).
-_FORWARDS: dict = {}
+#: (family, implementation) -> (its module, the keyword arguments its ``forward`` takes);
+#: ``_FORWARDS``, defined with ``TABLE``.
 
 
 def _forward(e: Entry):
