@@ -135,9 +135,19 @@ def semantics_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
             "fa_lab.kernels.online)")
 
 
+def cleared(policy: Policy) -> set:
+    """The (family, implementation) pairs ``policy`` has been checked for: a resolved
+    policy and a family's capabilities never change, so one check holds for the policy
+    object's life. ``fa_lab.dispatch.plan`` adds the pair it planned, so the entry point it
+    then calls does not decide again; a direct caller's first call checks."""
+    return policy.__dict__.setdefault("_cleared_for", set())
+
+
 def check_semantics(policy, family: Family, impl: str) -> None:
     """For a model's own entry point: ValueError naming the semantics fields of ``policy``
     that ``family``'s implementation ``impl`` does not run (``semantics_refusal``)."""
+    if isinstance(policy, Policy) and (family.name, impl) in cleared(policy):
+        return
     why = semantics_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
     if why:
         raise ValueError(why)
@@ -149,7 +159,11 @@ def check_policy(policy, family: Family, impl: str) -> None:
     otherwise."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
+    done = cleared(policy)
+    if (family.name, impl) in done:
+        return
     why = policy_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
     if why:
         raise ValueError(why)
     policy.codes  # noqa: B018 -- refuses a policy that is not resolved for a call
+    done.add((family.name, impl))

@@ -462,6 +462,7 @@ def _plan(call: Call, notes: list) -> Plan:
                                           f"the {family} kernel on backend={backend!r}")
     if refusal:
         raise ValueError(refusal)
+    capabilities.cleared(call.policy).add((family, e.impl))  # its entry point decides no more
     if e.triton:
         from fa_lab.kernels import unavailable
         why = unavailable()

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 import fa_lab
@@ -125,3 +126,28 @@ def test_api_and_dispatch_name_no_family():
     for f in ("fa_lab/api.py", "fa_lab/dispatch.py"):
         hits = [i for i, line in enumerate((ROOT / f).read_text().splitlines(), 1) if pattern.search(line)]
         assert not hits, f"{f}: {hits}"
+
+
+def test_the_model_runs_the_plan_without_checking_again(monkeypatch):
+    """The model's own entry point checks a policy it is handed directly, once; a planned
+    call's policy is already checked for that family and implementation."""
+    from fa_lab import capabilities, policies
+
+    checked = []
+    real = capabilities.semantics_refusal
+
+    def spy(*a, **kw):
+        checked.append(a[2])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(capabilities, "semantics_refusal", spy)
+    q = torch.randn(1, 512, 2, 64).to(torch.bfloat16)
+    policy = policies.Policy("wave", "max", name="fresh_for_this_test")
+    fa_lab.flash_attn_func(q, q, q, rescale=policy, backend="emulator")
+    assert checked == []  # (no semantics field set: the plan checked the fields, not the model)
+    planned = fa_lab.api.plan(q, q, q, rescale=policy, backend="emulator")
+    assert ("swp_bf16", "model") in capabilities.cleared(planned.call.policy)
+    odd = policies.get("trtllm_neg_inf:before")  # semantics fields of its own
+    with pytest.raises(ValueError, match="only the online-softmax family runs"):
+        swp_bf16_model.forward(q, q, q, causal=True, policy=odd)
+    assert len(checked) == 1
