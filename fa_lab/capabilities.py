@@ -55,11 +55,13 @@ class Caps:
 class Implementation:
     """One implementation of a family: ``module``, its module under the family's package
     (with ``forward``); ``caps``, what it runs; ``varlen``, a module with a one-launch
-    ``forward_varlen`` (None: varlen calls run one dense call per sequence)."""
+    ``forward_varlen`` (None: varlen calls run one dense call per sequence); ``policy``:
+    whether ``forward`` takes ``policy=`` (False for a kernel with one fixed, eager rule)."""
 
     module: str
     caps: Caps
     varlen: str | None = None
+    policy: bool = True
 
 
 @dataclass(frozen=True)

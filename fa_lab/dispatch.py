@@ -23,7 +23,6 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib
-import inspect
 import warnings
 from dataclasses import dataclass
 
@@ -471,23 +470,16 @@ def _plan(call: Call, notes: list) -> Plan:
     return Plan(call, family, backend, e)
 
 
-#: (family, implementation) -> (its module, the keyword arguments its ``forward`` takes);
-#: ``_FORWARDS``, defined with ``TABLE``.
-
-
 def _forward(e: Entry):
+    """(the implementation's module, whether its ``forward`` takes ``policy=``), cached in
+    ``_FORWARDS`` (``forward`` is read from the module at each call)."""
     key = (e.family, e.impl)
     if key not in _FORWARDS:
-        module = e.load()
-        params = inspect.signature(module.forward).parameters
-        takes = frozenset(params)
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            takes |= {"policy"}  # a forward that takes any keyword (a wrapper) takes the policy
-        _FORWARDS[key] = module, takes
+        _FORWARDS[key] = e.load(), FAMILIES[e.family].implementations[e.impl].policy
     return _FORWARDS[key]
 
 
-def _kwargs(p: Plan, recorder, takes) -> dict:
+def _kwargs(p: Plan, recorder, with_policy: bool) -> dict:
     c, e = p.call, p.entry
     kw = {"causal": c.causal}
     if "trace" in e.caps.features:
@@ -497,7 +489,7 @@ def _kwargs(p: Plan, recorder, takes) -> dict:
                          "(backend='emulator') or a faithful port")
     if e.triton:
         kw["interpret"] = c.q.device.type == "cpu"
-    if "policy" in takes:  # (an eager-only kernel takes none)
+    if with_policy:  # (a kernel with one fixed eager rule takes no policy=)
         kw["policy"] = c.policy
     if c.fp8:
         qd, kd, vd = c.descales
@@ -509,8 +501,8 @@ def _kwargs(p: Plan, recorder, takes) -> dict:
 
 def _run_dense(p: Plan, recorder=None):
     c = p.call
-    module, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
-    return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
+    module, with_policy = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+    return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, with_policy), **c.mods)
 
 
 def run(p: Plan, recorder=None):
@@ -523,14 +515,14 @@ def run(p: Plan, recorder=None):
         from fa_lab import flydsl
         return flydsl.forward(c)
     if c.packing is None:
-        module, takes = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
-        return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, takes), **c.mods)
+        module, with_policy = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+        return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, with_policy), **c.mods)
     if recorder is not None:
         raise ValueError("trace and count_rescales take dense calls, not varlen")
     pk = c.packing
     if p.entry.has_varlen:
-        _, takes = _forward(p.entry)
-        kw = {k: v for k, v in _kwargs(p, None, takes).items() if k != "recorder"}
+        _, with_policy = _forward(p.entry)
+        kw = {k: v for k, v in _kwargs(p, None, with_policy).items() if k != "recorder"}
         return p.entry.varlen_load().forward_varlen(
             c.q, c.k, c.v, pk.cu_q_tensor, pk.cu_kv_tensor, pk.max_seqlen_q, pk.max_seqlen_kv,
             **kw, **c.mods)
