@@ -15,7 +15,6 @@ output whose backward runs FlyDSL's backward kernels (``fa_lab.autograd``). ``tr
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import warnings
@@ -26,7 +25,8 @@ from fa_lab import autograd, dispatch, policies, upstream as upstream_versions, 
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
-from fa_lab.kernels.swp_fp8 import model as swp_fp8
+from fa_lab.kernels import FAMILIES, swa
+from fa_lab.kernels.swp_fp8.model import log2_scale
 from fa_lab.kernels._common.geometry import BLOCK_N
 from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, f32
 from fa_lab.trace import Trace, TraceRecorder, normalize_rows
@@ -41,10 +41,12 @@ __all__ = ["BACKENDS", "Call", "check_call", "plan", "flash_attn_func", "trace",
 
 def check_forward_only(*tensors) -> None:
     """Refuse a call that autograd would record: fa_lab's kernels are forward only."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in tensors):
-        raise ValueError("fa_lab's attention is forward only (no gradients): an input requires "
-                         "grad; wrap the call in torch.no_grad() or pass detached tensors")
+    if not torch.is_grad_enabled():
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError("fa_lab's attention is forward only (no gradients): an input requires "
+                             "grad; wrap the call in torch.no_grad() or pass detached tensors")
 
 
 def _check_mods(q, fp8, B, Sq, H, Skv, packing, bias, alibi_slopes, sink) -> dict:
@@ -97,7 +99,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=None, rescale=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
                backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1,
-               kernel=None, upstream=None) -> Call:
+               kernel=None, upstream=None, return_lse=False) -> Call:
     """Validate every argument into one ``dispatch.Call`` (the rescale arguments as a
     ``policies.Request``, resolved by ``dispatch.plan`` once the family is known); raises
     ValueError/TypeError naming the argument. Does no work on the tensors' data.
@@ -140,7 +142,8 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
             raise ValueError(f"fp8 inputs need per-tensor descales; missing {', '.join(missing)}")
         descales = tuple(check_descale(n, x) for n, x in given.items())
     else:
-        extra = [n for n, x in given.items() if x is not None]
+        extra = () if q_descale is None and k_descale is None and v_descale is None else [
+            n for n, x in given.items() if x is not None]
         if extra:
             raise ValueError(f"{', '.join(extra)} apply to float8_e4m3fn inputs only, got {q.dtype}")
         descales = None
@@ -151,7 +154,8 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
     elif not isinstance(fp8_saturate, bool):
         raise TypeError(f"fp8_saturate must be a bool, got {type(fp8_saturate).__name__}")
     mods = _check_mods(q, fp8, B, Sq, H, Skv, packing, bias, alibi_slopes, sink)
-    num_kv_splits = check_int("num_kv_splits", num_kv_splits, lo=1)
+    if type(num_kv_splits) is not int or num_kv_splits != 1:
+        num_kv_splits = check_int("num_kv_splits", num_kv_splits, lo=1)
     if num_kv_splits > 1:
         n_tiles = -(-Skv // BLOCK_N)
         if fp8:
@@ -166,6 +170,11 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         mods["num_kv_splits"] = num_kv_splits
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
+    if kernel is not None and (not isinstance(kernel, str) or kernel not in dispatch.ROUTED):
+        raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
+                         f"{dispatch.ROUTED} (the others have entry points of their own)")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     version = upstream_versions.get(upstream)
     # None: the upstream version's default (which the generic kernel ignores, as upstream
     # does); an explicit True/False is a request that routing must honour.
@@ -173,14 +182,18 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         raise TypeError("dualwave_swp_lazy_rescale must be a bool, "
                         f"got {type(dualwave_swp_lazy_rescale).__name__}")
     if rescale is not None:
-        policies.as_policy(rescale)  # a name the registry lacks, or not a Policy: refused now
+        # the one lookup of a name: a name the registry lacks, or not a Policy, is refused now
+        rescale = policies.as_policy(rescale)
     request = policies.Request(rescale=rescale, lazy_flag=dualwave_swp_lazy_rescale,
                                rescale_threshold=rescale_threshold, rebase_bound=rebase_bound,
                                p_headroom=p_headroom)
+    dtype = "fp8" if fp8 else "bf16" if q.dtype == torch.bfloat16 else "f16"
+    features = (*mods, "varlen") if packing is not None else tuple(mods)
     return Call(q=q, k=k, v=v, causal=causal, request=request, fp8=fp8, descales=descales,
                 fp8_saturate=fp8_saturate, backend=backend, mods=mods, head_dim=D, batch=B,
-                seqlen_q=Sq, seqlen_kv=Skv, packing=packing, kernel_asked=kernel,
-                upstream=version.name)
+                seqlen_q=Sq, seqlen_kv=Skv, dtype=dtype, features=features, version=version,
+                policy_asked=request.explicit(fp8=fp8, reads_flag=version.fp8_reads_flag),
+                packing=packing, kernel_asked=kernel, return_lse=return_lse)
 
 
 def warn_fp8_scale(call: Call) -> None:
@@ -198,7 +211,7 @@ def warn_fp8_scale(call: Call) -> None:
     if not call.fp8:
         return
     qd, kd, _ = call.descales
-    ls = swp_fp8.log2_scale(qd, kd, call.head_dim)
+    ls = log2_scale(qd, kd, call.head_dim)
     bound = ls * E4M3_MAX * E4M3_MAX * call.head_dim
     if bound >= 2.0 ** 32:
         warnings.warn(f"q_descale * k_descale = {qd * kd:.3g} lets fp8 scores reach {bound:.3g} log2 "
@@ -217,12 +230,17 @@ def warn_fp8_scale(call: Call) -> None:
 
 
 #: The keyword arguments every entry point passes on to ``check_call``, in its order.
-CALL_OPTIONS = tuple(p for p in inspect.signature(check_call).parameters if p not in ("q", "k", "v"))
+CALL_OPTIONS = tuple(p for p in inspect.signature(check_call).parameters
+                     if p not in ("q", "k", "v", "return_lse"))
 
 
 def _options(local: dict) -> dict:
     """An entry point's own arguments that ``check_call`` takes, by name."""
-    return {name: local[name] for name in CALL_OPTIONS if name in local}
+    options = {}
+    for name in CALL_OPTIONS:
+        if name in local:
+            options[name] = local[name]
+    return options
 
 
 def plan(q, k, v, **options) -> dispatch.Plan:
@@ -262,11 +280,12 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     applied: the call warns once and says which ``kernel=`` applies it. ``fp8_saturate``
     (fp8; default True) picks the P cast: clamp to 448 or NaN. ``upstream``: the FlyDSL
     version whose defaults a bare call takes (``fa_lab.upstream``; default ``"fixed"``, or
-    what ``fa_lab.set_upstream`` chose). ``kernel``: "swp_bf16", "swp_fp8" or "generic"
-    instead of upstream's routing, or "online".
+    what ``fa_lab.set_upstream`` chose). ``kernel``: a routed family's name instead of
+    upstream's routing (``fa_lab.dispatch.ROUTED``: the bf16/f16 and fp8 DUALWAVE_SWP
+    kernels, the generic kernel, the online-softmax model).
     A policy that sets ``fa_lab.semantics`` fields (the failure zoo's presets, such as
     ``rescale="fa4_fp8_saturation:before"``) runs on the online-softmax family, the one
-    that implements them (``kernel="online"`` runs any declarative policy there).
+    that implements them (asked for by name, it runs any declarative policy).
     ``backend``: ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the
     faithful Triton ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors
     through Triton's interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so
@@ -283,9 +302,10 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     if autograd.records(q, k, v, bias, alibi_slopes, sink):  # gradients: fa_lab.autograd
         planned = plan(q.detach(), k.detach(), v.detach(), **_options(locals()))
         return autograd.attach(planned, q, k, v, return_lse)
-    call = dataclasses.replace(check_call(q, k, v, **_options(locals())), return_lse=return_lse)
+    call = check_call(q, k, v, return_lse=return_lse, **_options(locals()))
     planned = dispatch.plan(call)
-    warn_fp8_scale(call)
+    if call.fp8:
+        warn_fp8_scale(call)
     out, lse = dispatch.run(planned)
     return (out, lse) if return_lse else out
 
@@ -339,9 +359,9 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     warn_fp8_scale(call)
     dispatch.run(planned, recorder)
     pol = planned.call.policy
-    # the fp8 kernel records raw fp8-product units; every other family log2 units
-    fp8_units = call.fp8 and planned.family == "swp_fp8"
-    per_unit = swp_fp8.log2_scale(call.descales[0], call.descales[1]) if fp8_units else 1.0
+    # a family that records raw fp8-product units (the fp8 kernel) is scaled to log2 units
+    raw = call.fp8 and FAMILIES[planned.family].raw_units
+    per_unit = log2_scale(call.descales[0], call.descales[1]) if raw else 1.0
     thr = pol.threshold / per_unit if pol.lazy else float("nan")
     tr = recorder.build(kernel=planned.family, policy=pol, log2_per_unit=per_unit,
                         threshold_units=thr)
@@ -359,29 +379,16 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
     policy's threshold (8 for the built-ins); None keeps it. See ``fa_lab.kernels.swa.model``.
     ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful Triton
     port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
-    from fa_lab.kernels.swa import model as swa
+    from fa_lab.kernels.swa.model import check_args
 
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
-    if backend in ("flydsl", "fast"):
-        raise ValueError(f"backend={backend!r} has no SWA kernel (upstream's flydsl_flash_attn_func "
-                         "does not route to it); use 'emulator', 'triton', 'interpret' or 'auto'")
-    check_forward_only(q, k, v)
-    policy = swa.check_args(q, k, v, window_left, window_right, causal, rescale_threshold, rescale)
-    warn_layout(q, k)
-    if backend == "auto":
-        ported = q.device.type == "cuda"
-        if ported:
-            from fa_lab.kernels import available
-            ported = available()
-        backend = "triton" if ported else "emulator"
-    e = dispatch.entry("swa", backend)
-    if e.device is not None and q.device.type != e.device:
-        need = "CPU" if e.device == "cpu" else "CUDA/ROCm"
-        raise ValueError(f"backend={backend!r} needs {need} tensors, got tensors on {q.device}")
-    kw = {"interpret": backend == "interpret"} if e.triton else {}
-    out, lse = e.load().forward(q, k, v, window_left=window_left, window_right=window_right,
-                                causal=causal, rescale=policy, **kw)
+    policy = check_args(q, k, v, window_left, window_right, causal, rescale_threshold, rescale)
+    # the same path as flash_attn_func's, on the family asked for by its entry point
+    call = check_call(q, k, v, causal=causal, rescale=policy, backend=backend)._with(
+        kernel_asked=swa.FAMILY.name, return_lse=return_lse,
+        options={"window_left": window_left, "window_right": window_right, "rescale": policy})
+    out, lse = dispatch.run(dispatch.plan(call))
     return (out, lse) if return_lse else out

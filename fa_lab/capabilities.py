@@ -14,9 +14,11 @@ never disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from fa_lab import values
 from fa_lab.policies import Policy
+from fa_lab.routing import Rule
 
 #: The implementations a family may have, in the order the backends prefer them.
 IMPLEMENTATIONS = ("model", "faithful", "fast")
@@ -24,6 +26,8 @@ HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
 #: Optional features a call may ask for.
 FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace")
+#: How errors name a dtype of ``Caps.dtypes``.
+DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 
 
 @dataclass(frozen=True)
@@ -60,27 +64,39 @@ class Caps:
 class Implementation:
     """One implementation of a family: ``module``, its module under the family's package
     (with ``forward``); ``caps``, what it runs; ``varlen``, a module with a one-launch
-    ``forward_varlen`` (None: varlen calls run one dense call per sequence)."""
+    ``forward_varlen`` (None: varlen calls run one dense call per sequence); ``policy``:
+    whether ``forward`` takes ``policy=`` (False for a kernel with one fixed, eager rule)."""
 
     module: str
     caps: Caps
     varlen: str | None = None
+    policy: bool = True
 
 
 @dataclass(frozen=True)
 class Family:
-    """A kernel family: its ``name`` (the package's), one line on what it is, its
-    implementations by kind (``IMPLEMENTATIONS``; the model is required), and whether
-    ``flash_attn_func`` routes to it (``routed``; the SWA kernel has an entry point of its
-    own), and whether it models one of upstream FlyDSL's kernels (``upstream``: upstream's
-    routing picks among those; a family of fa_lab's own runs where a policy's semantics
-    or ``kernel=`` ask for it)."""
+    """A kernel family: everything dispatch knows of it (dispatch names no family).
+
+    ``name`` (the package's), one line on what it is, its implementations by kind
+    (``IMPLEMENTATIONS``; the model is required; each ``Caps`` says the dtypes, head
+    dims, features and policy values it runs); ``routed``: whether ``flash_attn_func``
+    routes to it (False: an entry point of its own calls it, as ``swa_attn_func`` does the
+    SWA kernel); ``rule``: upstream's routing to the FlyDSL kernel it models
+    (``fa_lab.routing.Rule``: upstream's kernel name, which calls upstream sends there, why
+    it cannot run a call asked for by name). A family without a rule is fa_lab's own
+    (``upstream`` False): it runs where ``kernel=`` or a policy's semantics ask for it.
+    ``unconsulted(call, policy)``: why a lazy ``policy`` would never be consulted on
+    ``call`` (a message), or None; dispatch warns with it. ``raw_units``: its traces
+    record maxima in raw fp8-product units (``trace`` scales them by the call's log2 scale)
+    rather than log2 units."""
 
     name: str
     description: str
     implementations: dict
     routed: bool = True
-    upstream: bool = True
+    rule: Rule | None = None
+    unconsulted: Callable | None = None
+    raw_units: bool = False
 
     def __post_init__(self):
         unknown = set(self.implementations) - set(IMPLEMENTATIONS)
@@ -90,6 +106,13 @@ class Family:
         for kind, impl in self.implementations.items():
             if not isinstance(impl, Implementation):
                 raise TypeError(f"family {self.name!r}: {kind} must be an Implementation")
+        if self.rule is not None and not isinstance(self.rule, Rule):
+            raise TypeError(f"family {self.name!r}: rule must be a fa_lab.routing.Rule or None")
+
+    @property
+    def upstream(self) -> bool:
+        """Whether the family models one of upstream FlyDSL's kernels (it has a ``rule``)."""
+        return self.rule is not None
 
     def caps(self, kind: str) -> Caps:
         return self.implementations[kind].caps
@@ -109,7 +132,7 @@ def policy_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
     if policy.rebase not in caps.rebases:
         return (f"policy {policy.name!r} has rebase={policy.rebase!r}, which {where} lacks "
                 f"(it has rebase in {sorted(caps.rebases)})")
-    return semantics_refusal(caps, policy, where)
+    return semantics_refusal(caps, policy, where) if policy.semantic_fields else None
 
 
 def semantics_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
@@ -123,9 +146,19 @@ def semantics_refusal(caps: Caps, policy: Policy, where: str) -> str | None:
             "fa_lab.kernels.online)")
 
 
+def cleared(policy: Policy) -> set:
+    """The (family, implementation) pairs ``policy`` has been checked for: a resolved
+    policy and a family's capabilities never change, so one check holds for the policy
+    object's life. ``fa_lab.dispatch.plan`` adds the pair it planned, so the entry point it
+    then calls does not decide again; a direct caller's first call checks."""
+    return policy.__dict__.setdefault("_cleared_for", set())
+
+
 def check_semantics(policy, family: Family, impl: str) -> None:
     """For a model's own entry point: ValueError naming the semantics fields of ``policy``
     that ``family``'s implementation ``impl`` does not run (``semantics_refusal``)."""
+    if isinstance(policy, Policy) and (family.name, impl) in cleared(policy):
+        return
     why = semantics_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
     if why:
         raise ValueError(why)
@@ -137,7 +170,11 @@ def check_policy(policy, family: Family, impl: str) -> None:
     otherwise."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a fa_lab.Policy, got {type(policy).__name__}")
+    done = cleared(policy)
+    if (family.name, impl) in done:
+        return
     why = policy_refusal(family.caps(impl), policy, f"the {impl} {family.name} kernel")
     if why:
         raise ValueError(why)
     policy.codes  # noqa: B018 -- refuses a policy that is not resolved for a call
+    done.add((family.name, impl))

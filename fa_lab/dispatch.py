@@ -1,10 +1,13 @@
-"""One table from a checked call to the code that runs it.
+"""One table from a checked call to the code that runs it; no family is named here.
 
 ``TABLE`` maps (kernel family, backend) to an ``Entry``: the entry point and what it can
-do (dtypes, head dims, features, the policy fields it runs). ``plan`` is the one place
-that decides: upstream's routing (``fa_lab.routing``) picks the family, ``backend="auto"``
-picks an execution, and every capability is checked against the table before any work;
-``run`` executes a planned call. fa_lab reaches the Triton kernels through here only.
+do, built from the registered families (``fa_lab.kernels.FAMILIES``). Everything dispatch
+knows of a family is on its ``fa_lab.capabilities.Family``: upstream's routing rule
+(``fa_lab.routing.Rule``), the dtypes, head dims, features and policy values of each
+implementation, and its notes. ``plan`` is the one place that decides: it routes the
+checked call once (``route``), resolves its policy once for that family, picks the backend
+and checks every capability before any work, into an immutable ``Plan``; ``run`` executes
+a plan without deciding again. fa_lab reaches the Triton kernels through here only.
 
 Backends: ``emulator`` the exact PyTorch model (any device); ``triton`` the faithful
 Triton ports on GPU tensors; ``interpret`` the same ports on CPU tensors through Triton's
@@ -26,12 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from fa_lab import capabilities, kernels, routing, varlen
-from fa_lab.capabilities import Caps
+from fa_lab.capabilities import DTYPE_NAMES, Caps, Family
 from fa_lab.checks import caller_stacklevel
 from fa_lab.kernels import FAMILIES
-from fa_lab import upstream as upstream_versions
-from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
 from fa_lab.policies import Policy, Request, as_policy, get
+from fa_lab.upstream import Version
 
 BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
 
@@ -39,23 +41,23 @@ BACKENDS = ("auto", "emulator", "triton", "interpret", "fast", "flydsl")
 #: The implementation each backend runs (``fa_lab.capabilities``).
 IMPLEMENTATION = {"emulator": "model", "triton": "faithful", "interpret": "faithful",
                   "fast": "fast"}
+#: The tensor device type each backend needs: compiled on GPU tensors, the interpreter
+#: takes CPU tensors, "fast" and the model go by the tensors' device.
+DEVICES = {"emulator": None, "triton": "cuda", "interpret": "cpu", "fast": None}
 
 
 @dataclass(frozen=True)
 class Entry:
     """What one (family, backend) runs: the family's implementation (its module is
     imported on first use: Triton is optional and slow to import), the tensor device type
-    it needs (None: any) and its capabilities (``Caps``)."""
+    it needs (None: any), its capabilities (``Caps``) and whether it is a Triton kernel."""
 
     family: str
     backend: str
     impl: str
     caps: Caps
     device: str | None = None
-
-    @property
-    def triton(self) -> bool:
-        return self.backend in ("triton", "interpret", "fast")
+    triton: bool = False
 
     def load(self):
         """The implementation's module (its ``forward``)."""
@@ -68,12 +70,7 @@ class Entry:
     def varlen_load(self):
         """The module with the implementation's one-launch ``forward_varlen``."""
         name = FAMILIES[self.family].implementations[self.impl].varlen
-        return importlib.import_module(f"{kernels.__name__}.{self.family}.{name}")
-
-
-#: The tensor device type each backend needs: compiled on GPU tensors, the interpreter
-#: takes CPU tensors, "fast" and the model go by the tensors' device.
-DEVICES = {"emulator": None, "triton": "cuda", "interpret": "cpu", "fast": None}
+        return importlib.import_module(f"{kernels.PACKAGES[self.family]}.{name}")
 
 
 def _entries():
@@ -81,17 +78,35 @@ def _entries():
     for backend, impl in IMPLEMENTATION.items():
         for name, fam in FAMILIES.items():
             if impl in fam.implementations:
-                table[(name, backend)] = Entry(name, backend, impl, fam.caps(impl), DEVICES[backend])
+                table[(name, backend)] = Entry(name, backend, impl, fam.caps(impl), DEVICES[backend],
+                                               backend != "emulator")
     return table
 
 
 #: (family, backend) -> Entry: the one table, built from the registered families.
-TABLE: dict[tuple[str, str], Entry] = _entries()
+TABLE: dict[tuple[str, str], Entry] = {}
 #: The families ``flash_attn_func`` routes to (``kernel=`` takes these).
-ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
+ROUTED: tuple[str, ...] = ()
 #: The routed families that model upstream FlyDSL's kernels (upstream's routing picks among
-#: them); the others are fa_lab's own and run where a policy or ``kernel=`` asks for them.
-_FLYDSL = tuple(name for name in ROUTED if FAMILIES[name].upstream)
+#: them by their rules); the others are fa_lab's own and run where a policy or ``kernel=``
+#: asks for them.
+UPSTREAM: tuple[str, ...] = ()
+
+
+def _build() -> None:
+    """(Re)build ``TABLE``, ``ROUTED`` and ``UPSTREAM`` from the registered families (on
+    import, and whenever ``fa_lab.kernels.register`` adds one)."""
+    global ROUTED, UPSTREAM
+    TABLE.clear()
+    TABLE.update(_entries())
+    ROUTED = tuple(name for name, fam in FAMILIES.items() if fam.routed)
+    UPSTREAM = tuple(name for name in ROUTED if FAMILIES[name].upstream)
+    _FORWARDS.clear()
+
+
+_FORWARDS: dict = {}
+_build()
+kernels._LISTENERS.append(_build)
 
 
 def entry(family: str, backend: str) -> Entry:
@@ -115,10 +130,14 @@ def supports(e: Entry, policy: Policy) -> bool:
 class Call:
     """A checked call: everything a backend receives, checked once (``api.check_call``).
 
-    ``request``: the rescale arguments as given (``policies.Request``); ``policy``: the
-    policy resolved from them for the routed family (set by ``plan``); ``mods``: the bias /
-    alibi_slopes / sink / num_kv_splits that were given; ``packing``: varlen boundaries
-    (q, k, v then packed [total, H, D]); ``kernel_asked``: the kernel= given, if any."""
+    ``request``: the rescale arguments as given (``policies.Request``, ``rescale`` as a
+    Policy); ``policy_asked``: whether the caller asked for a rescale (``Request.explicit``
+    under the call's upstream ``version``); ``policy``: the policy resolved from them for
+    the routed family (set by ``plan``); ``mods``: the bias / alibi_slopes / sink /
+    num_kv_splits that were given; ``options``: a family's own keyword arguments passed to
+    its ``forward`` as given (the SWA window); ``packing``: varlen boundaries (q, k, v then
+    packed [total, H, D]); ``kernel_asked``: the kernel= given, if any; ``dtype``,
+    ``features`` and ``arch``: what routing reads (``fa_lab.routing.Shape``)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -134,30 +153,34 @@ class Call:
     batch: int
     seqlen_q: int
     seqlen_kv: int
+    dtype: str
+    features: tuple
+    version: Version
+    policy_asked: bool
     packing: varlen.Packing | None = None
     kernel_asked: str | None = None
-    upstream: str = "fixed"
     return_lse: bool = False
+    options: dict = dataclasses.field(default_factory=dict)
+    arch: str = routing.DUALWAVE_ARCH
     policy: Policy | None = None
 
     @property
-    def policy_asked(self) -> bool:
-        """The caller asked for a rescale (``Request.explicit``)."""
-        return self.request.explicit(fp8=self.fp8,
-                                     reads_flag=upstream_versions.get(self.upstream).fp8_reads_flag)
+    def upstream(self) -> str:
+        """The upstream version's name."""
+        return self.version.name
 
-    @property
-    def features(self) -> tuple[str, ...]:
-        return (*self.mods, *(("varlen",) if self.packing is not None else ()))
-
-    @property
-    def dtype(self) -> str:
-        return "fp8" if self.fp8 else {torch.bfloat16: "bf16", torch.float16: "f16"}[self.q.dtype]
+    def _with(self, **changes) -> "Call":
+        """A copy with ``changes`` (the fields stay as checked)."""
+        new = object.__new__(Call)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A call with its family, backend and entry settled."""
+    """A call decided once: its family, backend and entry settled, its policy resolved
+    for that family (``call.policy``). ``run`` executes it as it stands."""
 
     call: Call
     family: str
@@ -179,15 +202,110 @@ def semantic_family(policy: Policy) -> str | None:
     return able[0]
 
 
+def _lacks(fam: Family, shape, policy: Policy | None, impl: str | None) -> str | None:
+    """What ``fam`` lacks to run a call of ``shape`` with ``policy`` on implementation
+    ``impl`` (None: the model): the implementation, a feature or the policy; None if
+    nothing."""
+    if impl is not None and impl not in fam.implementations:
+        return f"no {impl} implementation"
+    caps = fam.implementations["model"].caps
+    for f in shape.features:
+        if f not in caps.features:
+            return f"no {f}"
+    if policy is not None:
+        return capabilities.policy_refusal(caps, policy, f"the {fam.name} kernel")
+    return None
+
+
+def _stand_in(shape, policy: Policy | None, impl: str | None, but: str) -> str | None:
+    """The first upstream family other than ``but`` that takes ``shape``'s dtype, can run
+    the shape (its rule does not refuse it) and lacks nothing (``_lacks``)."""
+    for name in UPSTREAM:
+        fam = FAMILIES[name]
+        if (name != but and shape.dtype in fam.implementations["model"].caps.dtypes
+                and fam.rule.refuses(shape) is None and _lacks(fam, shape, policy, impl) is None):
+            return name
+    return None
+
+
+def _asked(kernel: str, shape, policy: Policy | None) -> str:
+    """``kernel=``'s family, once it is shown to run ``shape`` and ``policy``."""
+    fam = FAMILIES[kernel]
+    caps = fam.implementations["model"].caps
+    if shape.dtype not in caps.dtypes:
+        able = [n for n in UPSTREAM if shape.dtype in FAMILIES[n].implementations["model"].caps.dtypes]
+        raise ValueError(f"kernel={kernel!r} does not take {DTYPE_NAMES[shape.dtype]} inputs: it "
+                         f"takes {'/'.join(DTYPE_NAMES[d] for d in sorted(caps.dtypes))} inputs only; "
+                         f"{shape.dtype} runs on {' or '.join(map(repr, able))}")
+    if fam.rule is not None:
+        why = fam.rule.refuses(shape)
+        if why:
+            raise ValueError(f"kernel={kernel!r}: {why}")
+    if policy is not None and capabilities.policy_refusal(caps, policy, kernel) is not None:
+        other = semantic_family(policy) or _stand_in(shape, policy, None, kernel)
+        hint = "" if other is None else f"; drop one of the two, or use kernel={other!r}"
+        raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
+                         f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}{hint}")
+    for f in shape.features:
+        if f not in caps.features:
+            other = _stand_in(shape, policy, None, kernel)
+            said = ("folds in no " if f in routing.SCORE_FEATURES else "has no ") + _FEATURE_NAMES.get(f, f)
+            raise ValueError(f"kernel={kernel!r} {said}" + (
+                "" if other is None else f"; {_FEATURE_NAMES.get(f, f)} runs on kernel={other!r}"))
+    return kernel
+
+
+#: How errors name a feature.
+_FEATURE_NAMES = {"num_kv_splits": "split-K (num_kv_splits > 1)", "varlen": "varlen (cu_seqlens)"}
+
+
+def _route(shape, policy: Policy | None, kernel: str | None, impl: str | None):
+    """(the family that runs a call of ``shape``, the upstream family it replaces or None,
+    whether the asked ``policy`` alone made the difference). ``policy``: the policy the
+    caller asked for (None: none); ``kernel``: ``kernel=``; ``impl``: the implementation
+    the backend runs (None: the model)."""
+    if kernel is not None:
+        return _asked(kernel, shape, policy), None, False
+    if policy is not None and policy.semantic_fields:
+        return semantic_family(policy), None, False
+    routed = None
+    for name in UPSTREAM:
+        if FAMILIES[name].rule.takes(shape):
+            routed = name
+            break
+    if routed is None:
+        raise ValueError(f"no kernel family takes {shape.dtype} calls of head dim {shape.head_dim}")
+    fam = FAMILIES[routed]
+    why = fam.rule.refuses(shape)
+    if why:
+        raise ValueError(why)
+    if _lacks(fam, shape, policy, impl) is None:
+        return routed, None, False
+    other = _stand_in(shape, policy, impl, routed)
+    if other is None:
+        lacking = _lacks(fam, shape, policy, impl)
+        if policy is not None and _lacks(fam, shape, None, impl) is None:
+            # the upstream kernels that would run the policy, and why they cannot run this call
+            others = [FAMILIES[n].rule for n in UPSTREAM if n != routed and shape.dtype in
+                      FAMILIES[n].implementations["model"].caps.dtypes]
+            raise ValueError(f"rescale={policy.name!r} needs the "
+                             f"{' or '.join(r.kernel for r in others) or 'another'} kernel ("
+                             f"{'; '.join(filter(None, (r.refuses(shape) for r in others)))}), "
+                             f"where only the {fam.rule.kernel} kernel runs: {lacking}")
+        return routed, None, False  # plan refuses what the family lacks, naming it
+    return other, routed, policy is not None and _lacks(fam, shape, None, impl) is None
+
+
 def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel: str | None = None,
                   has_bias: bool = False, has_alibi: bool = False, has_sink: bool = False,
                   head_dim: int = 128, arch: str = routing.DUALWAVE_ARCH) -> str:
-    """The family that runs a dense call ("swp_bf16", "swp_fp8", "generic" or "online"):
-    upstream's routing (``fa_lab.routing``), except that an explicit ``rescale`` (a name or
-    Policy) the routed kernel lacks selects DUALWAVE_SWP, a policy with semantics of its
-    own (``Policy.semantic_fields``) selects the family that runs them
+    """The family that runs a dense call of this shape on the models: upstream's routing
+    (each upstream family's ``Rule``), except that an explicit ``rescale`` (a name or
+    Policy) the routed kernel lacks selects the upstream kernel that has it, a policy with
+    semantics of its own (``Policy.semantic_fields``) selects the family that runs them
     (``semantic_family``: the online-softmax model), and an explicit ``kernel`` wins but
-    must be able to do what was asked (and the features asked for)."""
+    must be able to do what was asked (and the features asked for). bf16 stands for
+    bf16/f16. The same rules as ``plan``'s routing (``_route``)."""
     routing.check_positive_int("batch", batch)
     routing.check_positive_int("seqlen_q", seqlen_q)
     routing.check_bool("fp8", fp8)
@@ -196,53 +314,10 @@ def choose_kernel(*, batch: int, seqlen_q: int, fp8: bool, rescale=None, kernel:
     features = routing.features(has_bias, has_alibi, has_sink)
     if kernel is not None and (not isinstance(kernel, str) or kernel not in ROUTED):
         raise ValueError(f"kernel={kernel!r} is not a kernel fa_lab routes; choose one of "
-                         f"{ROUTED} (the SWA kernel is called through swa_attn_func)")
+                         f"{ROUTED} (the others have entry points of their own)")
     policy = None if rescale is None else as_policy(rescale)
-
-    def implements(family):
-        return policy is None or supports(TABLE[(family, "emulator")], policy)
-
-    own = semantic_family(policy)
-    if kernel is None and own is not None:
-        return own
-    if kernel is not None and kernel not in _FLYDSL:
-        # a family of fa_lab's own (not one of upstream's kernels): no upstream routing
-        if not implements(kernel):
-            raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
-                             f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}")
-        return kernel
-    if fp8:
-        if kernel is not None and kernel != "swp_fp8":
-            raise ValueError(f"kernel={kernel!r} does not take float8_e4m3fn inputs; "
-                             "fp8 runs on kernel='swp_fp8'")
-        routing.check_fp8(features, head_dim, arch)
-        return "swp_fp8"
-    if kernel == "swp_fp8":
-        raise ValueError("kernel='swp_fp8' takes float8_e4m3fn inputs only; bf16/f16 run on "
-                         "'swp_bf16' or 'generic'")
-    if kernel is not None:
-        if not implements(kernel):
-            raise ValueError(f"kernel={kernel!r} has no rescale={policy.name!r}: "
-                             f"{policy_refusal(TABLE[(kernel, 'emulator')], policy)}; drop one "
-                             "of the two, or use kernel="
-                             f"{semantic_family(policy) or 'swp_bf16'!r}")
-        if kernel == "generic" and features:
-            raise ValueError(f"kernel='generic' folds in no {features[0]}; use kernel='swp_bf16'")
-        if kernel == "swp_bf16" and not routing.can_dualwave(head_dim, arch):
-            raise ValueError(f"kernel='swp_bf16' (DUALWAVE_SWP) needs D 64 or 128 on gfx950; got "
-                             f"head_dim={head_dim}, arch={arch!r}")
-        return kernel
-    routed = "swp_bf16" if routing.dense_routes_to_dualwave(
-        batch, seqlen_q, has_bias, has_alibi, has_sink, head_dim=head_dim, arch=arch) else "generic"
-    if not implements(routed):
-        # The eager-only generic kernel cannot honour a lazy policy: DUALWAVE_SWP can
-        # (``plan`` warns that this departs from upstream's routing).
-        if not routing.can_dualwave(head_dim, arch):
-            raise ValueError(f"rescale={policy.name!r} needs the DUALWAVE_SWP kernel (D 64 or 128 "
-                             f"on gfx950); got head_dim={head_dim}, arch={arch!r}, where only the "
-                             "eager generic kernel runs")
-        return "swp_bf16"
-    return routed
+    shape = routing.Shape(batch, seqlen_q, head_dim, "fp8" if fp8 else "bf16", tuple(features), arch)
+    return _route(shape, policy, kernel, None)[0]
 
 
 def auto_backend(family: str, device_type: str, features, policy: Policy, triton: bool) -> str:
@@ -258,9 +333,10 @@ def auto_backend(family: str, device_type: str, features, policy: Policy, triton
 def _resolve_backend(call: Call, family: str) -> str:
     if call.backend != "auto":
         return call.backend
+    if call.q.device.type != "cuda":
+        return "emulator"
     from fa_lab.kernels import available
-    return auto_backend(family, call.q.device.type, call.features, call.policy,
-                        call.q.device.type == "cuda" and available())
+    return auto_backend(family, "cuda", call.features, call.policy, available())
 
 
 class RoutingWarning(UserWarning):
@@ -293,70 +369,50 @@ def _warn_once(key, message: str) -> None:
 
 
 def route(call: Call, notes: list) -> str:
-    """The family that runs ``call``: upstream's routing (``choose_kernel``), then fa_lab's
-    own rules for what upstream's kernels do not model (split-K and varlen are DUALWAVE_SWP
-    builds; the fast kernels implement DUALWAVE_SWP's semantics at every length). A reroute
-    the user should know of is appended to ``notes`` as (key, message)."""
-    version = upstream_versions.get(call.upstream)
+    """The family that runs ``call``: ``kernel=``'s, or the one that runs the asked
+    policy's semantics, or upstream's routing (each upstream family's ``Rule``), where a
+    family that lacks what the call asks (the policy, a feature, the backend's
+    implementation) gives way to the first upstream family that has it. A reroute for the
+    policy alone is appended to ``notes`` as (key, message)."""
     wanted = None
     if call.policy_asked:
-        wanted = call.request.wanted(version.default_policy(fp8=call.fp8,
-                                                            lazy_flag=call.request.lazy_flag is not False))
-    shape = dict(batch=call.batch, seqlen_q=call.seqlen_q, fp8=call.fp8,
-                 has_bias="bias" in call.mods, has_alibi="alibi_slopes" in call.mods,
-                 has_sink="sink" in call.mods, head_dim=call.head_dim)
-    family = choose_kernel(rescale=wanted, kernel=call.kernel_asked, **shape)
-    if family not in _FLYDSL:
-        return family  # a family of fa_lab's own runs the call as asked: no upstream rules
-    upstreams = choose_kernel(**shape) if call.kernel_asked is None and wanted is not None else family
-    if (family != upstreams and call.packing is None and "num_kv_splits" not in call.mods
-            and call.backend != "fast"):  # (the fast kernels are DUALWAVE_SWP at every length)
+        wanted = call.request.rescale
+        if wanted is None:
+            wanted = call.version.default_policy(fp8=call.fp8,
+                                                 lazy_flag=call.request.lazy_flag is not False)
+    family, upstreams, policy_only = _route(call, wanted, call.kernel_asked,
+                                            IMPLEMENTATION.get(call.backend))
+    if policy_only:
         has = "a Python rule" if wanted.rule is not None else f"vote={wanted.vote!r}"
         notes.append((("rerouted", upstreams, wanted.vote, wanted.rebase, wanted.rule),
-                   f"{call.request.given()}: upstream runs this call (B={call.batch}, "
-                   f"Sq={call.seqlen_q}) on the {upstreams} kernel, which is eager and cannot "
-                   f"apply {wanted.name!r} ({has}); fa_lab runs it on {family} instead, where "
-                   f"it applies. Pass kernel={family!r} to ask for that explicitly (and no "
-                   "warning), or leave the rescale out to run what upstream runs"))
-    if "num_kv_splits" in call.mods and family == "generic":
-        if call.kernel_asked == "generic":
-            raise ValueError("kernel='generic' has no split-K; num_kv_splits > 1 runs on 'swp_bf16'")
-        family = "swp_bf16"  # split-K is a DUALWAVE_SWP build, whatever the length
-    if call.packing is not None and call.kernel_asked is None:
-        # every sequence runs DUALWAVE_SWP (upstream's short-sequence varlen build is not modelled)
-        family = "swp_bf16"
-    if call.backend == "fast" and family == "generic" and call.kernel_asked is None:
-        # the fast kernels implement DUALWAVE_SWP's semantics at every length (upstream's
-        # short-sequence generic kernel has no fast counterpart); kernel="generic" refuses
-        family = "swp_bf16"
+                      f"{call.request.given()}: upstream runs this call (B={call.batch}, "
+                      f"Sq={call.seqlen_q}) on the {upstreams} kernel, which cannot apply "
+                      f"{wanted.name!r} ({has}); fa_lab runs it on {family} instead, where it "
+                      f"applies. Pass kernel={family!r} to ask for that explicitly (and no "
+                      "warning), or leave the rescale out to run what upstream runs"))
     return family
 
 
 def resolve_policy(call: Call, family: str, notes: list) -> Policy:
     """The policy ``family`` runs for ``call``: the one asked for, resolved against the call,
     or the upstream version's default where the family runs it (else eager, as upstream
-    hands the lazy flag to DUALWAVE_SWP only). A policy asked for that DUALWAVE_SWP would
-    never consult (no KV tile of the call reaches its lazy loop) is run, and a note in
-    ``notes`` says so."""
-    version = upstream_versions.get(call.upstream)
-    default = version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
-    if not call.policy_asked and not supports(TABLE[(family, "emulator")], default):
-        default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
-    any_dtype = TABLE[(family, "emulator")].caps.headroom_any_dtype
+    hands the lazy flag to DUALWAVE_SWP only). A lazy policy asked for that the family
+    would never consult (``Family.unconsulted``) is run, and a note in ``notes`` says so."""
+    fam = FAMILIES[family]
+    caps = fam.implementations["model"].caps
+    default = None
+    if call.request.rescale is None:
+        default = call.version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
+        if not call.policy_asked and capabilities.policy_refusal(caps, default, family) is not None:
+            default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
     policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default,
-                                  headroom_any_dtype=any_dtype)
-    # (a block has at least ceil(Skv / BLOCK_N) >= 5 tiles past Skv = 4 * BLOCK_N: no need to look)
-    if (call.policy_asked and policy.lazy and family == "swp_bf16" and call.packing is None
-            and "num_kv_splits" not in call.mods and call.seqlen_kv <= 4 * BLOCK_N):
-        n = max(tiles_for_block(q0, call.seqlen_q, call.seqlen_kv, call.causal)
-                for q0 in range(0, call.seqlen_q, BLOCK_M))
-        if n <= 4:
+                                  headroom_any_dtype=caps.headroom_any_dtype)
+    if call.policy_asked and policy.lazy and fam.unconsulted is not None:
+        why = fam.unconsulted(call, policy)
+        if why:
             # keyed by the rule, not its numbers: a policy's variants (a dashboard's moved
             # threshold) are the same policy here
-            notes.append((("never consulted", family, policy.vote, policy.rebase, policy.rule),
-                          f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP "
-                          f"decides lazily only on KV tiles 1 .. N-4 of each 256-row block, and "
-                          f"Skv={call.seqlen_kv} gives N = {n}, so every tile rescales eagerly"))
+            notes.append((("never consulted", family, policy.vote, policy.rebase, policy.rule), why))
     return policy
 
 
@@ -374,11 +430,15 @@ def plan(call: Call) -> Plan:
 
 def _plan(call: Call, notes: list) -> Plan:
     family = route(call, notes)
-    call = dataclasses.replace(call, policy=resolve_policy(call, family, notes))
-    backend = _resolve_backend(call, family)
+    call = call._with(policy=resolve_policy(call, family, notes))
+    backend = call.backend if call.backend != "auto" else _resolve_backend(call, family)
     if backend == "flydsl":
+        if not FAMILIES[family].routed:
+            raise ValueError(f"backend='flydsl' runs upstream's flydsl_flash_attn_func, which does "
+                             f"not route to the {family} kernel; use 'emulator', 'triton', "
+                             "'interpret' or 'auto'")
         return Plan(call, family, backend, None)
-    e = entry(family, backend)
+    e = TABLE.get((family, backend)) or entry(family, backend)
     if e.device is not None and call.q.device.type != e.device:
         hint = ("use backend='interpret' (Triton's CPU interpreter) or 'emulator'"
                 if e.device == "cuda" else "use backend='triton' or 'emulator'")
@@ -390,13 +450,16 @@ def _plan(call: Call, notes: list) -> Plan:
     if call.head_dim not in e.caps.head_dims:
         raise ValueError(f"backend={backend!r}: the {family} kernel takes head dims {e.caps.head_dims}, "
                          f"got D={call.head_dim}")
-    missing = [f for f in call.features if f not in e.caps.features]
+    missing = () if e.caps.features.issuperset(call.features) else [
+        f for f in call.features if f not in e.caps.features]
     if missing:
         raise ValueError(f"{', '.join(missing)} not supported by the {family} kernel on "
                          f"backend={backend!r}; {_feature_advice(family, backend, missing, call.policy)}")
-    refusal = policy_refusal(e, call.policy)
+    refusal = capabilities.policy_refusal(e.caps, call.policy,
+                                          f"the {family} kernel on backend={backend!r}")
     if refusal:
         raise ValueError(refusal)
+    capabilities.cleared(call.policy).add((family, e.impl))  # its entry point decides no more
     if e.triton:
         from fa_lab.kernels import unavailable
         why = unavailable()
@@ -423,7 +486,16 @@ def _feature_advice(family: str, backend: str, missing: list, policy) -> str:
     return advice
 
 
-def _kwargs(p: Plan, recorder) -> dict:
+def _forward(e: Entry):
+    """(the implementation's module, whether its ``forward`` takes ``policy=``), cached in
+    ``_FORWARDS`` (``forward`` is read from the module at each call)."""
+    key = (e.family, e.impl)
+    if key not in _FORWARDS:
+        _FORWARDS[key] = e.load(), FAMILIES[e.family].implementations[e.impl].policy
+    return _FORWARDS[key]
+
+
+def _kwargs(p: Plan, recorder, with_policy: bool) -> dict:
     c, e = p.call, p.entry
     kw = {"causal": c.causal}
     if "trace" in e.caps.features:
@@ -433,21 +505,24 @@ def _kwargs(p: Plan, recorder) -> dict:
                          "(backend='emulator') or a faithful port")
     if e.triton:
         kw["interpret"] = c.q.device.type == "cpu"
-    if p.family != "generic":
+    if with_policy:  # (a kernel with one fixed eager rule takes no policy=)
         kw["policy"] = c.policy
     if c.fp8:
         qd, kd, vd = c.descales
         kw.update(q_descale=qd, k_descale=kd, v_descale=vd, saturate=c.fp8_saturate)
+    if c.options:
+        kw.update(c.options)
     return kw
 
 
 def _run_dense(p: Plan, recorder=None):
     c = p.call
-    return p.entry.load().forward(c.q, c.k, c.v, **_kwargs(p, recorder), **c.mods)
+    module, with_policy = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+    return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, with_policy), **c.mods)
 
 
 def run(p: Plan, recorder=None):
-    """Execute a planned call; returns (out, lse)."""
+    """Execute a planned call as planned; returns (out, lse)."""
     c = p.call
     if p.backend == "flydsl":
         if recorder is not None:
@@ -456,19 +531,22 @@ def run(p: Plan, recorder=None):
         from fa_lab import flydsl
         return flydsl.forward(c)
     if c.packing is None:
-        return _run_dense(p, recorder)
+        module, with_policy = _FORWARDS.get((p.family, p.entry.impl)) or _forward(p.entry)
+        return module.forward(c.q, c.k, c.v, **_kwargs(p, recorder, with_policy), **c.mods)
     if recorder is not None:
         raise ValueError("trace and count_rescales take dense calls, not varlen")
     pk = c.packing
     if p.entry.has_varlen:
-        kw = {k: v for k, v in _kwargs(p, None).items() if k != "recorder"}
+        _, with_policy = _forward(p.entry)
+        kw = {k: v for k, v in _kwargs(p, None, with_policy).items() if k != "recorder"}
         return p.entry.varlen_load().forward_varlen(
             c.q, c.k, c.v, pk.cu_q_tensor, pk.cu_kv_tensor, pk.max_seqlen_q, pk.max_seqlen_kv,
             **kw, **c.mods)
     dense_mods = {k: v for k, v in c.mods.items() if k not in ("bias", "alibi_slopes")}
 
     def dense(qb, kb, vb, **seq_mods):
-        sub = dataclasses.replace(c, q=qb, k=kb, v=vb, mods={**dense_mods, **seq_mods}, packing=None)
+        mods = {**dense_mods, **seq_mods}
+        sub = c._with(q=qb, k=kb, v=vb, mods=mods, packing=None, features=tuple(mods))
         return _run_dense(dataclasses.replace(p, call=sub))
 
     return varlen.run(pk, c.q, c.k, c.v, dense, bias=c.mods.get("bias"),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -186,10 +187,10 @@ class Policy:
         return frozenset(values.get("vote", self.vote).uses) | frozenset(
             values.get("rebase", self.rebase).uses)
 
-    @property
+    @functools.cached_property
     def semantic_fields(self) -> tuple[str, ...]:
         """The ``semantics`` fields this policy sets away from their defaults: what a kernel
-        must implement, beyond vote/rebase/threshold, to run it."""
+        must implement, beyond vote/rebase/threshold, to run it (computed once per policy)."""
         return self.semantics.changed()
 
     @property
@@ -277,11 +278,30 @@ for _p in _BUILTINS:
     register(_p)
 
 
+#: Modules that register a library's presets when imported (the failure zoo's
+#: ``"<entry>:<variant>"``). They sit above the core, which never imports them: the registry
+#: imports them the first time it needs them (a name it lacks, or the list of names), so a
+#: preset works by name wherever a policy does.
+PRESET_MODULES = ["fa_lab.zoo"]
+_presets_loaded = False
+
+
+def _load_presets() -> None:
+    global _presets_loaded
+    if _presets_loaded:
+        return
+    _presets_loaded = True
+    for module in PRESET_MODULES:
+        importlib.import_module(module)
+
+
 def get(name: str) -> Policy:
     """The registered policy ``name``; ValueError listing the registered names."""
     if not isinstance(name, str):
         raise TypeError(f"rescale must be a policy name (str) or a fa_lab.Policy, got "
                         f"{type(name).__name__}")
+    if name not in _REGISTRY and not _presets_loaded:
+        _load_presets()
     if name not in _REGISTRY:
         raise ValueError(f"rescale={name!r} is not a registered policy; choose one of "
                          f"{list(_REGISTRY)} or pass a fa_lab.Policy")
@@ -289,22 +309,28 @@ def get(name: str) -> Policy:
 
 
 def names() -> tuple[str, ...]:
-    """Registered policy names, built-ins first, in registration order."""
+    """Registered policy names, built-ins first, in registration order (presets included)."""
+    _load_presets()
     return tuple(_REGISTRY)
 
 
 def registered() -> tuple[Policy, ...]:
+    _load_presets()
     return tuple(_REGISTRY.values())
 
 
 def user_names() -> tuple[str, ...]:
     """The registered names that are neither built-ins nor presets: the user's own."""
+    _load_presets()
     return tuple(n for n in _REGISTRY if n not in BUILTIN_NAMES and n not in _PRESET_NAMES)
 
 
 def as_policy(rescale) -> Policy:
     """A name or a Policy, as a Policy."""
-    return rescale if isinstance(rescale, Policy) else get(rescale)
+    if isinstance(rescale, Policy):
+        return rescale
+    policy = _REGISTRY.get(rescale) if isinstance(rescale, str) else None
+    return policy if policy is not None else get(rescale)
 
 
 def color(policy) -> str | None:
@@ -312,6 +338,8 @@ def color(policy) -> str | None:
     such as the labels of implementations)."""
     if isinstance(policy, Policy):
         return policy.color if policy.color is not None else color(policy.name)
+    if isinstance(policy, str) and policy not in _REGISTRY:
+        _load_presets()
     p = _REGISTRY.get(policy) if isinstance(policy, str) else None
     return None if p is None else p.color
 
@@ -345,15 +373,19 @@ class Request:
         """The resolved policy for a call (``resolve``), ``default`` where none was named.
         Resolution is a pure function of these values: a repeated call takes it from a
         cache (keyed by the Policy objects, so a re-registered name resolves anew)."""
-        rescale = None if self.rescale is None else as_policy(self.rescale)
+        rescale = self.rescale
+        if rescale is not None and not isinstance(rescale, Policy):
+            rescale = as_policy(rescale)
         args = (fp8, seqlen_kv, rescale, self.lazy_flag is not False, self.rescale_threshold,
                 self.rebase_bound, self.p_headroom, default, headroom_any_dtype)
         try:  # typed: True and 1 (a headroom) are equal and hash alike, and mean different things
-            key = tuple((type(a), a) for a in args)
-            hash(key)
-        except TypeError:  # an argument of a type resolve() refuses: let it say so
+            key = ((bool, fp8), (type(seqlen_kv), seqlen_kv), (type(rescale), rescale),
+                   (bool, args[3]), (type(args[4]), args[4]), (type(args[5]), args[5]),
+                   (type(args[6]), args[6]), (type(default), default),
+                   (type(headroom_any_dtype), headroom_any_dtype))
+            policy, said = _resolve_cached(key)
+        except TypeError:  # an argument of a type resolve() refuses (or cannot hash): let it say so
             return _resolve(*args)
-        policy, said = _resolve_cached(key)
         for message, category in said:  # what resolving said, said again on every call
             warnings.warn(message, category, stacklevel=caller_stacklevel())
         return policy

@@ -205,4 +205,4 @@ def using_upstream(name: str):
 
 def get(name: str | None = None) -> Version:
     """The named version, or the current one."""
-    return VERSIONS[current() if name is None else check(name)]
+    return VERSIONS[getattr(_state, "name", DEFAULT) if name is None else check(name)]

@@ -4,8 +4,8 @@ One package per family, each holding its exact model (``model``, the definition)
 Triton ports (``faithful``: the model's schedule and every rescale decision; ``fast``:
 the policy's semantics with its own tiling, for throughput) and, in its ``__init__``, the
 ``Family`` that says what each implementation runs (``fa_lab.capabilities``). ``FAMILIES``
-registers them; ``fa_lab.dispatch`` builds its table from it. Adding a family is a folder
-and a line in ``_PACKAGES``. ``_common/`` holds what the models share, ``_triton/`` the
+holds them (``register``); ``fa_lab.dispatch`` builds its table from it. Adding a family is
+a folder and a line in ``_PACKAGES`` (docs/architecture.md, "Add a kernel family"). ``_common/`` holds what the models share, ``_triton/`` the
 Triton pieces the ports share. Importing a family's package imports neither its model nor
 Triton: modules load when first used.
 """
@@ -21,8 +21,6 @@ if __name__ != "fa_lab.kernels":
 import importlib  # noqa: E402
 import re  # noqa: E402
 
-import torch  # noqa: E402
-
 #: The registered families' packages, one line each.
 _PACKAGES = (
     "swp_bf16",
@@ -34,11 +32,42 @@ _PACKAGES = (
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}
+#: name -> the family's package (its implementations are modules in it).
+PACKAGES = {}
+#: Called with no argument after every ``register``/``unregister`` (``fa_lab.dispatch``
+#: rebuilds its table).
+_LISTENERS = []
+
+
+def register(package: str):
+    """Register the family that package ``package`` (an importable name) declares as
+    ``FAMILY``; its name must be the package's last component. What each line of
+    ``_PACKAGES`` does for a folder here; a family kept elsewhere registers the same way.
+    Returns the ``Family``."""
+    family = importlib.import_module(package).FAMILY
+    name = package.rpartition(".")[2]
+    if family.name != name:
+        raise ImportError(f"{package} declares a family named {family.name!r}, not {name!r}")
+    if name in FAMILIES and PACKAGES[name] != package:
+        raise ValueError(f"a family named {name!r} is already registered (from {PACKAGES[name]})")
+    FAMILIES[name] = family
+    PACKAGES[name] = package
+    for listener in _LISTENERS:
+        listener()
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove a family that ``register`` added."""
+    if name not in FAMILIES:
+        raise KeyError(f"no kernel family {name!r} is registered")
+    del FAMILIES[name], PACKAGES[name]
+    for listener in _LISTENERS:
+        listener()
+
+
 for _name in _PACKAGES:
-    _family = importlib.import_module(f"{__name__}.{_name}").FAMILY
-    if _family.name != _name:
-        raise ImportError(f"fa_lab.kernels.{_name} declares a family named {_family.name!r}")
-    FAMILIES[_name] = _family
+    register(f"{__name__}.{_name}")
 
 
 def module(family: str, kind: str = "model"):
@@ -49,7 +78,7 @@ def module(family: str, kind: str = "model"):
     if kind not in impls:
         raise NotImplementedError(f"the {family} family has no {kind} implementation; it has "
                                   f"{list(impls)}")
-    return importlib.import_module(f"{__name__}.{family}.{impls[kind].module}")
+    return importlib.import_module(f"{PACKAGES[family]}.{impls[kind].module}")
 
 
 #: The oldest Triton the kernels run on (pyproject.toml's floor, which ``make test`` tests
@@ -75,20 +104,6 @@ def unavailable() -> str | None:
 def available() -> bool:
     """True when the Triton kernels can run here (``unavailable()`` is None)."""
     return unavailable() is None
-
-
-def attention_module(name: str, backend: str, device: torch.device):
-    """The faithful Triton port of family ``name`` (``FAMILIES``) for ``backend`` 'triton' or 'interpret', after checking that the
-    tensors can run there."""
-    if backend == "triton" and device.type != "cuda":
-        raise ValueError(f"backend='triton' needs CUDA/ROCm tensors, got tensors on {device}; "
-                         "use backend='interpret' (Triton's CPU interpreter) or 'emulator'")
-    if backend == "interpret" and device.type != "cpu":
-        raise ValueError(f"backend='interpret' runs on CPU tensors, got tensors on {device}")
-    why = unavailable()
-    if why:
-        raise RuntimeError(f"backend={backend!r} cannot run: {why}")
-    return module(name, "faithful")
 
 
 def exact_dots(enabled: bool = True):

@@ -29,11 +29,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-#: Where the lessons' words are defined: the glossary notebook beside them, and the spec.
-GLOSSARY = "glossary.ipynb"
-SEMANTICS = "../docs/semantics.md"
-
-
 def setup(full: bool = False, *, device: str | None = None, precision: int = 4):
     """(device, big): the device the lesson runs on (a GPU when there is one) and whether
     the full, bug-report-sized run applies (``full`` and a CUDA GPU). Warns when ``full`` is

@@ -27,5 +27,4 @@ FAMILY = Family(
     {"model": Implementation("model", Caps(HALF | FP8, (64, 128),
                                            frozenset({"bias", "varlen", "trace"}), _VOTES,
                                            _REBASES, semantics=_SEMANTICS,
-                                           headroom_any_dtype=True), varlen="model")},
-    upstream=False)
+                                           headroom_any_dtype=True), varlen="model")},)

@@ -10,10 +10,31 @@
 """
 
 from fa_lab.capabilities import FEATURES, HALF, Caps, Family, Implementation
+from fa_lab.routing import DUALWAVE
+
+from .._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
 
 #: The vote and rebase values each implementation runs, by name (``fa_lab.values``).
 _VOTES, _REBASES = frozenset({"tile", "wave", "row"}), frozenset({"max", "tile", "capped"})
 _FAST_VOTES, _FAST_REBASES = frozenset({"tile", "wave"}), frozenset({"max", "tile"})
+
+
+def unconsulted(call, policy) -> str | None:
+    """Why a lazy ``policy`` is never consulted on a dense ``call``: DUALWAVE_SWP decides
+    lazily only on KV tiles 1 .. N-4 of each 256-row block (``model``), so a call whose
+    blocks have at most 4 tiles rescales every tile eagerly. None where some block
+    consults it (split-K and varlen calls are not looked at)."""
+    # (a block has at least ceil(Skv / BLOCK_N) >= 5 tiles past Skv = 4 * BLOCK_N)
+    if call.packing is not None or "num_kv_splits" in call.features or call.seqlen_kv > 4 * BLOCK_N:
+        return None
+    n = max(tiles_for_block(q0, call.seqlen_q, call.seqlen_kv, call.causal)
+            for q0 in range(0, call.seqlen_q, BLOCK_M))
+    if n > 4:
+        return None
+    return (f"rescale={policy.name!r} is never consulted here: DUALWAVE_SWP decides lazily only "
+            f"on KV tiles 1 .. N-4 of each 256-row block, and Skv={call.seqlen_kv} gives N = {n}, "
+            "so every tile rescales eagerly")
+
 
 FAMILY = Family(
     "swp_bf16", "DUALWAVE_SWP: bf16/f16, the lazy wave-ballot rescale (upstream's long-sequence kernel)",
@@ -22,4 +43,5 @@ FAMILY = Family(
      "faithful": Implementation("faithful", Caps(HALF, (64, 128), frozenset(FEATURES), _VOTES,
                                                  _REBASES), varlen="faithful"),
      "fast": Implementation("fast", Caps(HALF, (64, 128), frozenset({"num_kv_splits", "varlen"}),
-                                         _FAST_VOTES, _FAST_REBASES), varlen="varlen")})
+                                         _FAST_VOTES, _FAST_REBASES), varlen="varlen")},
+    rule=DUALWAVE, unconsulted=unconsulted)

@@ -6,6 +6,7 @@
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
+from fa_lab.routing import FP8_DUALWAVE
 
 #: The vote and rebase values each implementation runs, by name (``fa_lab.values``).
 _VOTES, _REBASES = frozenset({"tile", "wave", "row"}), frozenset({"max", "tile", "capped"})
@@ -17,4 +18,5 @@ FAMILY = Family(
                                            rules=True)),
      "faithful": Implementation("faithful", Caps(FP8, (128,), frozenset({"trace"}), _VOTES,
                                                  _REBASES)),
-     "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))})
+     "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))},
+    rule=FP8_DUALWAVE, raw_units=True)

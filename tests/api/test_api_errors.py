@@ -102,8 +102,6 @@ def test_a_triton_older_than_the_floor_is_refused_naming_its_version(monkeypatch
     for backend in ("interpret", "fast"):
         with pytest.raises(RuntimeError, match=re.escape(f"backend='{backend}' cannot run: {why}")):
             fa_lab.flash_attn_func(Q, KV, KV, backend=backend)
-    with pytest.raises(RuntimeError, match=re.escape(f"backend='interpret' cannot run: {why}")):
-        kernels.attention_module("swp_bf16", "interpret", torch.device("cpu"))
     with pytest.raises(RuntimeError, match=re.escape(f"exact_dots cannot run: {why}")):
         kernels.exact_dots()
     # on CPU tensors 'auto' means the model, which needs no Triton

@@ -8,6 +8,7 @@ import pytest
 from fa_lab import policies
 from fa_lab.dispatch import TABLE, choose_kernel, supports
 from fa_lab.dispatch import ROUTED as KERNELS
+from fa_lab.kernels import FAMILIES
 from fa_lab.routing import dense_routes_to_dualwave
 
 
@@ -76,7 +77,10 @@ def test_every_choice_implements_the_asked_policy():
         assert kernel in KERNELS and (kernel == "online") == semantic
         assert semantic or (kernel == "swp_fp8") == fp8
         assert rescale is None or supports(TABLE[(kernel, "emulator")], policies.get(rescale))
-    assert seen == set(KERNELS)
+    # every family upstream's rules or a policy's semantics can pick is picked; a family of
+    # fa_lab's own without semantics of its own runs only where kernel= asks for it
+    reachable = {n for n in KERNELS if FAMILIES[n].upstream or FAMILIES[n].caps("model").semantics}
+    assert seen == reachable
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -119,3 +123,20 @@ def test_type_errors(kwargs, match):
         route_kw = {k: v for k, v in base.items() if k in ("batch", "seqlen_q", "has_sink", "arch", "head_dim")}
         with pytest.raises(TypeError, match=match):
             dense_routes_to_dualwave(**route_kw)
+
+
+@pytest.mark.parametrize("extra", ["sink", "alibi_slopes", "num_kv_splits"])
+def test_a_refusal_never_advises_the_backend_in_use(extra):
+    """A zoo preset runs on the online family, which has no sink, ALiBi or split-K: the
+    refusal names what is missing, and advises backend='emulator' only to a call on
+    another backend."""
+    import torch
+
+    import fa_lab
+
+    q = torch.zeros(1, 512, 2, 64, dtype=torch.bfloat16)
+    kw = {"sink": torch.zeros(2), "alibi_slopes": torch.zeros(2), "num_kv_splits": 2}
+    with pytest.raises(ValueError, match=extra) as e:
+        fa_lab.flash_attn_func(q, q, q, rescale="trtllm_neg_inf:before", backend="emulator",
+                               **{extra: kw[extra]})
+    assert "use backend='emulator'" not in str(e.value)

@@ -102,15 +102,79 @@ def layer(module: str) -> int:
     raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
 
 
+def through_faces(m: str, graph: dict) -> set[str]:
+    """What importing ``m`` imports, seen through package faces: its own imports; for
+    each, the packages above it (their ``__init__`` runs first; not ``m``'s own parents,
+    nor the top ``fa_lab``, which every module has) and what those ``__init__`` files
+    import, and so on. ``import fa_lab`` (or ``from fa_lab import <a name>``) itself counts
+    as importing what ``fa_lab/__init__`` imports."""
+    own = {m.rsplit(".", i)[0] for i in range(1, m.count(".") + 1)}
+    seen: set[str] = set()
+    todo = list(graph[m])
+    while todo:
+        t = todo.pop()
+        if t in seen or t == m:
+            continue
+        seen.add(t)
+        parents = [t.rsplit(".", i)[0] for i in range(1, t.count(".") + 1)]
+        for pkg in [t, *parents]:
+            if pkg in graph and (pkg == t or pkg not in own and pkg != "fa_lab"):
+                if pkg not in seen:
+                    todo.append(pkg)
+                todo.extend(graph[pkg])
+    return seen
+
+
 def test_imports_run_one_way_through_the_layers():
     mods = modules()
-    for m, p in mods.items():
-        for t in imports(m, p, mods):
+    graph = {m: imports(m, p, mods) for m, p in mods.items()}
+    for m in mods:
+        for t in through_faces(m, graph):
             assert layer(t) <= layer(m), (f"{m} ({LAYERS[layer(m)][0]}) imports {t} "
-                                          f"({LAYERS[layer(t)][0]})")
+                                          f"({LAYERS[layer(t)][0]}), directly or through a "
+                                          "package's __init__")
     # the timers the kernels' tuners share with the benchmark import nothing of fa_lab's
     assert not {t for t in imports("fa_lab.timing", mods["fa_lab.timing"], mods)
                 if t.startswith("fa_lab")}
+
+
+def test_faces_count(tmp_path):
+    """``through_faces`` sees an import through a package's ``__init__`` and through
+    ``import fa_lab``: the layer check cannot be dodged that way."""
+    graph = {"fa_lab": {"fa_lab.api", "fa_lab.zoo"}, "fa_lab.api": set(), "fa_lab.zoo": set(),
+             "fa_lab.studies": {"fa_lab.zoo"}, "fa_lab.studies.x": set(),
+             "fa_lab.dispatch": {"fa_lab"}, "fa_lab.compare": {"fa_lab.studies.x"},
+             "fa_lab.counters": {"fa_lab.api"}}
+    assert "fa_lab.zoo" in through_faces("fa_lab.dispatch", graph)
+    assert "fa_lab.zoo" in through_faces("fa_lab.compare", graph)
+    assert through_faces("fa_lab.counters", graph) == {"fa_lab.api"}
+
+
+def test_the_core_never_imports_the_zoo():
+    """The zoo's presets register themselves when the policy registry first needs them
+    (``policies.PRESET_MODULES``); nothing below the studies imports the zoo, even through
+    a package's ``__init__``, and a fresh interpreter that imports fa_lab and runs a call
+    has not loaded it."""
+    mods = modules()
+    graph = {m: imports(m, p, mods) for m, p in mods.items()}
+    for m in mods:
+        if layer(m) < layer("fa_lab.studies"):
+            assert "fa_lab.zoo" not in through_faces(m, graph), m
+
+
+@pytest.mark.slow
+def test_a_call_does_not_load_the_zoo_until_a_preset_is_named():
+    """A fresh interpreter that imports fa_lab and runs a call has not loaded the zoo; naming
+    a preset loads it (``policies.PRESET_MODULES``)."""
+    script = ("import sys, torch, fa_lab\n"
+              "q = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)\n"
+              "fa_lab.flash_attn_func(q, q, q, backend='emulator')\n"
+              "assert 'fa_lab.zoo' not in sys.modules, 'a plain call imported the zoo'\n"
+              "fa_lab.flash_attn_func(q, q, q, backend='emulator', rescale='trtllm_neg_inf:before')\n"
+              "assert 'fa_lab.zoo' in sys.modules\n"
+              "print('ok')")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 def test_the_ports_are_reached_through_dispatch():

@@ -378,48 +378,40 @@ _REFUSED = (ValueError, TypeError, NotImplementedError)
 
 
 def _expand(grid: Grid) -> list[dict]:
+    """The grid's points, each distinct call planned once (``_plan`` at its own shape); a
+    refused call is then probed at stand-in shapes only to name the axis to blame."""
+    from fa_lab.policies import as_policy
+
     axes, spelled = grid.axes, grid.spelled
-    # 1. (policy, dtype, backend): does fa_lab run the policy there at all?
-    resolved = {}
-    for pol, dtype, backend in itertools.product(axes["policy"], axes["dtype"], axes["backend"]):
-        probe = {"policy": pol, "dtype": dtype, "backend": backend, "threshold": None,
-                 "causal": False, "B": 1, "S": 256, "H": 1, "D": 128}
-        try:
-            _, resolved[(_policy_name(pol), dtype, backend)] = _plan(probe, quiet=True)
-        except _REFUSED as e:
-            raise GridError(spelled["policy"], f"policy {_policy_name(pol)!r} cannot run with "
-                            f"dtype={dtype!r} on backend={backend!r}: {e}") from None
-        except RuntimeError as e:  # the backend itself is missing (Triton not installed)
-            raise GridError(spelled["backend"], f"backend={backend!r}: {e}") from None
-    # 2. devices: triton runs on CUDA tensors, interpret on CPU ones
+    # 1. devices: triton runs on CUDA tensors, interpret on CPU ones
     for backend, device in itertools.product(axes["backend"], axes["device"]):
         if backend == "triton" and device == "cpu":
             raise GridError(spelled["device"], "backend 'triton' runs on device 'cuda', not 'cpu' "
                             "(backend 'interpret' runs its kernels on the CPU)")
         if backend == "interpret" and device == "cuda":
             raise GridError(spelled["device"], "backend 'interpret' runs on device 'cpu'")
-    # 3. every point: its threshold, then its shape (once per distinct call)
+    # 2. every point: its threshold (none for an eager policy), then its call, planned once
     points, seen, planned = [], set(), {}
     for values in itertools.product(*(axes[a] for a in AXES)):
         p = dict(zip(AXES, values))
         p["device"] = _device_of(p["backend"], p["device"])
-        pol = resolved[(_policy_name(p["policy"]), p["dtype"], p["backend"])]
         p["threshold_asked"] = "default" if p["threshold"] is None else str(p["threshold"])
-        if not getattr(pol, "lazy", True):
+        try:
+            lazy = as_policy(p["policy"]).lazy
+        except _REFUSED as e:
+            raise GridError(spelled["policy"], f"policy {_policy_name(p['policy'])!r} cannot run "
+                            f"with dtype={p['dtype']!r} on backend={p['backend']!r}: {e}") from None
+        if not lazy:
             p["threshold"], p["threshold_asked"] = None, "n/a"  # eager has no threshold
         key = (_policy_name(p["policy"]), p["dtype"], p["backend"], p["threshold_asked"],
                p["B"], p["S"], p["H"], p["D"], p["causal"])
         if key not in planned:
-            if p["threshold"] is not None:
-                try:
-                    _plan(p, quiet=True, B=1, S=256, H=1, D=128)
-                except _REFUSED as e:
-                    raise GridError(spelled["threshold"], f"threshold {p['threshold']!r} with policy "
-                                    f"{_policy_name(p['policy'])!r}, dtype={p['dtype']!r}: {e}") from None
             try:
                 planned[key] = _plan(p)
             except _REFUSED as e:
-                raise GridError(spelled[_blame_shape(p)], f"{_describe(p)}: {e}") from None
+                raise _blame(p, e, spelled) from None
+            except RuntimeError as e:  # the backend itself is missing (Triton not installed)
+                raise GridError(spelled["backend"], f"backend={p['backend']!r}: {e}") from None
         family, policy = planned[key]
         p["kernel"] = family
         p["policy_resolved"] = policy.describe() if hasattr(policy, "describe") else str(policy)
@@ -429,6 +421,24 @@ def _expand(grid: Grid) -> list[dict]:
             seen.add(p["point_id"])
             points.append(p)
     return points
+
+
+def _blame(p: dict, error: Exception, spelled: dict) -> GridError:
+    """The axis a refused point's call is refused for: the policy (it runs nowhere with
+    that dtype and backend), its threshold, or the shape axis (``_blame_shape``)."""
+    probe = {**p, "threshold": None, "causal": False, "B": 1, "S": 256, "H": 1, "D": 128}
+    try:
+        _plan(probe, quiet=True)
+    except _REFUSED as e:
+        return GridError(spelled["policy"], f"policy {_policy_name(p['policy'])!r} cannot run with "
+                         f"dtype={p['dtype']!r} on backend={p['backend']!r}: {e}")
+    if p["threshold"] is not None:
+        try:
+            _plan(p, quiet=True, B=1, S=256, H=1, D=128)
+        except _REFUSED as e:
+            return GridError(spelled["threshold"], f"threshold {p['threshold']!r} with policy "
+                             f"{_policy_name(p['policy'])!r}, dtype={p['dtype']!r}: {e}")
+    return GridError(spelled[_blame_shape(p)], f"{_describe(p)}: {error}")
 
 
 def _blame_shape(p: dict) -> str:
