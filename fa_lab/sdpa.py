@@ -84,8 +84,9 @@ class Event:
 class Recorder:
     """What a ``patched`` block saw. Set ``step`` to tag the calls that follow (a training
     step, an epoch); ``events`` lists every non-finite ``Event`` in order; ``calls`` counts
-    the attention calls; ``inputs`` holds, with ``capture=True``, each call's detached
-    (q, k, v, bias, causal) in fa_lab's layout, for checking a call afterwards."""
+    the attention calls; ``inputs`` holds, with ``capture=True``, each call's call index, step,
+    module and detached q, k, v, bias and causal in fa_lab's layout (a dict), for checking a
+    call afterwards."""
 
     options: dict
     names: dict
@@ -253,8 +254,9 @@ def _attention(rec: Recorder, query, key, value, attn_mask=None, dropout_p=0.0,
         query, key, value = _Watch.apply(report_inputs, query, key, value)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     if rec.capture:
-        rec.inputs.append((q.detach().clone(), k.detach().clone(), v.detach().clone(), bias,
-                           is_causal))
+        rec.inputs.append({"call": call, "step": step, "module": module, "q": q.detach().clone(),
+                           "k": k.detach().clone(), "v": v.detach().clone(), "bias": bias,
+                           "causal": is_causal})
     out, lse = api.flash_attn_func(q, k, v, causal=is_causal, bias=bias, return_lse=True,
                                    **rec.options)
     out = out.transpose(1, 2)
