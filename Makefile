@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 test: setup
 	OMP_WAIT_POLICY=PASSIVE FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
 		$(PY) -m pytest -q tests
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
+	OMP_WAIT_POLICY=PASSIVE FA_LAB_SOLUTIONS=1 $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
 	$(MAKE) test-wheel
 	$(MAKE) test-triton-floor
 

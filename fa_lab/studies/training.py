@@ -169,7 +169,7 @@ def train(cfg: Config, *, backend: str = "emulator", capture: bool = False) -> d
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if cfg.stop_at_nonfinite and rec.events:
                 break
     steps_run = len(losses)

@@ -34,10 +34,12 @@ def first_nonfinite_steps(rows: list[dict], *, title: str | None = None) -> go.F
                 mode="markers+text", name=f"{pol}: finite to the last step",
                 marker=dict(symbol=policy_symbol(pol, hollow=True), size=11,
                             color=policy_color(pol), line=dict(width=2)),
-                text=["finite"] * len(finite), textposition="top center"))
+                text=["finite"] * len(finite), textposition="top center",
+                textfont=dict(color=policy_color(pol))))
     fig.update_layout(title=title or "First non-finite step of a training run, by policy",
                       xaxis=dict(title="logit scale at the last step (temperature on q)",
-                                 type="log"),
+                                 type="log", tickvals=sorted({r["scale"] for r in rows}),
+                                 ticktext=[f"{x:g}" for x in sorted({r["scale"] for r in rows})]),
                       yaxis=dict(title="training step", rangemode="tozero"),
                       template="plotly_white", width=900, height=480,
                       legend=dict(orientation="h", y=-0.2))
