@@ -193,3 +193,17 @@ def test_a_fully_masked_row_is_refused_sdpa_gives_zeros_fa_lab_nan():
         with pytest.raises(ValueError, match="masks every key"):
             F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(m, 0.0, -math.inf))
     assert rec.calls == 0
+
+
+@pytest.mark.parametrize("version, dies", [("main-11c4174d", True), ("fixed", False)])
+def test_the_upstream_version_sets_the_default_policy(version, dies):
+    """No rescale given: the version's default runs (before PR #1033: the unfixed rebase)."""
+    q, k, v = dragged_inputs()
+    with sdpa.patched(upstream=version, kernel="swp_bf16", backend="emulator") as rec:
+        F.scaled_dot_product_attention(q, k, v)
+    direct = fa_lab.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), causal=False,
+                                    upstream=version, kernel="swp_bf16", backend="emulator")
+    assert bool(rec.events) == dies == bool((~torch.isfinite(direct)).any())
+    with pytest.raises(ValueError, match="upstream"):
+        with sdpa.patched(upstream="no-such-version"):
+            pass
