@@ -15,7 +15,7 @@ A ``RoutingWarning`` says a call runs other than it seems to ask (another kernel
 upstream's, or a policy that is never consulted); ``warnings`` filters it by category.
 """
 
-from fa_lab import metrics, policies, reference, results, upstream
+from fa_lab import metrics, policies, reference, results, sdpa, upstream
 from fa_lab.api import count_rescales, flash_attn_func, swa_attn_func, trace
 from fa_lab.compare import compare
 from fa_lab.dispatch import RoutingWarning
@@ -25,7 +25,7 @@ from fa_lab.upstream import set_upstream, using_upstream
 
 __all__ = ["flash_attn_func", "swa_attn_func", "trace", "count_rescales", "compare", "Trace",
            "Policy", "RuleError", "RoutingWarning", "reference", "metrics", "policies", "results", "upstream",
-           "set_upstream", "using_upstream", "zoo"]
+           "set_upstream", "using_upstream", "zoo", "sdpa"]
 __version__ = "0.1.0"
 
 

@@ -426,3 +426,27 @@ def check_zoo_policy(policy, *, max_evals=40, budget_s=120.0):
         fails.append(f"the bound leaves these hazards live: {live}")
     assert not fails, "\n".join(fails)
     return attack, region
+
+
+# ---- lesson 09: the backward's LSE floor -------------------------------------------------
+
+def check_lse2_floored(fn) -> bool:
+    """Accept ``fn(lse)`` only if it converts a natural-log LSE to log2 units and floors it as
+    the dQ kernel does (convert, then maxNum with -3e38); the message names the mistake."""
+    log2e = math.log2(math.e)
+    lse = torch.tensor([0.5, -2.0, 80.0, -math.inf, math.nan, math.inf])
+    got = fn(lse.clone())
+    assert isinstance(got, torch.Tensor) and got.shape == lse.shape, "return a tensor of lse's shape"
+    assert got.dtype == torch.float32, f"keep fp32 (the kernel's registers), got {got.dtype}"
+    assert torch.allclose(got[:3], lse[:3] * log2e), \
+        "finite LSEs must come out in log2 units: multiply by log2(e) = 1.4427 (the recompute is an exp2)"
+    assert not torch.isneginf(got[3]), \
+        "-inf came out -inf: floor after converting (-3e38 * log2(e) overflows fp32 to -inf)"
+    assert got[3] == torch.tensor(-3e38), f"an LSE of -inf must become the floor -3e38, got {got[3].item():.3g}"
+    assert not torch.isnan(got[4]), \
+        "a NaN LSE stayed NaN: the kernel's floor is fmax (maxNum); use torch.fmax, not clamp/maximum"
+    assert got[4] == torch.tensor(-3e38), "a NaN LSE must become the floor -3e38"
+    assert torch.isposinf(got[5]), "+inf is above the floor: it stays +inf"
+    # the floor in use: the empty band's rows recompute P = 0 for every (masked) key
+    assert (torch.exp2(torch.full((64,), -math.inf) - got[3]) == 0).all(), "exp2(-inf - floor) must be 0"
+    return True

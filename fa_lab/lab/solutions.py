@@ -122,3 +122,15 @@ def zoo_policy():
                   semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="always",
                                       empty_row_guard="zero_base", clamp_exp_diff=True,
                                       epilogue_guard="zero", o_gate="row", v_tail="zero"))
+
+
+# ---- lesson 09 ---------------------------------------------------------------------------
+
+#: dQ's LSE floor (FlyDSL's flash_attn_gfx950_dq.py at 1fa54fa3, docs/semantics.md §12.2).
+LSE_FLOOR = -3e38
+
+
+def lse2_floored(lse):
+    """The LSE in log2 units, floored as the dQ kernel does it: convert first (fp32 multiply
+    by log2 e), then maxNum with -3e38, so -inf and NaN become the floor."""
+    return torch.fmax(lse.float() * math.log2(math.e), torch.tensor(LSE_FLOOR))

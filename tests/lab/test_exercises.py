@@ -302,3 +302,13 @@ def test_zoo_policy_check():
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, semantics=dataclasses.replace(
         answer.semantics, p_cast="input")), "e4m3 P cast")
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")
+
+
+# ---- lesson 09 ---------------------------------------------------------------------------
+
+def test_lse2_floored_check():
+    assert ex.check_lse2_floored(sol.lse2_floored)
+    rejects(ex.check_lse2_floored, lambda x: torch.fmax(x, torch.tensor(-3e38)), "log2 units")
+    rejects(ex.check_lse2_floored, lambda x: torch.fmax(x, torch.tensor(-3e38)) * math.log2(math.e),
+            "floor after converting")
+    rejects(ex.check_lse2_floored, lambda x: torch.clamp(x * math.log2(math.e), min=-3e38), "fmax")
