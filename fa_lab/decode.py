@@ -22,7 +22,6 @@ import torch
 
 from fa_lab import kernels
 from fa_lab.kernels.pa_decode import model
-from fa_lab.kernels.pa_decode.reduce import MAX_PARTITIONS
 from fa_lab.upstream import check_decode
 
 BACKENDS = ("emulator", "interpret", "triton")
@@ -139,8 +138,8 @@ def check_call(output, query, key_cache, value_cache, block_tables, context_leng
     if num_partitions is None or num_partitions == 0:
         num_partitions = recommended_splits(num_seqs, hkv, bs)
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) \
-            or not 1 <= num_partitions <= MAX_PARTITIONS:
-        raise ValueError(f"num_partitions must be an int in 1..{MAX_PARTITIONS}, got {num_partitions!r}")
+            or not 1 <= num_partitions <= model.MAX_PARTITIONS:
+        raise ValueError(f"num_partitions must be an int in 1..{model.MAX_PARTITIONS}, got {num_partitions!r}")
     return ks, vs, float(softmax_scale), num_partitions, version
 
 

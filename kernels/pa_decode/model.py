@@ -63,7 +63,7 @@ import torch
 from fa_lab.numerics import E4M3_MAX, e4m3, exact_dot, exp2, f32, fmax, round_to
 from fa_lab.upstream import DecodeVersion
 
-from .reduce import split_reduce
+from .reduce import MAX_PARTITIONS, split_reduce  # noqa: F401 -- MAX_PARTITIONS for fa_lab.decode
 
 LOG2E = 1.4426950408889634  # upstream's constant (l.52)
 TILE_TOK = 256              # tokens per compute tile (4 waves x 64)

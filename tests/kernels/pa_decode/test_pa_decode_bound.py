@@ -6,7 +6,6 @@ import random
 import time
 
 import pytest
-import torch
 
 from fa_lab import decode
 from fa_lab.kernels.pa_decode import bound, cases
