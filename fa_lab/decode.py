@@ -213,3 +213,20 @@ def pa_decode_ps_launch(output, query, key_cache, value_cache, context_lengths, 
                    num_partitions=max_context_partition_num, pmax=max_logits, psum=exp_sums,
                    pout=temporary_output, backend=backend, upstream=upstream, recorder=recorder)
     return "ps_small_block"
+
+
+def partitions(query, key_cache, value_cache, block_tables, context_lengths, key_scale=None,
+               value_scale=None, softmax_scale=None, *, num_partitions=None,
+               backend="emulator", upstream=None) -> dict:
+    """One decode call's partitions and their merge, for inspection: a dict with the
+    output and, per (sequence, kv head, partition, row), ``pmax`` (in ``pmax_units``),
+    ``psum`` and ``pout``; the tile range of each partition (``tiles``, the model only);
+    and, with more than one partition, the reduce's ``global_max``, ``part_scale``,
+    ``weights`` and ``global_sum`` (the model only)."""
+    out = torch.empty_like(query) if isinstance(query, torch.Tensor) else None
+    rec: dict = {}
+    pa_decode_tile(out, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                   value_scale, softmax_scale, num_partitions=num_partitions, backend=backend,
+                   upstream=upstream, recorder=rec)
+    rec["output"] = out
+    return rec

@@ -97,3 +97,14 @@ def test_page_size_and_unmodelled_paths(case):
                                    max_context_partition_num=2)
     with pytest.raises(ValueError, match="interpret"):  # CPU tensors cannot run compiled
         decode.pa_decode_tile(out, q, kc, vc, bt, ctx, ks, vs, backend="triton")
+
+
+def test_partitions_view(case):
+    out, q, kc, vc, bt, ctx, ks, vs = case.args()
+    view = decode.partitions(q, kc, vc, bt, ctx, ks, vs, num_partitions=2,
+                             upstream="flydsl-985c653a^")
+    assert view["pmax_units"] == "log2"
+    assert view["pmax"].shape == (2, 2, 2, 4) and view["weights"].shape == (2, 2, 2, 4)
+    assert torch.equal(view["output"], decode.pa_decode_tile(out, q, kc, vc, bt, ctx, ks, vs,
+                                                             num_partitions=2,
+                                                             upstream="flydsl-985c653a^"))
