@@ -20,7 +20,9 @@ partition past the tiles is empty). A CTA's query rows are the flattened (MTP po
 GQA head) pairs ``r = qi * G + g`` (G = Hq / Hkv), in M-tiles of 16 rows. Row r sees tokens
 ``t < bound(r)``, ``bound = ctx`` when QL = 1, else ``ctx - (QL - 1) + qi``. Token t's page is
 ``block_tables`` entry ``seq * max_blocks + t // bs``, read flat through a buffer bounded
-by the whole table: an index past its end reads page 0 (l.228-235).
+by the whole table: an index past its end reads page 0 (l.228-235). (20faaa4d's table
+read is unbounded, l.315: past the end it reads whatever memory follows; the model reads
+page 0 there in both versions.)
 
 Per row and tile (l.616-902; 20faaa4d l.725-962):
   q8 = e4m3(q / qs), qs = absmax(q) * f32(1/448) (rcp of max(qs, 1e-20); l.454-475)
