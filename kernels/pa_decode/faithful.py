@@ -162,7 +162,7 @@ def _reduce_kernel(PMAX, PSUM, POUT, OUT, log2e, R: tl.constexpr, NP: tl.constex
     part_scale = tl.where(ok, exp2_ieee((pm - gm) * log2e), 0.0)
     scaled = ps * part_scale
     gsum = tl.sum(scaled, axis=0)
-    inv = tl.math.div_rn(1.0, tl.where(gsum > 0, gsum, 1.0))
+    inv = tl.math.div_rn(tl.full([1], 1.0, tl.float32), tl.where(gsum > 0, gsum, 1.0) + tl.zeros([1], tl.float32))
     w = scaled * inv
     d = tl.arange(0, D)
     acc = tl.zeros([D], tl.float32)
