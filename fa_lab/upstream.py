@@ -30,6 +30,13 @@ the registered policy that runs it on the online-softmax model:
   is causal only, so ``dualwave_swp_fixed_max`` is on: a zero reference max, P =
   exp2(score). Policy ``"primus-a6a16cdc"`` runs it on the online model.
 
+The paged-attention decode kernel (``pa_decode_tile.py`` and the split reduce it launches
+from ``pa_decode_swa.py``) has versions of its own, ``DECODE_VERSIONS`` (a
+``DecodeVersion`` each): ``"main-11c4174d"`` (FlyDSL main 11c4174d, which holds
+#825 squashed as 61ffdee4, with the P re-mask of 985c653a) and ``"flydsl-985c653a^"``
+(the #825 branch at 20faaa4d, the parent of 985c653a). ``fa_lab.decode`` takes them
+as ``upstream=``.
+
 ``flash_attn_func(..., upstream=NAME)`` picks a version for one call; ``set_upstream`` and
 ``using_upstream`` for a block. The default is ``"fixed"``: FlyDSL as it is today.
 Explicit ``rescale=``, ``rescale_threshold=`` and ``p_headroom=`` override a version.
@@ -168,6 +175,56 @@ COPY_POLICIES = tuple(policies.register(p, preset=True, replace=True) for p in (
                        "log2-unit maxima, P packed to bf16 (approximate)",
            semantics=Semantics(p_cast="bf16", p_saturate=False, ftz=True)),
 ))
+
+@dataclass(frozen=True)
+class DecodeVersion:
+    """One version of the paged-attention decode tile kernel (``docs/semantics.md`` §13).
+
+    ``commit``: the ROCm/FlyDSL commit whose ``kernels/attention/pa_decode_tile.py`` it
+    follows. ``remask_p``: P is zeroed where the score holds the mask sentinel (985c653a's
+    fix) on one-M-tile calls. ``split_mtile_inf``: calls of more than 16 query rows
+    (several M-tiles) mask with -inf and guard the base (``safe_max``) instead of the
+    -1e30 sentinel. ``vmax_valid_only``: per-token mode takes the tile's V-scale maximum
+    over the tokens valid for one row only (else over all 256 tokens). ``pmax_natural``:
+    the partition maximum is stored in natural-log units (divided by log2 e), as the
+    reduce expects; else in log2 units, which the reduce still multiplies by log2 e.
+    ``epilogue_l_first``: the output scale is ``rcp(l) * (v_scale / 448)`` in one
+    factor; else ``(o * v_scale / 448) * rcp(l)``."""
+
+    name: str
+    commit: str
+    description: str
+    remask_p: bool
+    split_mtile_inf: bool
+    vmax_valid_only: bool
+    pmax_natural: bool
+    epilogue_l_first: bool
+
+
+DECODE_VERSIONS: dict[str, DecodeVersion] = {v.name: v for v in (
+    DecodeVersion("main-11c4174d", "11c4174d",
+                  "FlyDSL main at 11c4174d: pa_decode_tile with 985c653a's P re-mask (#825)",
+                  remask_p=True, split_mtile_inf=True, vmax_valid_only=False,
+                  pmax_natural=True, epilogue_l_first=True),
+    DecodeVersion("flydsl-985c653a^", "20faaa4d",
+                  "the #825 branch at 20faaa4d, the parent of 985c653a: no P re-mask",
+                  remask_p=False, split_mtile_inf=False, vmax_valid_only=True,
+                  pmax_natural=False, epilogue_l_first=False),
+)}
+DECODE_DEFAULT = "main-11c4174d"
+
+
+def check_decode(name) -> DecodeVersion:
+    """The decode version named ``name`` (None: ``DECODE_DEFAULT``); TypeError/ValueError
+    naming ``upstream`` otherwise."""
+    if name is None:
+        name = DECODE_DEFAULT
+    if not isinstance(name, str):
+        raise TypeError(f"upstream must be a decode version name (str), got {type(name).__name__}")
+    if name not in DECODE_VERSIONS:
+        raise ValueError(f"upstream={name!r} is not a known pa_decode version; choose one of "
+                         f"{list(DECODE_VERSIONS)}")
+    return DECODE_VERSIONS[name]
 
 _state = threading.local()
 

@@ -29,6 +29,7 @@ _PACKAGES = (
     "swa",
     "online",
     "bwd",
+    "pa_decode",
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}

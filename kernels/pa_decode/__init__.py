@@ -1,0 +1,21 @@
+"""FlyDSL's paged-attention fp8 decode (``pa_decode_tile.py`` and the split reduce of
+``pa_decode_swa.py``): KV pages of 16 or 64 tokens gathered through ``block_tables``,
+256-token tiles grouped into partitions, MTP query lengths 1..16, per-tensor or
+per-token fp8 scales. ``flash_attn_func`` does not route to it; ``fa_lab.decode`` calls it
+with upstream's names (``pa_decode_tile``, ``pa_decode_ps_launch``).
+
+- ``model``: the exact PyTorch model (the definition; docs/semantics.md §13);
+- ``reduce``: the split reduce that merges the partitions;
+- ``faithful``: the faithful Triton port;
+- ``bound``: when the finite mask sentinel turns into NaN, in closed form.
+"""
+
+from fa_lab.capabilities import FP8, Caps, Family, Implementation
+
+# The decode kernel takes no rescale policy: each partition's softmax is eager by
+# construction, so it claims no vote or rebase value (its tests hold it to fp64).
+_CAPS = Caps(FP8, (64, 128, 256), frozenset({"trace"}), frozenset(), frozenset())
+FAMILY = Family("pa_decode", "paged-attention fp8 decode: pages of 16/64, 256-token partitions, "
+                "MTP, per-tensor or per-token scales, the split reduce",
+                {"model": Implementation("model", _CAPS), "faithful": Implementation("faithful", _CAPS)},
+                routed=False)

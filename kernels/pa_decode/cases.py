@@ -1,0 +1,104 @@
+"""Inputs for the paged decode: a paged fp8 KV cache built from logical K/V, in upstream's
+layouts, with the page table shuffled or not; and the fp64 reference it is checked
+against. Shared by the tests, the onset search and (later) the lessons.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fa_lab.numerics import E4M3_MAX, e4m3
+
+from .model import logical_kv, quantize_q, row_bounds
+
+
+@dataclass
+class Case:
+    """One decode call's arguments (``fa_lab.decode.pa_decode_tile`` order) and sizes."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    context_lengths: torch.Tensor
+    key_scale: torch.Tensor
+    value_scale: torch.Tensor
+
+    def args(self):
+        out = torch.empty_like(self.query)
+        return (out, self.query, self.key_cache, self.value_cache, self.block_tables,
+                self.context_lengths, self.key_scale, self.value_scale)
+
+
+def _quant(x: torch.Tensor, per_token: bool):
+    """x [nb, hkv, bs, D] fp32 -> (fp8, scale): one scale (absmax / 448) per tensor or per
+    (block, head, token)."""
+    if per_token:
+        s = (x.abs().amax(dim=-1) / E4M3_MAX).clamp_min(1e-12)
+        return e4m3(x / s[..., None]).to(torch.float8_e4m3fn), s.float()
+    s = (x.abs().amax() / E4M3_MAX).clamp_min(1e-12).reshape(1)
+    return e4m3(x / s).to(torch.float8_e4m3fn), s.float()
+
+
+def make(context_lengths, *, query_length=1, num_q_heads=4, num_kv_heads=1, head_dim=64,
+         block_size=16, per_token=False, k_mult=1.0, seed=0, shuffle=True, spare_pages=2,
+         trans_v=True, dtype=torch.bfloat16, tail_pages=None) -> Case:
+    """A case: q, K, V ~ N(0, 1) (K times ``k_mult``); each sequence gets
+    ``ceil(ctx / bs) + spare_pages`` pages of its own (``tail_pages`` forces that count),
+    taken from a shuffled (or contiguous) pool; the table's unused entries point at pages of
+    the pool too, so the kernel's over-read of its last tile reads real pages."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = [int(c) for c in context_lengths]
+    per_seq = tail_pages or max(-(-c // block_size) for c in ctx) + spare_pages
+    num_seqs = len(ctx)
+    nb = num_seqs * per_seq + 1
+    k = torch.randn(nb, num_kv_heads, block_size, head_dim, generator=g) * k_mult
+    v = torch.randn(nb, num_kv_heads, block_size, head_dim, generator=g)
+    k8, ks = _quant(k, per_token)
+    v8, vs = _quant(v, per_token)
+    pool = torch.randperm(nb, generator=g) if shuffle else torch.arange(nb)
+    table = pool[:num_seqs * per_seq].reshape(num_seqs, per_seq).to(torch.int32)
+    kc = k8.reshape(nb, num_kv_heads, block_size, head_dim // 16, 16).permute(0, 1, 3, 2, 4).contiguous()
+    if trans_v:
+        vc = v8.reshape(nb, num_kv_heads, block_size // 16, 16, head_dim).permute(0, 1, 2, 4, 3).contiguous()
+    else:
+        vc = v8.permute(0, 1, 3, 2).contiguous()
+    q = torch.randn(num_seqs * query_length, num_q_heads, head_dim, generator=g).to(dtype)
+    return Case(q, kc, vc, table, torch.tensor(ctx, dtype=torch.int32), ks, vs)
+
+
+def reference(case: Case, softmax_scale: float | None = None) -> torch.Tensor:
+    """fp64 softmax attention over each row's gathered context (t < bound), with the
+    dequantized fp8 K and V and the dequantized fp8 Q (the kernel's input casts), and no
+    other rounding: [num_seqs * QL, Hq, D] fp64; NaN for a row that sees no token."""
+    q = case.query.float()
+    num_seqs = case.context_lengths.shape[0]
+    ql, hq, d = q.shape[0] // num_seqs, q.shape[1], q.shape[2]
+    k8, v8 = logical_kv(case.key_cache, case.value_cache)
+    hkv, bs = k8.shape[1], k8.shape[2]
+    group = hq // hkv
+    per_token = case.key_scale.dim() > 1
+    ks = case.key_scale[..., None] if per_token else case.key_scale.reshape(1, 1, 1, 1)
+    vs = case.value_scale[..., None] if per_token else case.value_scale.reshape(1, 1, 1, 1)
+    kd, vd = (k8 * ks).double(), (v8 * vs).double()
+    sm = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float64)
+    for seq in range(num_seqs):
+        ctx = int(case.context_lengths[seq])
+        bounds = row_bounds(ctx, ql, group)
+        for h in range(hkv):
+            rows = q[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group].reshape(-1, d)
+            q8, qs = quantize_q(rows)
+            qd = q8.double() * qs.double()[:, None]
+            for r, b in enumerate(bounds):
+                if b <= 0:
+                    continue
+                t = torch.arange(b)
+                pages = case.block_tables[seq, t // bs].long()
+                kk, vv = kd[pages, h, t % bs], vd[pages, h, t % bs]
+                w = torch.softmax(qd[r] @ kk.T * sm, dim=0)
+                out[seq * ql + r // group, h * group + r % group] = w @ vv
+    return out
