@@ -30,6 +30,7 @@ _PACKAGES = (
     "generic",
     "swa",
     "online",
+    "mla_decode",
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}
