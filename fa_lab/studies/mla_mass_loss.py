@@ -1,5 +1,5 @@
 """The MLA decode kernel's mass loss from its unscaled e4m3 P cast, in closed form and
-measured on the model (docs/findings/mla_decode_p_cast.md).
+as the model computes it (docs/findings/mla_decode_p_cast.md).
 
 The kernel computes P = 2**(-d) in (0, 1], d the key's spread below the running max in log2
 units, sums the fp32 P into ``l`` and casts P to e4m3 for the PV product. e4m3 is normal
