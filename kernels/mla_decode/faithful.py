@@ -144,5 +144,5 @@ def forward(query: torch.Tensor, kv_buffer: torch.Tensor, kv_page_indices: torch
         launch(_mla_kernel, grid, True, *args, **meta)
     else:
         with torch.cuda.device(dev):
-            launch(_mla_kernel, grid, False, *args, **meta, num_warps=4, num_stages=1,
+            launch(_mla_kernel, grid, False, *args, **meta, num_warps=8, num_stages=1,
                    enable_fp_fusion=False)
