@@ -33,7 +33,7 @@ Per tile t of an item, per head (eager: every tile rebases; K l.877-932):
 
 ``sum(P)`` is the kernel's order: each lane adds its 16 values in register order, then
 lanes xor 32 and xor 16: ``(g0 + g2) + (g1 + g3)`` over the four 16-lane groups. The fp32
-``l = r * l + sum`` is one ``v_fma_f32``: the launcher compiles with fast math (L l.2061-2063),
+``l = r * l + sum`` is one ``v_fma_f32``: the JIT launcher compiles with fast math (K l.2061-2063),
 which contracts it. **P is cast to e4m3 as it is, in (0, 1]** (K l.934-947): values below
 2**-6 go subnormal and P <= 2**-10 rounds to 0, while ``l`` keeps the fp32 P. The model's
 ``p_headroom`` H (0 upstream) is the fix #1020 made in the prefill kernel: the exponent
@@ -176,7 +176,7 @@ def reduce(split_output: torch.Tensor, split_lse: torch.Tensor, reduce_indptr: t
            final_output: torch.Tensor) -> None:
     """The split merge that upstream pairs with the kernel (ROCm/aiter ``mla_reduce_v1``;
     its FlyDSL port ``aiter/ops/flydsl/kernels/mla_reduce.py`` at e4048607, the many-split
-    body l.592-640), at the level of its formula. Tile i merges the partial rows
+    body l.557-640), at the level of its formula. Tile i merges the partial rows
     ``reduce_partial_map[reduce_indptr[i]:reduce_indptr[i+1]]`` into query token
     ``reduce_final_map[i, 0]``: M = max lse (NaN propagates), E = sum exp(lse_j - M),
     LSE = ln E + M (+inf where E is 0 or NaN), out = bf16(sum exp(lse_j - LSE) o_j), sums
