@@ -33,8 +33,8 @@ Per tile t of an item, per head (eager: every tile rebases; K l.877-932):
 
 ``sum(P)`` is the kernel's order: each lane adds its 16 values in register order, then
 lanes xor 32 and xor 16: ``(g0 + g2) + (g1 + g3)`` over the four 16-lane groups. The fp32
-``l = r * l + sum`` is one ``v_fma_f32``: the JIT launcher compiles with fast math (K l.2061-2063),
-which contracts it. **P is cast to e4m3 as it is, in (0, 1]** (K l.934-947): values below
+``l = r * l + sum`` is one ``v_fma_f32``: the JIT launcher compiles with fast math
+(K l.2061-2063), which contracts it. **P is cast to e4m3 as it is, in (0, 1]** (K l.934-947): values below
 2**-6 go subnormal and P <= 2**-10 rounds to 0, while ``l`` keeps the fp32 P. The model's
 ``p_headroom`` H (0 upstream) is the fix #1020 made in the prefill kernel: the exponent
 becomes ``fma(x - m', log2e, H)``, so P is lifted by 2**H before the cast (and ``l`` with
