@@ -210,3 +210,15 @@ def test_a_dominant_key_last_costs_only_its_own_tile():
     assert last["model_deficit"] == pytest.approx(63 * p / (1 + 255 * p), rel=1e-4)
     assert last["predicted_deficit"] == pytest.approx(last["model_deficit"], rel=1e-4)
     assert first["model_deficit"] > 3 * last["model_deficit"]
+
+
+@pytest.mark.parametrize("headroom", [0.0, 8.0])
+def test_tile_aware_prediction_matches_the_model_on_gaussian_logits(headroom):
+    # 128 heads of N(0, 9) logits over 256 keys: the fp64 prediction from the exact scores
+    # (tile running maxima, the cast) against the model's fp32 output, V = 1
+    row = study.gaussian_row(3.0, 256, headroom, seed=1)
+    assert row["model_deficit"] == pytest.approx(row["predicted_deficit"], abs=1e-5)
+    if headroom == 0.0:
+        assert row["model_deficit"] > 1e-3
+    else:
+        assert abs(row["model_deficit"]) < 1e-3
