@@ -30,6 +30,7 @@ _PACKAGES = (
     "online",
     "bwd",
     "pa_decode",
+    "mla_decode",
 )
 #: name -> ``fa_lab.capabilities.Family``.
 FAMILIES = {}

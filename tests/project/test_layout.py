@@ -85,7 +85,7 @@ LAYERS = (
               "fa_lab.semantics", "fa_lab.values"}),
     ("kernels", {"fa_lab.kernels"}),
     ("core", {"fa_lab.dispatch", "fa_lab.api", "fa_lab.compare", "fa_lab.flydsl", "fa_lab.decode",
-              "fa_lab.counters", "fa_lab.autograd", "fa_lab.sdpa"}),
+              "fa_lab.mla", "fa_lab.counters", "fa_lab.autograd", "fa_lab.sdpa"}),
     ("studies", {"fa_lab.studies", "fa_lab.zoo"}),
     ("lab", {"fa_lab.lab"}),
     ("top", {"fa_lab.cli", "fa_lab.__main__", "fa_lab"}),

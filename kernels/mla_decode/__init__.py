@@ -1,0 +1,30 @@
+"""The gfx950 MLA decode forward, fp8 Q and fp8 KV, 128 heads: its exact model and its
+faithful Triton port. ``flash_attn_func`` does not route to it; ``fa_lab.mla`` has
+upstream's launcher, ``flydsl_mla_fwd_decode``.
+
+Upstream: ROCm/FlyDSL ``main`` 11c4174d, ``kernels/attention/mla_fwd_decode_m16x8_fp8_fp8.py``
+(the kernel) and ``kernels/attention/mla_fwd_decode.py`` (the launcher).
+
+- ``model``: the exact PyTorch model (the definition; ``docs/semantics.md`` §14).
+- ``faithful``: the faithful port, one program per (work item, group of heads).
+"""
+
+from fa_lab.capabilities import FP8, Caps, Family, Implementation
+
+#: The upstream versions the model follows: name -> (repository, commit, files). The kernel
+#: is unchanged where it is carried (ROCm/aiter holds only its HIP ancestors and the reduce).
+VERSIONS = {
+    "main-11c4174d": ("ROCm/FlyDSL", "11c4174d82b7491c2d08d5828a254183f2a8b959",
+                      ("kernels/attention/mla_fwd_decode_m16x8_fp8_fp8.py",
+                       "kernels/attention/mla_fwd_decode.py")),
+}
+
+# Eager (every tile rebases to fmax(m, tile max)); no trace; QK head dim 576.
+# The decode kernel takes no rescale policy: its online softmax rescales at every tile by
+# construction, so it claims no vote or rebase value (its tests hold it to fp64).
+_CAPS = Caps(FP8, (576,), frozenset(), frozenset(), frozenset())
+FAMILY = Family("mla_decode", "the MLA decode kernel: fp8 Q and KV, 128 heads, latent 512 + rope 64, "
+                "P cast to e4m3 without headroom",
+                {"model": Implementation("model", _CAPS),
+                 "faithful": Implementation("faithful", _CAPS)},
+                routed=False)
