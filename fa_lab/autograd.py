@@ -32,9 +32,13 @@ GRAD_BACKENDS = ("emulator", "interpret", "triton")
 def records(q, k, v, bias=None, alibi_slopes=None, sink=None) -> bool:
     """Will this call be differentiated: grad mode, and q, k or v requires grad? Refuses
     (ValueError naming it) a bias, alibi_slopes or sink that requires grad."""
-    if not torch.is_grad_enabled() or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return False  # (not tensors: check_call says which)
-    wants = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if not torch.is_grad_enabled():
+        return False
+    wants = False  # (a loop, not any(): this runs on every call, see tests/api/test_call_path.py)
+    for t in (q, k, v):
+        if not isinstance(t, torch.Tensor):
+            return False  # check_call says which
+        wants = wants or t.requires_grad
     for name, t in (("bias", bias), ("alibi_slopes", alibi_slopes), ("sink", sink)):
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise ValueError(f"{name} requires grad, but fa_lab's backward (FlyDSL's) returns no "

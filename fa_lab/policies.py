@@ -177,11 +177,11 @@ class Policy:
         """True where rows may keep a stale running max (every vote but 'tile'; a rule)."""
         return self.rule is not None or "threshold" in self.parameters
 
-    @property
+    @functools.cached_property
     def parameters(self) -> frozenset:
         """The parameters this policy's vote and rebase read (``fa_lab.values``: e.g.
         ``threshold`` for a lazy vote, ``rebase_bound`` for rebase "capped"); a rule reads
-        its threshold."""
+        its threshold (computed once per policy)."""
         if self.rule is not None:
             return frozenset({"threshold"})
         return frozenset(values.get("vote", self.vote).uses) | frozenset(
