@@ -163,12 +163,13 @@ def pa_decode_tile(output, query, key_cache, value_cache, block_tables, context_
             raise ValueError(f"{name} must be a tensor of shape {list(want)}")
     rec = {} if (recorder is not None or pmax is not None or psum is not None or pout is not None) else None
     args = (query, key_cache, value_cache, block_tables, context_lengths, ks, vs)
+    backend = kernels.port_backend(backend, query.device, BACKENDS)
     if backend == "emulator":
         cpu = [a.cpu() for a in args]
         out = model.forward(*cpu, softmax_scale=sm, num_partitions=npart, version=version,
                             out_dtype=output.dtype, recorder=rec)
     else:
-        port = kernels.attention_module("pa_decode", backend, query.device)
+        port = kernels.module("pa_decode", "faithful")
         out = port.forward(*args, softmax_scale=sm, num_partitions=npart, version=version,
                            out_dtype=output.dtype, interpret=backend == "interpret", recorder=rec)
     output.copy_(out.to(output.device))

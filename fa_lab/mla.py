@@ -56,21 +56,6 @@ def _scalar(name, x, lo=None, hi=None) -> float:
     return x
 
 
-def _backend(backend, device) -> str:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" and kernels.available() else "emulator"
-    if backend == "interpret" and device.type != "cpu":
-        raise ValueError(f"backend='interpret' runs on CPU tensors, got tensors on {device}")
-    if backend == "triton" and device.type != "cuda":
-        raise ValueError(f"backend='triton' needs GPU tensors, got tensors on {device}; "
-                         "use backend='interpret' or 'emulator'")
-    if backend in ("interpret", "triton") and not kernels.available():
-        raise RuntimeError(f"backend={backend!r} cannot run: {kernels.unavailable()}")
-    return backend
-
-
 def _check_decode(query, kv_buffer, kv_page_indices, work_indptr, work_info_set,
                   final_output, split_output, split_lse, softmax_scale, p_headroom, upstream):
     if not isinstance(upstream, str) or upstream not in VERSIONS:
@@ -171,7 +156,7 @@ def flydsl_mla_fwd_decode(query, kv_buffer, kv_page_indices, work_indptr, work_i
     scale, headroom = _check_decode(query, kv_buffer, kv_page_indices, work_indptr,
                                     work_info_set, final_output, split_output, split_lse,
                                     softmax_scale, p_headroom, upstream)
-    backend = _backend(backend, query.device)
+    backend = kernels.port_backend(backend, query.device, BACKENDS)
     args = (query, kv_buffer, kv_page_indices, work_indptr, work_info_set, split_output,
             split_lse, scale)
     if backend == "emulator":

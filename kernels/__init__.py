@@ -108,6 +108,25 @@ def available() -> bool:
     return unavailable() is None
 
 
+def port_backend(backend: str, device, backends: tuple) -> str:
+    """The backend a family's own entry point (``fa_lab.decode``, ``fa_lab.mla``) runs on
+    tensors on ``device`` (a ``torch.device``): ``backend`` among ``backends`` ("auto": the compiled faithful port on GPU tensors where
+    Triton runs, else the model), after checking the tensors can run there: "triton" needs
+    GPU tensors, "interpret" CPU tensors, and both need Triton (``unavailable``)."""
+    if not isinstance(backend, str) or backend not in backends:
+        raise ValueError(f"backend must be one of {backends}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and available() else "emulator"
+    if backend == "interpret" and device.type != "cpu":
+        raise ValueError(f"backend='interpret' runs on CPU tensors, got tensors on {device}")
+    if backend == "triton" and device.type != "cuda":
+        raise ValueError(f"backend='triton' needs GPU tensors, got tensors on {device}; "
+                         "use backend='interpret' (Triton's CPU interpreter) or 'emulator'")
+    if backend in ("interpret", "triton") and not available():
+        raise RuntimeError(f"backend={backend!r} cannot run: {unavailable()}")
+    return backend
+
+
 def exact_dots(enabled: bool = True):
     """Context manager: inside it, the compiled faithful ports (swp_bf16, generic, swa) sum
     every dot exactly, as the models do, instead of on the tensor cores; slow, for runs

@@ -98,3 +98,12 @@ def test_fp8_threshold_8_flushes_the_band_threshold_6_keeps():
     assert r[12.0][8.0] == pytest.approx(1 / (1 + n * 2.0 ** -12), rel=1e-2)
     assert r[11.0][6.0] > 1 and r[12.0][6.0] > 1               # kept, rounded up as subnormals
     assert r[10.0][8.0] == r[10.0][6.0] and r[13.0][8.0] == r[13.0][6.0]
+
+
+def test_mla_decode_p_cast_loses_half_the_mass_without_the_lift():
+    r = load("mla_decode_p_cast").repro()
+    (out0, lse0), (out8, lse8) = r[0.0], r[8.0]
+    # the 1023 keys at 2^-10 flush to 0 in the PV product, stay in l: out = 1 / (1 + 1023/1024)
+    assert out0 == pytest.approx(1 / (1 + 1023 / 1024), rel=2 ** -8)
+    assert out8 == pytest.approx(1.0, abs=2 ** -8)
+    assert lse0 == pytest.approx(r["exact_lse"], abs=1e-5) and lse8 == pytest.approx(r["exact_lse"], abs=1e-5)

@@ -145,9 +145,10 @@ def _resolve(policy, dtype: str, seqlen_kv: int):
 
     pol = policies.as_policy(policy)
     if pol.rule is not None:
-        raise ValueError(f"policy {pol.name!r} is a Python rule (Policy.from_rule); onset.bound "
-                         "bounds declarative policies only, from what their vote and rebase "
-                         "values declare (fa_lab.values); run a rule on the models (backend='emulator')")
+        raise ValueError(f"policy {pol.name!r} decides by a Python rule (Policy.from_rule): "
+                         "onset.bound derives a region from what a policy's vote and rebase "
+                         "values declare (fa_lab.values), and a rule has none; use onset.predict "
+                         "or the attack (fa_lab.studies.adversary) on it")
     family = dispatch.semantic_family(pol)
     if family is None:
         family = "swp_fp8" if dtype == "fp8" else "swp_bf16"
@@ -188,11 +189,6 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
     pol, family = _resolve(policy, dtype, seqlen_kv)
-    if pol.rule is not None:  # vote and rebase are None: every formula below would misread it
-        raise ValueError(f"policy {pol.name!r} decides by a Python rule (Policy.from_rule): "
-                         "onset.bound derives a region from a policy's vote, rebase and "
-                         "threshold, and a rule has none; use onset.predict or the attack "
-                         "(fa_lab.studies.adversary) on it")
     sem = pol.semantics
     if sem.fixed_max is not None:
         return _fixed_max_region(pol, family, dtype, float(tolerance))
