@@ -475,11 +475,13 @@ def partition_problem(rows=6, d=16, cuts=(0, 256, 512, 900, 900), k_scale=6.0, s
     return (maxes, sums, outs), reference_one_head(q[:-1], k, v)
 
 
-def check_merge_partitions(merge_partitions, problem=None) -> pd.DataFrame:
+def check_merge_partitions(merge_partitions, problem=None, model=None) -> pd.DataFrame:
     """Lesson 08's exercise: ``merge_partitions(maxes, sums, outs)`` -> (out, lse) on
     ``partition_problem()``: normalized weights, each partition weighed by its sum, maxima
     read as natural logs, the LSE in natural log, empty partitions and a row with no key
-    guarded; then on the exact decode model's partitions. Returns the errors."""
+    guarded; then, given ``model`` (a ``fa_lab.decode.partitions`` record of one sequence
+    and KV head on main), on the exact decode model's partitions, within the output's
+    bf16 step. Returns the errors."""
     (maxes, sums, outs), (ref_out, ref_lse) = problem or partition_problem()
     live = (sums[:, :-1] > 0).all(1)                        # the partitions that saw keys
 
@@ -525,24 +527,13 @@ def check_merge_partitions(merge_partitions, problem=None) -> pd.DataFrame:
         "guard it (out 0, LSE -inf)"
     assert (out_e[-1] == 0).all() and lse_e[-1] == -math.inf, \
         "a row with no token at all: out 0 and LSE -inf"
-    model = _model_partitions()
-    got_m, _ = merge_partitions(model["pmax"][0, 0].double(), model["psum"][0, 0].double(),
-                                model["pout"][0, 0].double())
-    want_m = model["output"].double().reshape(got_m.shape)
-    err_model = (got_m - want_m).abs().max().item()
-    assert err_model <= 2 ** -7 * want_m.abs().max().item(), \
-        "on the decode model's own partitions your merge is not the model's output"
-    return pd.DataFrame({"max |difference|": {"out vs fp64 reference": err_out,
-                                              "LSE vs fp64 reference": err_lse,
-                                              "out vs the decode model (bf16)": err_model}})
-
-
-def _model_partitions():
-    """The exact decode model (main) on 900 tokens, one query, 4 heads, 3 partitions (the
-    last empty): its partitions and output."""
-    from fa_lab import decode
-    from fa_lab.kernels.pa_decode import cases
-
-    c = cases.make([900], num_q_heads=4, block_size=64, seed=2)
-    return decode.partitions(c.query, c.key_cache, c.value_cache, c.block_tables,
-                             c.context_lengths, c.key_scale, c.value_scale, num_partitions=3)
+    errors = {"out vs fp64 reference": err_out, "LSE vs fp64 reference": err_lse}
+    if model is not None:
+        assert model.get("pmax_units") == "natural", "model: a main-version record (natural-log maxima)"
+        got_m, _ = merge_partitions(model["pmax"][0, 0].double(), model["psum"][0, 0].double(),
+                                    model["pout"][0, 0].double())
+        want_m = model["output"].double().reshape(got_m.shape)
+        errors["out vs the decode model (bf16)"] = (got_m - want_m).abs().max().item()
+        assert errors["out vs the decode model (bf16)"] <= 2 ** -7 * want_m.abs().max().item(), \
+            "on the decode model's own partitions your merge is not the model's output"
+    return pd.DataFrame({"max |difference|": errors})

@@ -325,9 +325,22 @@ def _naive_merge(maxes, sums, outs, *, exp=torch.exp, log=torch.log, norm=True, 
     return out, top + log((sums * torch.exp(maxes - top)).sum(0))
 
 
-def test_merge_partitions_check():
-    table = ex.check_merge_partitions(sol.merge_partitions)
-    assert (table.iloc[:2].to_numpy() < 1e-10).all()
+@pytest.fixture(scope="module")
+def decode_partitions():
+    from fa_lab import decode
+    from fa_lab.kernels.pa_decode import cases
+
+    c = cases.make([900], num_q_heads=4, block_size=64, seed=2)
+    return decode.partitions(c.query, c.key_cache, c.value_cache, c.block_tables,
+                             c.context_lengths, c.key_scale, c.value_scale, num_partitions=3)
+
+
+def test_merge_partitions_check(decode_partitions):
+    table = ex.check_merge_partitions(sol.merge_partitions, model=decode_partitions)
+    assert (table.iloc[:2].to_numpy() < 1e-10).all() and len(table) == 3
+    assert table.iloc[2, 0] < 2 ** -8      # within a bf16 step of the model's output
+    rec = dict(decode_partitions, pout=decode_partitions["pout"].flip(2))     # partitions swapped
+    rejects(ex.check_merge_partitions, sol.merge_partitions, "decode model", model=rec)
     rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, norm=False),
             "not normalized")
     rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, by_sum=False),
