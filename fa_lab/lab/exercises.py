@@ -450,3 +450,90 @@ def check_lse2_floored(fn) -> bool:
     # the floor in use: the empty band's rows recompute P = 0 for every (masked) key
     assert (torch.exp2(torch.full((64,), -math.inf) - got[3]) == 0).all(), "exp2(-inf - floor) must be 0"
     return True
+
+
+# ---- lesson 08: the decode's split reduce ---------------------------------------------------
+
+def partition_problem(rows=6, d=16, cuts=(0, 256, 512, 900, 900), k_scale=6.0, seed=8):
+    """Lesson 08's inputs for ``check_merge_partitions``: one query's rows against 900 keys
+    cut into four partitions (the last empty), each partition's state in fp64 as the
+    decode stores it: max in natural-log units, sum against it, output O / l (0 / 0 = NaN
+    where the partition saw nothing); the last row sees no key at all. Returns (maxes,
+    sums, outs) and the fp64 reference (out, lse) of the rows that see keys."""
+    from fa_lab.lab import solutions
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, d, generator=g, dtype=torch.float64)
+    k = torch.randn(cuts[-1], d, generator=g, dtype=torch.float64) * k_scale
+    v = torch.randn(cuts[-1], d, generator=g, dtype=torch.float64)
+    parts = [run_tiles(solutions.update, q, k[a:b], v[a:b]) if b > a else empty_state(rows, d)
+             for a, b in zip(cuts, cuts[1:])]
+    maxes = torch.stack([m for m, _, _ in parts]) * math.log(2)     # log2 -> natural units
+    sums = torch.stack([l for _, l, _ in parts])
+    outs = torch.stack([O / l[:, None] for _, l, O in parts])       # NaN where l = 0
+    maxes[:, -1], sums[:, -1], outs[:, -1] = -math.inf, 0.0, math.nan   # a row with no key
+    return (maxes, sums, outs), reference_one_head(q[:-1], k, v)
+
+
+def check_merge_partitions(merge_partitions, problem=None, model=None) -> pd.DataFrame:
+    """Lesson 08's exercise: ``merge_partitions(maxes, sums, outs)`` -> (out, lse) on
+    ``partition_problem()``: normalized weights, each partition weighed by its sum, maxima
+    read as natural logs, the LSE in natural log, empty partitions and a row with no key
+    guarded; then, given ``model`` (a ``fa_lab.decode.partitions`` record of one sequence
+    and KV head on main), on the exact decode model's partitions, within the output's
+    bf16 step. Returns the errors."""
+    (maxes, sums, outs), (ref_out, ref_lse) = problem or partition_problem()
+    live = (sums[:, :-1] > 0).all(1)                        # the partitions that saw keys
+
+    def run(mx, sm, ot):
+        got = merge_partitions(mx.clone(), sm.clone(), ot.clone())
+        assert isinstance(got, tuple) and len(got) == 2, "return (out [R, D], lse [R])"
+        return got
+
+    mx, sm, ot = maxes[live, :-1], sums[live, :-1], outs[live, :-1]   # rows and parts with keys
+    out1, _ = run(mx, sm, torch.ones_like(ot))
+    assert torch.allclose(out1, torch.ones_like(out1), atol=1e-12), \
+        "every partition's output is 1 and the merge is not 1: the weights are not normalized " \
+        "(divide by their sum over the partitions)"
+    want = (sm[..., None] * ot).sum(0) / sm.sum(0)[:, None]
+    got, _ = run(torch.zeros_like(mx), sm, ot)
+    assert torch.allclose(got, want, atol=1e-12), \
+        "with equal maxima the merge must weigh each partition by its sum l_p (the mass it " \
+        "saw), not equally"
+    out, lse = run(mx, sm, ot)
+    assert out.shape == ot.shape[1:] and lse.shape == mx.shape[1:], \
+        f"out must be {tuple(ot.shape[1:])} and lse {tuple(mx.shape[1:])}"
+    w2 = sm * torch.exp2(mx - mx.amax(0))
+    as_log2 = (w2[..., None] * ot).sum(0) / w2.sum(0)[:, None]
+    if not torch.allclose(out, ref_out, atol=1e-10) and torch.allclose(out, as_log2, atol=1e-10):
+        raise AssertionError("the maxima are natural logs (main stores m / log2 e): weigh "
+                             "partition p by exp(m_p - M), not exp2(m_p - M)")
+    err_out = (out - ref_out).abs().max().item()
+    assert err_out < 1e-10, "the merged output differs from the fp64 reference"
+    top = mx.amax(0)
+    lse2 = top + torch.log2((sm * torch.exp(mx - top)).sum(0))
+    assert not torch.allclose(lse, lse2, atol=1e-10), \
+        "the LSE is in natural log: M + ln(sum_p l_p exp(m_p - M)), not log2 of the sum"
+    err_lse = (lse - ref_lse).abs().max().item()
+    assert err_lse < 1e-10, "the LSE differs from the fp64 reference: M + ln(sum_p l_p exp(m_p - M))"
+    out_e, lse_e = run(maxes, sums, outs)
+    assert not out_e[:-1].isnan().any(), \
+        "an empty partition (sum 0, max -inf, out 0/0 = NaN) made a row NaN: its weight is " \
+        "0 but 0 * NaN is NaN: leave it out by selection (torch.where), not by multiplying"
+    assert torch.allclose(out_e[:-1], out, atol=1e-12) and torch.allclose(lse_e[:-1], lse), \
+        "adding an empty partition changed the result: it saw no token and adds nothing"
+    assert not out_e[-1].isnan().any() and not lse_e[-1].isnan(), \
+        "a row with no token at all came out NaN: every max is -inf and -inf - (-inf) is NaN; " \
+        "guard it (out 0, LSE -inf)"
+    assert (out_e[-1] == 0).all() and lse_e[-1] == -math.inf, \
+        "a row with no token at all: out 0 and LSE -inf"
+    errors = {"out vs fp64 reference": err_out, "LSE vs fp64 reference": err_lse}
+    if model is not None:
+        assert model.get("pmax_units") == "natural", "model: a main-version record (natural-log maxima)"
+        got_m, _ = merge_partitions(model["pmax"][0, 0].double(), model["psum"][0, 0].double(),
+                                    model["pout"][0, 0].double())
+        want_m = model["output"].double().reshape(got_m.shape)
+        errors["out vs the decode model (bf16)"] = (got_m - want_m).abs().max().item()
+        assert errors["out vs the decode model (bf16)"] <= 2 ** -7 * want_m.abs().max().item(), \
+            "on the decode model's own partitions your merge is not the model's output"
+    return pd.DataFrame({"max |difference|": errors})

@@ -134,3 +134,20 @@ def lse2_floored(lse):
     """The LSE in log2 units, floored as the dQ kernel does it: convert first (fp32 multiply
     by log2 e), then maxNum with -3e38, so -inf and NaN become the floor."""
     return torch.fmax(lse.float() * math.log2(math.e), torch.tensor(LSE_FLOOR))
+
+
+# ---- lesson 08 ---------------------------------------------------------------------------
+
+def merge_partitions(maxes, sums, outs):
+    """The decode's split reduce, guarded: partition p of a row holds its max ``maxes[p]``
+    (natural-log units), its sum ``sums[p]`` against that max and its normalized output
+    ``outs[p]``. Returns (out [R, D], lse [R]); a partition with sum 0 saw no token and adds
+    nothing; a row none of whose partitions saw a token gets out 0 and LSE -inf."""
+    seen = sums > 0                                         # an empty partition adds nothing
+    top = torch.where(seen, maxes, -math.inf).amax(0)       # the common base M
+    base = torch.where(torch.isfinite(top), top, 0.0)       # no token at all: no base to take
+    w = torch.where(seen, sums * torch.exp(maxes - base), 0.0)
+    total = w.sum(0)
+    share = w / torch.where(total > 0, total, 1.0)          # normalized: they sum to 1
+    out = torch.where(seen[..., None], share[..., None] * outs, 0.0).sum(0)
+    return out, base + torch.log(total)                     # ln 0 = -inf for a row with none

@@ -312,3 +312,48 @@ def test_lse2_floored_check():
     rejects(ex.check_lse2_floored, lambda x: torch.fmax(x, torch.tensor(-3e38)) * math.log2(math.e),
             "floor after converting")
     rejects(ex.check_lse2_floored, lambda x: torch.clamp(x * math.log2(math.e), min=-3e38), "fmax")
+
+
+# ---- lesson 08 ---------------------------------------------------------------------------
+
+def _naive_merge(maxes, sums, outs, *, exp=torch.exp, log=torch.log, norm=True, by_sum=True):
+    """The split reduce without guards, with one knob per plausible mistake."""
+    top = maxes.amax(0)
+    w = (sums if by_sum else torch.ones_like(sums)) * exp(maxes - top)
+    total = w.sum(0)
+    out = ((w / total if norm else w)[..., None] * outs).sum(0)
+    return out, top + log((sums * torch.exp(maxes - top)).sum(0))
+
+
+@pytest.fixture(scope="module")
+def decode_partitions():
+    from fa_lab import decode
+    from fa_lab.kernels.pa_decode import cases
+
+    c = cases.make([900], num_q_heads=4, block_size=64, seed=2)
+    return decode.partitions(c.query, c.key_cache, c.value_cache, c.block_tables,
+                             c.context_lengths, c.key_scale, c.value_scale, num_partitions=3)
+
+
+def test_merge_partitions_check(decode_partitions):
+    table = ex.check_merge_partitions(sol.merge_partitions, model=decode_partitions)
+    assert (table.iloc[:2].to_numpy() < 1e-10).all() and len(table) == 3
+    assert table.iloc[2, 0] < 2 ** -8      # within a bf16 step of the model's output
+    rec = dict(decode_partitions, pout=decode_partitions["pout"].flip(2))     # partitions swapped
+    rejects(ex.check_merge_partitions, sol.merge_partitions, "decode model", model=rec)
+    rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, norm=False),
+            "not normalized")
+    rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, by_sum=False),
+            "by its sum")
+    rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, exp=torch.exp2),
+            "natural logs")
+    rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, log=torch.log2),
+            "not log2")
+    rejects(ex.check_merge_partitions, _naive_merge, "0 \\* NaN is NaN")      # no guards
+
+
+def test_merge_partitions_check_wants_a_row_without_keys_guarded():
+    def zeroes_nan_outputs_only(maxes, sums, outs):   # empty partitions out, no row guard
+        return _naive_merge(maxes, sums, torch.nan_to_num(outs))
+
+    rejects(ex.check_merge_partitions, zeroes_nan_outputs_only, "no token at all")
