@@ -59,7 +59,9 @@ class Entry:
     """One report: ``sources`` as ``owner/repo#N (kind, state)``, ``mechanism`` in one
     sentence, ``before``/``after`` presets, ``case()`` its smallest input, ``symptom``, and
     ``failure``: the class(es) of failure the report shows, in the attack's terms
-    (``fa_lab.studies.adversary.CLASSES``: what ``fa-lab attack`` searches for)."""
+    (``fa_lab.studies.adversary.CLASSES``: what ``fa-lab attack`` searches for).
+    ``kernels``: other kernel families whose own models show the failure, each with a
+    builder of its input (``run_kernel``)."""
 
     name: str
     title: str
@@ -72,6 +74,7 @@ class Entry:
     variants: dict = field(default_factory=dict)
     note: str = ""
     failure: tuple = ()
+    kernels: dict = field(default_factory=dict)
 
     def policies(self) -> dict[str, Policy]:
         return {"before": self.before, "after": self.after, **self.variants}
@@ -87,6 +90,20 @@ class Entry:
     def shows(self, policy: Policy | str = "before") -> bool:
         """Whether the symptom appears on the entry's case under ``policy``."""
         return bool(self.symptom(*self.run(policy)))
+
+    def run_kernel(self, kernel: str, policy: Policy | str = "before"):
+        """(out, lse) of ``flash_attn_func`` on another kernel family's model
+        (``kernels[kernel]()`` gives its (q, k, v, call arguments): an input at a size where
+        that family fails as the report says)."""
+        from fa_lab.api import flash_attn_func
+
+        if kernel not in self.kernels:
+            raise ValueError(f"kernel: entry {self.name!r} runs on {sorted(self.kernels)}, "
+                             f"not {kernel!r}")
+        pol = self.policies()[policy] if isinstance(policy, str) else policy
+        q, k, v, kw = self.kernels[kernel]()
+        return flash_attn_func(q, k, v, rescale=pol, kernel=kernel, backend="emulator",
+                               return_lse=True, **kw)
 
 
 # -- shared pieces -------------------------------------------------------------------------
@@ -138,6 +155,12 @@ def _nan_rows(out: torch.Tensor) -> torch.Tensor:
 def nan_in_visible_rows(out, lse, case, records) -> bool:
     """A row that sees at least one key comes out NaN."""
     return bool((_nan_rows(out) & _visible_rows(case)).any())
+
+
+def nan_in_any_row(out, lse, case, records) -> bool:
+    """Some row comes out NaN: a row with no visible key (the reference gives 0) or one
+    that sees keys, e.g. only in tiles after an all-masked first one."""
+    return bool(_nan_rows(out).any())
 
 
 def nan_in_empty_rows(out, lse, case, records) -> bool:

@@ -21,7 +21,7 @@ from fa_lab.policies import Policy
 from fa_lab.semantics import FLT_MAX
 
 from .base import (Case, Entry, _gen, _policy, empty_row_nonzero, nan_factor_on_o,
-                   nan_in_empty_rows, nan_in_visible_rows, silent_mass_loss,
+                   nan_in_any_row, nan_in_empty_rows, nan_in_visible_rows, silent_mass_loss,
                    zeros_for_visible_rows)
 from .round2 import ROUND2
 
@@ -69,11 +69,12 @@ def causal_more_queries() -> Case:
 
 def padded_batch_row() -> Case:
     """pytorch #103749's shapes: 6 queries, 10 keys, 2 heads, D = 8, scale 0.125, a bool
-    mask whose rows 0-4 are causal (bottom-right) and whose row 5 (padding) is all False."""
+    mask as the issue's repro writes it: row i of rows 0-4 sees keys 0..i (causal from the
+    top-left corner: keys 5-9 are masked for every row) and row 5 (padding) is all False."""
     g = _gen(103749)
     q = torch.randn(1, 6, 2, 8, generator=g)
     k, v = (torch.randn(1, 10, 2, 8, generator=g) for _ in range(2))
-    mask = torch.arange(10)[None, :] <= torch.arange(6)[:, None] + 4
+    mask = torch.arange(10)[None, :] <= torch.arange(6)[:, None]
     mask[5] = False
     return Case(q, k, v, mask=mask, softmax_scale=0.125)
 
@@ -123,6 +124,16 @@ def dragged_row() -> Case:
     return Case(q, k, v, softmax_scale=LOG2_UNITS)
 
 
+def _swp_drag():
+    """The swp_bf16 kernel's own drag: ``fa_lab.studies.experiments.drag_case``, one
+    32-row wave over 8 tiles whose victim row falls 40 log2 units a tile (bf16, D = 64,
+    non-causal); under ``lazy_unfixed`` its O and l overflow."""
+    from fa_lab.studies.experiments import drag_case
+
+    q, k, v = drag_case(n_tiles=8, rise=10.0, fall=40.0)
+    return q, k, v, {"causal": False}
+
+
 # -- the entries ---------------------------------------------------------------------------
 
 _FA4 = dict(vote="row", threshold=4.0, headroom=8.0, wave_rows=32, o_gate="wave",
@@ -139,9 +150,9 @@ _FLASHINFER = dict(mask_value=-5e4, m_init=-5e4, mask_domain="raw", tile_max_flo
 _TRT = dict(mask_value=-FLT_MAX, m_init=-FLT_MAX, tile_max_floor="never", epilogue_guard="one")
 _SDPA = dict(tile_max_floor="never", epilogue_guard="none")
 _CPU_FLASH = dict(block_n=512, tile_max_floor="never", epilogue_guard="none")
-_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache", tile_max_floor="never",
+_FA3 = dict(block_n=192, kv_order="descending", v_tail="cache", tile_max_floor="never",
             empty_row_guard="zero_base")
-_FFPA = dict(vote="row", threshold=8.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
+_FFPA = dict(vote="row", threshold=0.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
              epilogue_guard="none")
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in (
@@ -194,7 +205,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                 "floor", **_FLYDSL_FP8),
         _policy("flydsl_fp8_empty_tile:after", desc="#5364: tile max floored at -3e38 always",
                 tile_max_floor="always", **_FLYDSL_FP8),
-        varlen_empty_sequence, nan_in_empty_rows, failure=("empty", "nonfinite"),
+        varlen_empty_sequence, nan_in_any_row, failure=("empty", "nonfinite"),
         note="The floor is on the raw-unit max in the kernel and on the log2-unit max in the "
              "model; both stay finite, so the outcome is the same. This is the failure fa_lab's "
              "own FlyDSL models show for a non-causal row whose first tile is all masked."),
@@ -270,7 +281,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "the output through 0 * NaN",
         ("Dao-AILab/flash-attention#2407 (PR, open)",
          "Dao-AILab/flash-attention#2374 (issue, open)"),
-        "TMA loads whole 128-row V tiles, so the last tile's rows past the sequence hold "
+        "TMA loads whole kBlockN-row V tiles (192 rows at hdim 64), so the last tile's rows "
+        "past the sequence hold "
         "whatever the cache holds; their P is exactly 0, but 0 * NaN = NaN in the PV product.",
         _policy("fa3_v_tail_nan:before", desc="V tail as loaded from the cache", **_FA3),
         _policy("fa3_v_tail_nan:after", desc="#2407: V rows past seqlen_k zeroed",
@@ -279,7 +291,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         note="Data hygiene, not softmax arithmetic: K's tail is harmless because masking "
              "overwrites its scores. The SM90 softmax exponentiates an empty (-inf) row max "
              "against 0 (Check_inf in hopper/softmax.h) and its epilogue scales by 0 where "
-             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN."),
+             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN. The tile: "
+             "hopper/tile_size.h's tile_size_fwd_sm90 gives kBlockN 192 for hdim 64 unless the "
+             "call is causal, local or paged without TMA (then 128), so #2374's D = 64 "
+             "decode reads one 192-row tile over its 128-slot cache."),
     Entry(
         "ffpa_vote_nan", "ffpa-attn: the warp vote applies an all-masked row's NaN factor "
         "to O",
@@ -294,7 +309,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         note="The PR says the clamp rejects NaN on all-masked rows. In the native kernel's "
              "code (snapshot 92e1d3b) such a row's P is exp2(fma(-inf, c, +inf)) = NaN too, "
              "so its output is NaN before and after; the fix removes the NaN factor only. "
-             "fp8 and cute fp16 kept the vote (+23.9% at fp8 D512)."),
+             "fp8 and cute fp16 kept the vote (+23.9% at fp8 D512). The vote fires on any "
+             "factor < 1, i.e. whenever a row's max rose (threshold 0), not past a threshold "
+             "of 8."),
     Entry(
         "flydsl_lazy_drag", "FlyDSL lazy rescale: a wave's ballot drags a row's max down",
         ("ROCm/FlyDSL#1033 (PR, merged)",),
@@ -303,6 +320,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "far below its running max multiplies O and l by 2^(m - mt), which overflows.",
         policies.get("lazy_unfixed"), policies.get("lazy"),
         dragged_row, nan_in_visible_rows, failure=("nonfinite",),
+        kernels={"swp_bf16": _swp_drag},
         note="fa_lab's own bug; its FlyDSL models reproduce it at scale."),
 ) + ROUND2}
 

@@ -88,15 +88,14 @@ def empty_partitions() -> Case:
 
 def leading_chunk_masked() -> Case:
     """vllm #48364: one row's top-k index list of 64 slots whose first 16 (one BLOCK_N
-    chunk) are -1 padding, then 48 valid keys; a second row whose every slot is padding.
-    Padding slots load as 0 (the kernel's masked gather), so their K and V are 0."""
+    chunk) are -1 padding, then 48 valid keys. Padding slots load as 0 (the kernel's masked
+    gather), so their K and V are 0."""
     g = _gen(48364)
-    q = torch.randn(1, 2, 1, 8, generator=g)
+    q = torch.randn(1, 1, 1, 8, generator=g)
     k, v = (torch.randn(1, 64, 1, 8, generator=g) for _ in range(2))
     k[0, :16] = v[0, :16] = 0.0
-    mask = torch.ones(2, 64, dtype=torch.bool)
+    mask = torch.ones(1, 64, dtype=torch.bool)
     mask[0, :16] = False
-    mask[1] = False
     return Case(q, k, v, mask=mask)
 
 
