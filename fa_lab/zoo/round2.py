@@ -138,6 +138,7 @@ _FLASHINFER = dict(tile_max_floor="always", floor_value=-FLT_MAX, clamp_exp_diff
                    kv_split=1)
 _PLAIN = dict(tile_max_floor="never", epilogue_guard="none")
 _SPARSE_MLA = dict(block_n=16, tile_max_floor="never", epilogue_guard="none")
+_VLLM = dict(empty_row_guard="zero_base")  # Triton unified attention: a -inf max becomes 0
 _TT_EXP = -88.5 * LOG2E  # the SFPU exp's input clamp, -88.5 natural, in log2 units
 
 ROUND2 = (
@@ -166,13 +167,14 @@ ROUND2 = (
         "|S/cap| > ~88.7 both exponentials overflow, so a visible score becomes "
         "inf / inf = NaN and poisons the row's max.",
         _policy("vllm_softcap_exp_ratio:before", desc="tanh as an exponential ratio",
-                softcap=50.0, softcap_form="exp_ratio"),
+                softcap=50.0, softcap_form="exp_ratio", **_VLLM),
         _policy("vllm_softcap_exp_ratio:after", desc="#56579: 1 - 2 / (e^(2u) + 1)",
-                softcap=50.0, softcap_form="exp_sum"),
+                softcap=50.0, softcap_form="exp_sum", **_VLLM),
         large_logits, nan_in_visible_rows, failure=("nonfinite",),
         note="The fp64 reference has no softcap, so only the NaN is judged (the attack's "
              "class is nonfinite); the capped output differs from an uncapped softmax by "
-             "design."),
+             "design. Both presets keep the unified kernel's guard that sets a -inf running "
+             "max to 0 (a row or tile with nothing visible)."),
     Entry(
         "lse_base2_merge", "vLLM / SGLang chunked-prefix merge: a base-2 LSE read as a "
         "natural log",
@@ -199,8 +201,9 @@ ROUND2 = (
         "The kernel takes the max and exponent over every slot it loaded and multiplies P by "
         "the mask afterwards, so a NaN in an unused slot's K makes its P NaN and 0 * NaN "
         "reaches l and O (a stale finite score raises the max instead).",
-        _policy("paged_tail_mask_after:before", desc="mask multiplies P", mask_stage="p"),
-        _policy("paged_tail_mask_after:after", desc="scores masked before the max"),
+        _policy("paged_tail_mask_after:before", desc="mask multiplies P", mask_stage="p",
+                **_VLLM),
+        _policy("paged_tail_mask_after:after", desc="scores masked before the max", **_VLLM),
         stale_tail, nan_in_visible_rows, failure=("nonfinite",),
         note="Neither #53628 nor #18354 is in the lab's corpora; the entry models issue 39's "
              "text. vllm #47305 (Triton unified attention, merged) is the nearest thread: it "
