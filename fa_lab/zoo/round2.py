@@ -289,10 +289,11 @@ ROUND2 = (
         "rescale, so a row that keeps its old max adds a P too small by 2^(new - old) "
         "without rescaling O and l, and the tile loses weight silently.",
         _policy("mslk_p_before_vote:before", desc="P before the vote", vote="row",
-                threshold=8.0, p_before_vote=True),
+                threshold=8.0, p_before_vote=True, block_n=64),
         _policy("mslk_p_before_vote:after", desc="P against the max the vote keeps",
-                vote="row", threshold=8.0),
+                vote="row", threshold=8.0, block_n=64),
         small_jump, silent_error, failure=("silent",),
         note="MSLK #242 is not in the lab's corpora; the entry models issue 39's text with a "
-             "row vote and FlyDSL's threshold 8."),
+             "row vote and FlyDSL's threshold 8; block_n 64 (the online model's default) is "
+             "named so that both presets run on the online-softmax family."),
 )
