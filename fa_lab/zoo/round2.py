@@ -232,13 +232,15 @@ ROUND2 = (
         "the merge's max_lse is -inf and exp(lse - max_lse) = exp(-inf - -inf) is NaN in "
         "the output and the LSE.",
         _policy("vllm_merge_attn_states_empty:before", desc="merge shifted by max_lse",
-                merge_empty="nan", block_n=1, kv_split=1),
+                merge_empty="nan", block_n=1, kv_split=1, **_VLLM),
         _policy("vllm_merge_attn_states_empty:after", desc="#28181: an infinite max_lse "
-                "returns the empty state", block_n=1, kv_split=1),
+                "returns the empty state", block_n=1, kv_split=1, **_VLLM),
         zero_context_rows, nan_in_empty_rows, failure=("empty",),
         note="#28181 (CUDA) returns the prefix state when max_lse is infinite; #39148 (Triton, "
              "closed) clamped max_lse to -1e30 and added 1e-10 to the denominator. A single "
-             "empty partial beside a full one merges correctly before the fix too (row 1)."),
+             "empty partial beside a full one merges correctly before the fix too (row 1). "
+             "The partials keep the attention kernels' guard (a -inf max becomes 0), so each "
+             "empty partial is (0, -inf)."),
     Entry(
         "vllm_sparse_mla_leading_chunk", "vLLM XPU sparse MLA: a fully masked leading index "
         "chunk NaN-poisons the row",
