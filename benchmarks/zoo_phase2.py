@@ -87,7 +87,13 @@ def attack(budget: float, after_budget: float, seeds) -> dict:
 def bounds(budget: float) -> dict:
     names = list(policies.BUILTIN_NAMES) + [n for n in policies.names()
                                              if n not in policies.BUILTIN_NAMES]
-    regions = {n: onset.bound(n).to_dict() for n in names}
+    regions = {}
+    for n in list(names):
+        try:
+            regions[n] = onset.bound(n).to_dict()
+        except ValueError as err:  # a field the bound has no formula for (onset.UNBOUNDED)
+            regions[n] = {"refused": str(err)}
+            names.remove(n)
     regions_fp8 = {n: onset.bound(n, dtype="fp8").to_dict() for n in policies.BUILTIN_NAMES}
     inside = []
     for n in names:

@@ -65,6 +65,31 @@ before these fields behaves exactly as it did. Fields, in log2 units unless stat
   ``docs/semantics.md`` §4).
 * ``l_floor`` (0.0): the epilogue divides by ``fmax(l, l_floor)`` before its guard (a
   positive floor such as FlyDSL flex attention's 1e-12); 0: no floor.
+* ``softcap`` (0.0): a logit softcap in natural-log units: the scaled score ``t = S *
+  softmax_scale`` becomes ``softcap * tanh(t / softcap)`` before the mask and the max
+  (Gemma-2's 50); 0: none. ``softcap_form`` (``"tanh"``): how tanh is computed in fp32:
+  ``"tanh"`` exactly; ``"exp_ratio"`` ``(e^u - e^-u) / (e^u + e^-u)``, which is
+  ``inf / inf = NaN`` once ``|u| > ~88.7``; ``"exp_sum"`` ``1 - 2 / (e^(2u) + 1)``, which
+  saturates at +-1.
+* ``exp_floor`` (None): every exp2 argument is floored first, ``fmax(arg, exp_floor)``
+  (log2 units; maxNum, so a NaN argument gives the floor): a hardware exp that clamps its
+  input (tt-metal's SFPU exp at -88.5 natural); None: no floor.
+* ``mask_stage`` (``"scores"``): where the mask acts. ``"scores"``: masked and out-of-range
+  scores become ``mask_value`` before the max and the exponent; ``"p"``: the max and the
+  exponent see every score of the tile, a cache tail's too, and P is multiplied by the
+  visibility afterwards (0 * NaN = NaN; a stale score can raise the max).
+* ``p_before_vote`` (False): P is taken against ``fmax(m, mt)``, the max the row would move
+  to, before the vote decides; a row that then keeps its max keeps that P, unrescaled.
+* ``kv_split`` (None): KV tiles per partial (split-KV, context parallelism, a cascade): the
+  walk restarts every ``kv_split`` steps, each partial writes its normalised output and
+  its LSE, and the partials are merged: ``w_i = e^(L_i - max L)``, ``out = sum w_i o_i /
+  sum w_i``, ``lse = max L + ln sum w_i``. None: one walk, no merge.
+* ``merge_empty`` (``"empty"``): what the merge gives where every partial is empty (LSE
+  -inf): ``"empty"`` output 0 and LSE -inf (the shift uses 0 in place of -inf);
+  ``"nan"`` NaN (``e^(-inf - -inf)``).
+* ``lse_base`` (``"e"``): the base the partials write their LSE in, which the merge reads
+  as natural logs: ``"e"``; ``"2"`` (``log2 sum 2^x``: the merge then weights each partial
+  by its mass to the power 1/ln 2).
 
 ``choices()`` lists the values of each field that takes one of a fixed set.
 """
@@ -122,6 +147,14 @@ class Semantics:
     q_prescale: bool = False
     ftz: bool = False
     l_floor: float = 0.0
+    softcap: float = 0.0
+    softcap_form: str = "tanh"
+    exp_floor: float | None = None
+    mask_stage: str = "scores"
+    p_before_vote: bool = False
+    kv_split: int | None = None
+    merge_empty: str = "empty"
+    lse_base: str = "e"
 
     def __post_init__(self):
         for name in _CHOICES:
@@ -145,6 +178,24 @@ class Semantics:
         l_floor = _real("l_floor", self.l_floor)
         if not math.isfinite(l_floor) or l_floor < 0:
             raise ValueError(f"l_floor must be a finite number >= 0, got {l_floor!r}")
+        cap = _real("softcap", self.softcap)
+        if not math.isfinite(cap) or cap < 0:
+            raise ValueError(f"softcap must be a finite number >= 0, got {cap!r}")
+        if cap and self.q_prescale:
+            raise ValueError("softcap caps f32(q . k * softmax_scale); it does not combine with "
+                             "q_prescale")
+        if self.p_before_vote and self.max_lag:
+            raise ValueError("p_before_vote takes P against the candidate max; it does not "
+                             "combine with max_lag")
+        if self.exp_floor is not None:
+            ef = _real("exp_floor", self.exp_floor)
+            if not math.isfinite(ef) or ef >= 0:
+                raise ValueError(f"exp_floor must be None or a finite negative number, got {ef!r}")
+        if self.kv_split is not None:
+            if isinstance(self.kv_split, bool) or not isinstance(self.kv_split, int):
+                raise TypeError(f"kv_split must be None or an int, got {type(self.kv_split).__name__}")
+            if self.kv_split < 1:
+                raise ValueError(f"kv_split must be >= 1 (tiles per partial), got {self.kv_split}")
         fields = {f.name: f.default for f in dataclasses.fields(self)}
         params = {"floor_value", "p_saturate"}
         unread = values.ignored({n: getattr(self, n) for n in _CHOICES},
@@ -177,7 +228,7 @@ def choices() -> dict[str, tuple]:
     """The values each ``Semantics`` field with a fixed set of them accepts, in field order:
     ``{field: (choice, ...)}``, the default among them (``wave_rows``, the named choices,
     and False/True for the switches), as ``fa_lab.values`` declares them. ``mask_value``,
-    ``m_init``, ``floor_value``, ``block_n``, ``fixed_max`` and ``l_floor`` take a number and
-    are not listed (module docstring)."""
+    ``m_init``, ``floor_value``, ``block_n``, ``fixed_max``, ``l_floor``, ``softcap``,
+    ``exp_floor`` and ``kv_split`` take a number and are not listed (module docstring)."""
     return {f.name: values.names(f.name) for f in dataclasses.fields(Semantics)
             if f.name in _CHOICES}

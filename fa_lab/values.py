@@ -150,6 +150,34 @@ DECLARED: dict[str, tuple[Value, ...]] = {
         (False, "exp2 keeps its subnormal results"),
         (True, "exp2's subnormal results are flushed to zero"),
     ),
+    "softcap_form": _declare(
+        "softcap_form",
+        ("tanh", "a softcap's tanh computed exactly"),
+        ("exp_ratio", "tanh(u) as (e^u - e^-u) / (e^u + e^-u): inf / inf = NaN once |u| > ~88.7"),
+        ("exp_sum", "tanh(u) as 1 - 2 / (e^(2u) + 1): saturates at +-1"),
+    ),
+    "mask_stage": _declare(
+        "mask_stage",
+        ("scores", "masked and out-of-range scores become mask_value before the max and exp2"),
+        ("p", "the max and exp2 see every score of the tile (a cache tail's too); P is "
+              "multiplied by the visibility afterwards"),
+    ),
+    "p_before_vote": _declare(
+        "p_before_vote",
+        (False, "P is taken against the max the row holds after its decision"),
+        (True, "P is taken against fmax(m, tile max) before the vote decides; a row that "
+               "keeps its max keeps that P, unrescaled"),
+    ),
+    "merge_empty": _declare(
+        "merge_empty",
+        ("empty", "a merge of partials that are all empty gives output 0 and LSE -inf"),
+        ("nan", "a merge of partials that are all empty gives NaN (e^(-inf - -inf))"),
+    ),
+    "lse_base": _declare(
+        "lse_base",
+        ("e", "the partials write natural-log LSEs, which the merge reads as such"),
+        ("2", "the partials write log2 LSEs, which the merge reads as natural logs"),
+    ),
     "v_tail": _declare(
         "v_tail",
         ("zero", "V rows past the sequence's end inside its last tile load as zero"),

@@ -12,178 +12,18 @@ name, as ``fa_lab.upstream.VERSIONS`` does for FlyDSL versions.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from fa_lab import policies, reference
-from fa_lab.kernels.online.model import LOG2_UNITS, forward
+from fa_lab import policies
+from fa_lab.kernels.online.model import LOG2_UNITS
 from fa_lab.policies import Policy
-from fa_lab.semantics import FLT_MAX, Semantics
+from fa_lab.semantics import FLT_MAX
 
-
-@dataclass(frozen=True, eq=False)
-class Case:
-    """One input: q [B, Sq, H, D], k and v [B, Skv, Hkv, D], a 2-D ``mask`` [Sq, Skv] (bool,
-    True = visible, or additive natural-log with -inf = masked) or None, ``causal``,
-    ``seqlen_kv`` (None, an int or B ints) and ``softmax_scale``."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    causal: bool = False
-    mask: torch.Tensor | None = None
-    seqlen_kv: object = None
-    softmax_scale: float | None = None
-
-    def run(self, policy: Policy, record: list | None = None):
-        """(out, lse) of the online-softmax model under ``policy``."""
-        return forward(self.q, self.k, self.v, policy=policy, causal=self.causal, mask=self.mask,
-                       seqlen_kv=self.seqlen_kv, softmax_scale=self.softmax_scale, record=record)
-
-    def reference(self):
-        """(out, lse) of ``fa_lab.reference.attention`` in fp64 over each sequence's valid
-        keys only (a cache tail past ``seqlen_kv`` is never read)."""
-        B, Skv = self.q.shape[0], self.k.shape[1]
-        lens = [Skv] * B if self.seqlen_kv is None else (
-            [self.seqlen_kv] * B if isinstance(self.seqlen_kv, int) else list(self.seqlen_kv))
-        outs, lses = [], []
-        for b, n in enumerate(lens):
-            bias = None
-            if self.mask is not None:
-                m = self.mask[:, :n]
-                bias = torch.where(m, 0.0, -math.inf) if m.dtype == torch.bool else m.double()
-            o, s = reference.attention(self.q[b:b + 1], self.k[b:b + 1, :n], self.v[b:b + 1, :n],
-                                       causal=self.causal, softmax_scale=self.softmax_scale,
-                                       dtype=torch.float64, bias=bias)
-            outs.append(o)
-            lses.append(s)
-        return torch.cat(outs), torch.cat(lses)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One report: ``sources`` as ``owner/repo#N (kind, state)``, ``mechanism`` in one
-    sentence, ``before``/``after`` presets, ``case()`` its smallest input, ``symptom``, and
-    ``failure``: the class(es) of failure the report shows, in the attack's terms
-    (``fa_lab.studies.adversary.CLASSES``: what ``fa-lab attack`` searches for)."""
-
-    name: str
-    title: str
-    sources: tuple[str, ...]
-    mechanism: str
-    before: Policy
-    after: Policy
-    case: Callable[[], Case]
-    symptom: Callable
-    variants: dict = field(default_factory=dict)
-    note: str = ""
-    failure: tuple = ()
-
-    def policies(self) -> dict[str, Policy]:
-        return {"before": self.before, "after": self.after, **self.variants}
-
-    def run(self, policy: Policy | str = "before", case: Case | None = None):
-        """(out, lse, case, records) under a preset's name or a Policy; a name the entry
-        lacks raises a ValueError naming the names it has."""
-        if isinstance(policy, str):
-            presets = self.policies()
-            if policy not in presets:
-                raise ValueError(f"policy={policy!r} is not a preset of zoo entry {self.name!r}; "
-                                 f"choose one of {', '.join(map(repr, presets))} or pass a Policy")
-            pol = presets[policy]
-        elif isinstance(policy, Policy):
-            pol = policy
-        else:
-            raise TypeError(f"policy must be a preset name (str) or a fa_lab.Policy, got "
-                            f"{type(policy).__name__}")
-        case = self.case() if case is None else case
-        records: list = []
-        out, lse = case.run(pol, record=records)
-        return out, lse, case, records
-
-    def shows(self, policy: Policy | str = "before") -> bool:
-        """Whether the symptom appears on the entry's case under ``policy``."""
-        return bool(self.symptom(*self.run(policy)))
-
-
-# -- shared pieces -------------------------------------------------------------------------
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-#: Each entry's colour: its "before" preset wears it, "after" a light tint, variants a
-#: middle one (so an entry's presets read as one family in a legend).
-_COLORS = {"fa4_fp8_saturation": "#d95f02", "fa4_fp8_offset": "#a6761d",
-           "flydsl_fp8_empty_tile": "#7570b3", "flashinfer_sentinel": "#c51b7d",
-           "trtllm_neg_inf": "#66a61e", "sdpa_masked_row": "#e6ab02",
-           "pytorch_cpu_masked_block": "#1f78b4", "fa3_v_tail_nan": "#b15928",
-           "ffpa_vote_nan": "#6a3d9a"}
-
-
-_SHARES = {"before": 0.0, "after": 0.55, "before_e5m2": 0.2, "threshold_0.75": 0.3,
-           "intermediate": 0.3, "dtype_aware_offset": 0.42}
-
-
-def _tint(color: str, share: float) -> str:
-    """``color`` mixed with white: ``share`` of white (0: the colour itself)."""
-    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
-    return "#" + "".join(f"{round(c + (255 - c) * share):02x}" for c in rgb)
-
-
-def _policy(name, vote="tile", threshold=None, headroom=0.0, rebase="max", desc="", **sem):
-    entry, _, key = name.partition(":")
-    color = _tint(_COLORS[entry], _SHARES[key])
-    lazy = {} if threshold is None else {"threshold": threshold}  # an eager vote reads none
-    return Policy(vote=vote, rebase=rebase, p_headroom=headroom, name=name, description=desc,
-                  color=color, semantics=Semantics(**sem), **lazy)
-
-
-def _visible_rows(case: Case) -> torch.Tensor:
-    """[B, Sq, H] True where a row has at least one visible key (its reference lse)."""
-    return torch.isfinite(case.reference()[1]).permute(0, 2, 1)
-
-
-def _nan_rows(out: torch.Tensor) -> torch.Tensor:
-    return torch.isnan(out).any(-1)
-
-
-def nan_in_visible_rows(out, lse, case, records) -> bool:
-    """A row that sees at least one key comes out NaN."""
-    return bool((_nan_rows(out) & _visible_rows(case)).any())
-
-
-def nan_in_empty_rows(out, lse, case, records) -> bool:
-    """A row with no visible key comes out NaN (the reference gives 0)."""
-    return bool((_nan_rows(out) & ~_visible_rows(case)).any())
-
-
-def silent_mass_loss(out, lse, case, records) -> bool:
-    """Finite output more than 0.1 from the exact softmax while the LSE stays within 1e-3:
-    the output lost or gained weight and nothing flags it."""
-    ref_o, ref_l = case.reference()
-    return bool(torch.isfinite(out).all() and (out.double() - ref_o).abs().max() > 0.1
-                and (lse.double() - ref_l).abs().max() < 1e-3)
-
-
-def empty_row_nonzero(out, lse, case, records) -> bool:
-    """A row with no visible key returns a finite, nonzero output (the reference gives 0)."""
-    empty = ~_visible_rows(case)
-    return bool((torch.isfinite(out) & (out != 0)).any(-1)[empty].any())
-
-
-def zeros_for_visible_rows(out, lse, case, records) -> bool:
-    """A row with visible keys and a nonzero reference returns exactly 0."""
-    ref_o = case.reference()[0]
-    zero = (out == 0).all(-1) & (ref_o != 0).any(-1)
-    return bool((zero & _visible_rows(case)).any())
-
-
-def nan_factor_on_o(out, lse, case, records) -> bool:
-    """Some row's O was multiplied by a NaN factor (recorded per tile)."""
-    return any(bool(torch.isnan(r.o_factor).any()) for r in records)
+from .base import (Case, Entry, _gen, _policy, empty_row_nonzero, nan_factor_on_o,
+                   nan_in_any_row, nan_in_empty_rows, nan_in_visible_rows, silent_mass_loss,
+                   zeros_for_visible_rows)
+from .round2 import ROUND2
 
 
 # -- the cases ---------------------------------------------------------------------------
@@ -229,11 +69,12 @@ def causal_more_queries() -> Case:
 
 def padded_batch_row() -> Case:
     """pytorch #103749's shapes: 6 queries, 10 keys, 2 heads, D = 8, scale 0.125, a bool
-    mask whose rows 0-4 are causal (bottom-right) and whose row 5 (padding) is all False."""
+    mask as the issue's repro writes it: row i of rows 0-4 sees keys 0..i (causal from the
+    top-left corner: keys 5-9 are masked for every row) and row 5 (padding) is all False."""
     g = _gen(103749)
     q = torch.randn(1, 6, 2, 8, generator=g)
     k, v = (torch.randn(1, 10, 2, 8, generator=g) for _ in range(2))
-    mask = torch.arange(10)[None, :] <= torch.arange(6)[:, None] + 4
+    mask = torch.arange(10)[None, :] <= torch.arange(6)[:, None]
     mask[5] = False
     return Case(q, k, v, mask=mask, softmax_scale=0.125)
 
@@ -283,6 +124,16 @@ def dragged_row() -> Case:
     return Case(q, k, v, softmax_scale=LOG2_UNITS)
 
 
+def _swp_drag():
+    """The swp_bf16 kernel's own drag: ``fa_lab.studies.experiments.drag_case``, one
+    32-row wave over 8 tiles whose victim row falls 40 log2 units a tile (bf16, D = 64,
+    non-causal); under ``lazy_unfixed`` its O and l overflow."""
+    from fa_lab.studies.experiments import drag_case
+
+    q, k, v = drag_case(n_tiles=8, rise=10.0, fall=40.0)
+    return q, k, v, {"causal": False}
+
+
 # -- the entries ---------------------------------------------------------------------------
 
 _FA4 = dict(vote="row", threshold=4.0, headroom=8.0, wave_rows=32, o_gate="wave",
@@ -299,9 +150,9 @@ _FLASHINFER = dict(mask_value=-5e4, m_init=-5e4, mask_domain="raw", tile_max_flo
 _TRT = dict(mask_value=-FLT_MAX, m_init=-FLT_MAX, tile_max_floor="never", epilogue_guard="one")
 _SDPA = dict(tile_max_floor="never", epilogue_guard="none")
 _CPU_FLASH = dict(block_n=512, tile_max_floor="never", epilogue_guard="none")
-_FA3 = dict(block_n=128, kv_order="descending", v_tail="cache", tile_max_floor="never",
+_FA3 = dict(block_n=192, kv_order="descending", v_tail="cache", tile_max_floor="never",
             empty_row_guard="zero_base")
-_FFPA = dict(vote="row", threshold=8.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
+_FFPA = dict(vote="row", threshold=0.0, wave_rows=16, o_gate="wave", tile_max_floor="never",
              epilogue_guard="none")
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in (
@@ -354,7 +205,7 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
                 "floor", **_FLYDSL_FP8),
         _policy("flydsl_fp8_empty_tile:after", desc="#5364: tile max floored at -3e38 always",
                 tile_max_floor="always", **_FLYDSL_FP8),
-        varlen_empty_sequence, nan_in_empty_rows, failure=("empty", "nonfinite"),
+        varlen_empty_sequence, nan_in_any_row, failure=("empty", "nonfinite"),
         note="The floor is on the raw-unit max in the kernel and on the log2-unit max in the "
              "model; both stay finite, so the outcome is the same. This is the failure fa_lab's "
              "own FlyDSL models show for a non-causal row whose first tile is all masked."),
@@ -430,7 +281,8 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "the output through 0 * NaN",
         ("Dao-AILab/flash-attention#2407 (PR, open)",
          "Dao-AILab/flash-attention#2374 (issue, open)"),
-        "TMA loads whole 128-row V tiles, so the last tile's rows past the sequence hold "
+        "TMA loads whole kBlockN-row V tiles (192 rows at hdim 64), so the last tile's rows "
+        "past the sequence hold "
         "whatever the cache holds; their P is exactly 0, but 0 * NaN = NaN in the PV product.",
         _policy("fa3_v_tail_nan:before", desc="V tail as loaded from the cache", **_FA3),
         _policy("fa3_v_tail_nan:after", desc="#2407: V rows past seqlen_k zeroed",
@@ -439,7 +291,10 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         note="Data hygiene, not softmax arithmetic: K's tail is harmless because masking "
              "overwrites its scores. The SM90 softmax exponentiates an empty (-inf) row max "
              "against 0 (Check_inf in hopper/softmax.h) and its epilogue scales by 0 where "
-             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN."),
+             "the sum is 0 or NaN, so an all-masked tile or row gives 0, not NaN. The tile: "
+             "hopper/tile_size.h's tile_size_fwd_sm90 gives kBlockN 192 for hdim 64 unless the "
+             "call is causal, local or paged without TMA (then 128), so #2374's D = 64 "
+             "decode reads one 192-row tile over its 128-slot cache."),
     Entry(
         "ffpa_vote_nan", "ffpa-attn: the warp vote applies an all-masked row's NaN factor "
         "to O",
@@ -454,7 +309,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         note="The PR says the clamp rejects NaN on all-masked rows. In the native kernel's "
              "code (snapshot 92e1d3b) such a row's P is exp2(fma(-inf, c, +inf)) = NaN too, "
              "so its output is NaN before and after; the fix removes the NaN factor only. "
-             "fp8 and cute fp16 kept the vote (+23.9% at fp8 D512)."),
+             "fp8 and cute fp16 kept the vote (+23.9% at fp8 D512). The vote fires on any "
+             "factor < 1, i.e. whenever a row's max rose (threshold 0), not past a threshold "
+             "of 8."),
     Entry(
         "flydsl_lazy_drag", "FlyDSL lazy rescale: a wave's ballot drags a row's max down",
         ("ROCm/FlyDSL#1033 (PR, merged)",),
@@ -463,8 +320,9 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in (
         "far below its running max multiplies O and l by 2^(m - mt), which overflows.",
         policies.get("lazy_unfixed"), policies.get("lazy"),
         dragged_row, nan_in_visible_rows, failure=("nonfinite",),
+        kernels={"swp_bf16": _swp_drag},
         note="fa_lab's own bug; its FlyDSL models reproduce it at scale."),
-)}
+) + ROUND2}
 
 #: Every entry's policies by name: "<entry>:<before|after|variant>", and the registered
 #: built-ins that flydsl_lazy_drag uses ("lazy_unfixed", "lazy").

@@ -17,7 +17,12 @@ a narrower type happens only where a field says so. One step, per row:
 ``q_prescale`` takes S from round(q * c) . k with no scale after; ``fixed_max`` pins m (no
 vote, f = 1); ``l_sums_cast`` makes l sum cast(P); ``ftz`` flushes
 exp2's subnormal results to 0; ``l_floor`` divides by fmax(l, l_floor) (NaN-propagating, as
-``maximumf``) before the epilogue guard.
+``maximumf``) before the epilogue guard. ``softcap`` caps the natural-unit score
+``f32(S * softmax_scale)`` by the chosen form of tanh before the bias and the mask;
+``exp_floor`` floors every exp2 argument (maxNum); ``mask_stage="p"`` takes the max and P
+over every score and multiplies P by the visibility afterwards; ``p_before_vote`` takes P
+against fmax(m, mt) whatever the vote decides; ``kv_split`` restarts the walk every that
+many steps and merges the partials' (out, lse) (``merge_partials``).
 
 Scores are kept in one domain, log2 units: ``c = f32(f32(softmax_scale) * f32(log2 e))``
 (``softmax_scale = LOG2_UNITS`` makes c exactly 1, so q.k are log2 units). Kernels that keep
@@ -208,8 +213,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
     def clamp(d):
         return fmax(d, -math.inf) if sem.clamp_exp_diff else d
 
-    def ex2(t):  # exp2, its subnormal results flushed under ftz
-        y = exp2(t)
+    def ex2(t):  # exp2 of the floored argument, its subnormal results flushed under ftz
+        y = exp2(t if sem.exp_floor is None else fmax(t, sem.exp_floor))
         return y.masked_fill(y.abs() < FP32_TINY, 0.0) if sem.ftz else y
 
     def waves(flags):
@@ -218,17 +223,35 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
 
     trace = _Tracer(recorder, B, k.shape[2], H, R)
     fixed = sem.fixed_max is not None
-    m = torch.full((B, H, R), f32(sem.fixed_max) if fixed else init_s, device=dev)
+    m0 = f32(sem.fixed_max) if fixed else init_s
+    m = torch.full((B, H, R), m0, device=dev)
     l = torch.zeros(B, H, R, device=dev)
     O = torch.zeros(B, H, R, D, device=dev)
     bidx = torch.arange(B, device=dev)[:, None]
+    nat = f32(scale * qd * kd)  # the natural-unit scale a softcap applies to
+
+    def finish(m, l, O):  # the epilogue: (out [B, H, R, D] fp32, lse [B, H, R])
+        l_div = torch.maximum(l, torch.full_like(l, sem.l_floor)) if sem.l_floor else l
+        out = O * epilogue_scale(l_div, sem.epilogue_guard)[..., None]
+        out = out * f32(vd) if fp8 else out
+        lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
+        return out, torch.where(l == 0, torch.full_like(l, -math.inf), lse)
+
+    partials = []
     for s in range(T):
+        if sem.kv_split is not None and s and s % sem.kv_split == 0:  # a partial ends
+            partials.append(finish(m, l, O))
+            m, l, O = torch.full_like(m, m0), torch.zeros_like(l), torch.zeros_like(O)
         active = s < n_tiles  # [B]
         tile = n_tiles - 1 - s if descending else torch.full_like(n_tiles, s)
         tile = torch.where(active, tile, torch.zeros_like(tile))
         cols = tile[:, None] * bn + torch.arange(bn, device=dev)  # [B, bn]
         kt, vt = kh[bidx, cols].permute(0, 2, 1, 3), vh[bidx, cols].permute(0, 2, 1, 3)
-        x = (qh.double() @ kt.double().transpose(-1, -2)).float() * c_s  # [B, H, R, bn]
+        S = (qh.double() @ kt.double().transpose(-1, -2)).float()  # [B, H, R, bn]
+        if sem.softcap:
+            x = softcap(S * nat, sem.softcap, sem.softcap_form) * f32(LOG2E)
+        else:
+            x = S * c_s
         vis = (cols < lens[:, None])[:, None, None, :]
         if causal:
             diag = rows[None, :, None] + (lens - Sq)[:, None, None]  # [B, R, 1]
@@ -237,7 +260,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
             idx = cols[:, None, None, :].expand(B, H, R, bn)
             vis = vis & vis_user.gather(3, idx)
             x = x + bias_s.gather(3, idx)
-        x = torch.where(vis, x, torch.full_like(x, mask_s))
+        if sem.mask_stage == "scores":
+            x = torch.where(vis, x, torch.full_like(x, mask_s))
 
         mt = x.amax(-1)
         if floored:
@@ -253,7 +277,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         f = torch.where(move, ex2(clamp(m - base(m_new))), torch.ones_like(m))
         lag = ~empty(m) if sem.max_lag else torch.zeros_like(move)
         p_base = torch.where(lag, base(m), base(m_new))
+        if sem.p_before_vote:  # P against the candidate max, taken before the vote
+            p_base = base(fmax(m, mt))
         P = ex2(clamp(x - p_base[..., None]) + H_off)
+        if sem.mask_stage == "p":  # the mask multiplies P after the exponent
+            P = P * vis.float()
         P = P.masked_fill(skip[..., None], 0.0)
         cp = cast_p(P, fmt, sat)
         pv = (cp.double() @ vt.double()).float()
@@ -286,11 +314,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy: Policy
         m, l = torch.where(a, m_new, m), torch.where(a, l_new, l)
         O = torch.where(a[..., None], O_new, O)
 
-    l_div = torch.maximum(l, torch.full_like(l, sem.l_floor)) if sem.l_floor else l
-    out = O * epilogue_scale(l_div, sem.epilogue_guard)[..., None]
-    out = out * f32(vd) if fp8 else out
-    lse = m * f32(LN2) + torch.log(l) - f32(H_off * LN2)
-    lse = torch.where(l == 0, torch.full_like(l, -math.inf), lse)
+    partials.append(finish(m, l, O))
+    out, lse = partials[0] if len(partials) == 1 else merge_partials(
+        partials, sem.merge_empty, sem.lse_base)
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     trace.finish(out.to(out_dtype).float(), lse)
     out = out[:, :, :Sq].permute(0, 2, 1, 3).to(out_dtype).contiguous()  # one RNE rounding
@@ -345,6 +371,47 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqle
 def _case(sem, field: str, cases: dict):
     """The case of ``sem``'s value of ``field`` (``fa_lab.values.branch``)."""
     return values.branch(field, getattr(sem, field), _WHERE, cases)
+
+
+def softcap(t: torch.Tensor, cap: float, form: str) -> torch.Tensor:
+    """``cap * tanh(t / cap)`` in fp32, tanh computed as ``form`` says
+    (``semantics.softcap_form``): ``"tanh"`` exactly; ``"exp_ratio"`` ``(e^u - e^-u) /
+    (e^u + e^-u)`` (NaN once an exponential overflows: ``|u| > ~88.7``); ``"exp_sum"``
+    ``1 - 2 / (e^(2u) + 1)``."""
+    u = t / f32(cap)
+    if form == "tanh":
+        r = torch.tanh(u)
+    elif form == "exp_ratio":
+        e, ei = torch.exp(u), torch.exp(-u)
+        r = (e - ei) / (e + ei)
+    elif form == "exp_sum":
+        r = 1.0 - 2.0 / (torch.exp(2.0 * u) + 1.0)
+    else:
+        raise values.unknown("softcap_form", form, _WHERE)
+    return r * f32(cap)
+
+
+def merge_partials(partials, merge_empty: str = "empty", lse_base: str = "e"):
+    """Merge partial attention states [(out [B, H, R, D], lse [B, H, R]), ...] in fp32, in
+    order, reading each LSE as a natural log: ``L_i = lse_i`` (``lse_base="2"``: the partial
+    wrote ``lse_i log2 e``), ``w_i = e^(L_i - max L)``, ``out = sum w_i o_i / sum w_i``,
+    ``lse = max L + ln sum w_i``. Where every partial is empty, ``merge_empty="empty"``
+    gives (0, -inf) (the shift uses 0 for a -inf max), ``"nan"`` NaN."""
+    L = torch.stack([p[1] for p in partials])
+    if lse_base == "2":
+        L = L * f32(LOG2E)
+    top = L.amax(0)
+    empty = top == -math.inf
+    shift = torch.where(empty, torch.zeros_like(top), top) if merge_empty == "empty" else top
+    w = torch.exp(L - shift)
+    total = w.sum(0)
+    acc = torch.zeros_like(partials[0][0])
+    for i, (o, _) in enumerate(partials):
+        acc = acc + w[i][..., None] * o
+    out = acc / total[..., None]
+    if merge_empty == "empty":
+        out = torch.where((total == 0)[..., None], torch.zeros_like(out), out)
+    return out, shift + torch.log(total)
 
 
 def epilogue_scale(l: torch.Tensor, guard: str) -> torch.Tensor:

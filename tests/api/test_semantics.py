@@ -65,6 +65,17 @@ def test_changed_lists_fields_in_order():
     (dict(block_n=64.0), TypeError, "block_n"),
     (dict(kv_order="reverse"), ValueError, "kv_order"),
     (dict(v_tail="nan"), ValueError, "v_tail"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
+    (dict(softcap=50.0, q_prescale=True), ValueError, "softcap"),
+    (dict(softcap_form="fast"), ValueError, "softcap_form"),
+    (dict(exp_floor=0.0), ValueError, "exp_floor"),
+    (dict(exp_floor="x"), TypeError, "exp_floor"),
+    (dict(mask_stage="after"), ValueError, "mask_stage"),
+    (dict(p_before_vote=1), TypeError, "p_before_vote"),
+    (dict(kv_split=0), ValueError, "kv_split"),
+    (dict(kv_split=2.0), TypeError, "kv_split"),
+    (dict(merge_empty="zero"), ValueError, "merge_empty"),
+    (dict(lse_base=2), TypeError, "lse_base"),
 ])
 def test_bad_semantics_name_the_field(kw, exc, words):
     with pytest.raises(exc, match=words):
@@ -73,7 +84,8 @@ def test_bad_semantics_name_the_field(kw, exc, words):
 
 def test_choices_list_every_fixed_field_with_its_default():
     c = choices()
-    free = {"mask_value", "m_init", "floor_value", "block_n", "fixed_max", "l_floor"}
+    free = {"mask_value", "m_init", "floor_value", "block_n", "fixed_max", "l_floor",
+            "softcap", "exp_floor", "kv_split"}
     assert list(c) == [f.name for f in dataclasses.fields(Semantics) if f.name not in free]
     assert c["o_gate"] == ("always", "row", "wave") and c["clamp_exp_diff"] == (False, True)
     assert c["wave_rows"] == (16, 32, 64) and "e4m3" in c["p_cast"]

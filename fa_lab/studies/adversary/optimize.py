@@ -107,7 +107,9 @@ MOD_STARTS = (
 #: tiles (stale maxima within a threshold), a causal call with more queries than keys (rows
 #: that see nothing), nine tiles of left padding (first tiles with nothing visible),
 #: logits 1e5 below zero (past a finite sentinel), a KV cache with a NaN tail, and a row
-#: that sees nothing beside an outlier key 20 log2 units up.
+#: that sees nothing beside an outlier key 20 log2 units up; last, twenty tiles of scores
+#: 8 log2 units apart with signed V (partials of unequal mass whose outputs differ: what a
+#: merge's weights move).
 ZOO_STARTS = (
     Candidate(family="scores", spread=4.0, n_tiles=5),
     Candidate(family="scores", spread=2.0, causal=True, n_rows=48, n_tiles=1, trim=40),
@@ -116,6 +118,7 @@ ZOO_STARTS = (
     Candidate(family="scores", spread=2.0, n_tiles=2, trim=30, seqused=0.6, cache="nan"),
     Candidate(family="scores", spread=2.0, n_tiles=3, mask="pad_rows", mask_len=1, jump=20.0,
               jump_col=100),
+    Candidate(family="scores", spread=8.0, n_tiles=20, v_kind="signed"),
 )
 
 

@@ -177,6 +177,11 @@ def _drags(pol) -> bool:
     return values.get("vote", pol.vote).drags and values.get("rebase", pol.rebase).lowers
 
 
+#: Semantics fields the bound has no formula for: it refuses a policy that sets one.
+UNBOUNDED = ("softcap", "softcap_form", "exp_floor", "mask_stage", "p_before_vote", "kv_split",
+             "merge_empty", "lse_base")
+
+
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
           seqlen_kv: int = 4096) -> Region:
     """The safe region of ``policy`` (a name or a Policy) on the kernel it runs on (the
@@ -190,6 +195,11 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
     pol, family = _resolve(policy, dtype, seqlen_kv)
     sem = pol.semantics
+    unbounded = [f for f in UNBOUNDED if f in pol.semantic_fields]
+    if unbounded:
+        raise ValueError(f"onset.bound cannot bound policy {pol.name!r}: its semantics field(s) "
+                         f"{', '.join(unbounded)} (a softcap, an exp floor, a late mask, P before "
+                         "the vote, a merge of partials) have no hazard formula here")
     if sem.fixed_max is not None:
         return _fixed_max_region(pol, family, dtype, float(tolerance))
     tau = float(pol.threshold) if pol.lazy else 0.0
