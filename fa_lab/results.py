@@ -68,7 +68,8 @@ MAX_NAME_BYTES = NAME_MAX - TEMP_EXTRA - len(SUFFIX)
 __all__ = ["load", "list", "save", "path", "reference", "references", "check_name", "check_folder",
            "check_writable", "check_same_run",
            "results_dir", "read_json", "Result", "provenance", "atomic_write_bytes",
-           "atomic_write_json", "REFERENCE_DIR", "ENV_VAR", "DEFAULT_DIRNAME"]
+           "atomic_write_json", "REFERENCE_DIR", "ENV_VAR", "DEFAULT_DIRNAME", "NAME_MAX",
+           "TEMP_EXTRA", "MAX_NAME_BYTES"]
 
 
 # ---- where ---------------------------------------------------------------------------------
