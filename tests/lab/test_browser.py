@@ -98,7 +98,8 @@ def jupyterlab_server(tmp_path: Path, notebooks):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
                JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")    # what make lab sets
+               OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE",    # what make lab sets
+               FA_LAB_SOLUTIONS="1")  # run-all passes the exercise stubs with the answers
     jupyter = Path(sys.executable).parent / "jupyter"
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen(
