@@ -8,8 +8,11 @@ import statistics
 import pytest
 import torch
 
-from fa_lab.lab import exercises as ex
-from fa_lab.lab import solutions as sol
+for _extra in ("plotly", "ipywidgets", "anywidget"):  # fa_lab.lab needs the [lab] extra
+    pytest.importorskip(_extra, reason="fa_lab.lab needs the [lab] extra")
+
+from fa_lab.lab import exercises as ex  # noqa: E402
+from fa_lab.lab import solutions as sol  # noqa: E402
 
 
 def rejects(check, answer, match, *args, **kwargs):

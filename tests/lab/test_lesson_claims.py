@@ -9,10 +9,13 @@ import math
 import pytest
 import torch
 
-import fa_lab
-from fa_lab.lab import lessons
-from fa_lab.lab import solutions as sol
-from fa_lab.studies import experiments
+for _extra in ("plotly", "ipywidgets", "anywidget"):  # fa_lab.lab needs the [lab] extra
+    pytest.importorskip(_extra, reason="fa_lab.lab needs the [lab] extra")
+
+import fa_lab  # noqa: E402
+from fa_lab.lab import lessons  # noqa: E402
+from fa_lab.lab import solutions as sol  # noqa: E402
+from fa_lab.studies import experiments  # noqa: E402
 
 # ---- lesson 02, section 1: the by-hand table --------------------------------------------
 

@@ -5,8 +5,11 @@ named in the summary, so no policy is blamed for them."""
 import pytest
 import torch
 
-from fa_lab.lab import widgets
-from fa_lab.lab.widgets import views
+for _extra in ("plotly", "ipywidgets", "anywidget"):  # fa_lab.lab needs the [lab] extra
+    pytest.importorskip(_extra, reason="fa_lab.lab needs the [lab] extra")
+
+from fa_lab.lab import widgets  # noqa: E402
+from fa_lab.lab.widgets import views  # noqa: E402
 
 
 @pytest.mark.parametrize("make", [
