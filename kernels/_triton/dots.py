@@ -98,7 +98,8 @@ def program_scratch(Scratch, FLOATS: tl.constexpr, DOT_MODE: tl.constexpr):
 
 @triton.jit
 def _dot_exact_scratch(a, b, scratch):
-    """a @ b summed exactly (fp64, rounded once) through global scratch."""
+    """a @ b summed exactly through global scratch, as fp64 (exact for operands whose
+    products and partial sums fit fp64's significand: 16-bit or 8-bit floats)."""
     M: tl.constexpr = a.shape[0]
     K: tl.constexpr = a.shape[1]
     N: tl.constexpr = b.shape[1]
@@ -114,7 +115,7 @@ def _dot_exact_scratch(a, b, scratch):
         a_col = tl.load(scratch + om * K + kk).to(tl.float64)
         b_row = tl.load(scratch + M * K + kk * N + on).to(tl.float64)
         acc += a_col[:, None] * b_row[None, :]  # exact products (16-bit x 16-bit)
-    return acc.to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -132,9 +133,26 @@ def dot16(a, b, scratch, DOT_MODE: tl.constexpr):
         acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + tl.load(scratch)
         r = tl.dot(a.to(b.dtype), b, acc)
     elif DOT_MODE == 1:
-        r = _dot_exact_scratch(a, b, scratch)
+        r = _dot_exact_scratch(a, b, scratch).to(tl.float32)
     else:
         r = tl.dot(a.to(tl.float64), b.to(tl.float64), out_dtype=tl.float64).to(tl.float32)
+    return r
+
+
+@triton.jit
+def dot8(a, b, scratch, DOT_MODE: tl.constexpr):
+    """a @ b for fp32 operands that hold e4m3 values, as fp64: the exact sum in
+    ``DOT_EXACT`` and ``DOT_EXACT_SCRATCH`` (8-bit products are exact, and so is their
+    fp64 sum at the head dims the ports use), so a caller may add two such dots and round
+    once. ``DOT_TENSOR_CORES`` takes bf16 operands (every e4m3 value is one) on the
+    tensor cores with the hardware's fp32 accumulation."""
+    if DOT_MODE == 2:
+        acc = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32) + tl.load(scratch)
+        r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc).to(tl.float64)
+    elif DOT_MODE == 1:
+        r = _dot_exact_scratch(a, b, scratch)
+    else:
+        r = tl.dot(a.to(tl.float64), b.to(tl.float64), out_dtype=tl.float64)
     return r
 
 

@@ -11,9 +11,11 @@ sum reduce only over its own head's lanes). Compiled, a group is 16 heads (one u
 warp); interpreted, all 128 (the interpreter's cost is per operation).
 
 Exactness, and where the GPU and the interpreter would otherwise part ways:
-- the dots take fp8 values widened to fp64: fp8 x fp8 products are exact and their sums
-  here are exact in fp64 in any order, so S and e4m3(P) . V are the model's exactly
-  rounded dots on every device;
+- the dots (``_triton.dots.dot8``) sum fp8 x fp8 products, which are exact, in fp64,
+  where their sums here are exact in any order, so S and e4m3(P) . V are the model's
+  exactly rounded dots: interpreted with an fp64 ``tl.dot``, compiled inside
+  ``fa_lab.kernels.exact_dots()`` through the scratch loop (Triton cannot compile an fp64
+  ``tl.dot`` at these sizes); compiled by default, on the tensor cores, a few ulps off;
 - P's e4m3 rounding and the fp8 loads (NaN codes) go through the fp8 family's explicit
   bit-level helpers (the interpreter's ``.to()`` neither saturates nor rounds);
 - exp2 and log2 are taken in fp64 and rounded once, 1/l is IEEE ``div_rn``, fp32 mul+add
@@ -36,6 +38,7 @@ from fa_lab.kernels.mla_decode.model import (BLOCK_N, INV_LOG2E, KV_LORA_RANK, L
 from fa_lab.kernels.swp_fp8.faithful import _load_e4m3, _round_e4m3
 from fa_lab.numerics import f32
 
+from .._triton.dots import dot8, launch_dots, program_scratch
 from .._triton.util import exp2_ieee, fma_f32, fma_via_fp64, launch
 from .._triton.util import fmax as _fmax
 
@@ -59,11 +62,13 @@ def _lane_sum(p, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _mla_kernel(Q, KV, Pages, Items, SplitO, SplitLse, softmax_scale, headroom, log2e,
+def _mla_kernel(Q, KV, Pages, Items, SplitO, SplitLse, Scratch, softmax_scale, headroom, log2e,
                 inv_log2e, FMA_VIA_FP64: tl.constexpr, HB: tl.constexpr,
                 BLOCK_N: tl.constexpr, DL: tl.constexpr, DR: tl.constexpr,
-                D: tl.constexpr, NH: tl.constexpr):
+                D: tl.constexpr, NH: tl.constexpr, DOT_MODE: tl.constexpr,
+                SCRATCH_FLOATS: tl.constexpr):
     item = tl.program_id(0)
+    scratch = program_scratch(Scratch, SCRATCH_FLOATS, DOT_MODE)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     loc = tl.load(Items + item * 4).to(tl.int64)
     qo = tl.load(Items + item * 4 + 1).to(tl.int64)
@@ -73,8 +78,8 @@ def _mla_kernel(Q, KV, Pages, Items, SplitO, SplitLse, softmax_scale, headroom, 
     offs_r = tl.arange(0, DR)
     q_rows = (qo * NH + heads.to(tl.int64)) * D
     all_rows = (heads >= 0)[:, None]
-    qn = _load_e4m3(Q + q_rows[:, None] + offs_l[None, :], all_rows).to(tl.float64)
-    qr = _load_e4m3(Q + q_rows[:, None] + DL + offs_r[None, :], all_rows).to(tl.float64)
+    qn = _load_e4m3(Q + q_rows[:, None] + offs_l[None, :], all_rows)
+    qr = _load_e4m3(Q + q_rows[:, None] + DL + offs_r[None, :], all_rows)
 
     zero = tl.zeros((HB, BLOCK_N), tl.float32)
     log2e_b = zero + log2e
@@ -89,8 +94,8 @@ def _mla_kernel(Q, KV, Pages, Items, SplitO, SplitLse, softmax_scale, headroom, 
         page = tl.load(Pages + k0 + pos, mask=valid, other=0).to(tl.int64) * D
         kn = _load_e4m3(KV + page[:, None] + offs_l[None, :], valid[:, None])  # zero-filled
         kr = _load_e4m3(KV + page[:, None] + DL + offs_r[None, :], valid[:, None])
-        s = tl.dot(qn, tl.trans(kn.to(tl.float64)), out_dtype=tl.float64)
-        s = s + tl.dot(qr, tl.trans(kr.to(tl.float64)), out_dtype=tl.float64)
+        s = dot8(qn, tl.trans(kn), scratch, DOT_MODE)
+        s = s + dot8(qr, tl.trans(kr), scratch, DOT_MODE)
         x = tl.where(valid[None, :], s.to(tl.float32) * softmax_scale, float("-inf"))
         nan = x != x
         mt = tl.max(tl.where(nan, float("-inf"), x), axis=1)  # maxNum: NaN only if all are
@@ -102,8 +107,8 @@ def _mla_kernel(Q, KV, Pages, Items, SplitO, SplitLse, softmax_scale, headroom, 
         s_t = _lane_sum(p, BLOCK_N)
         # First tile: l = 0 and O = 0 with r = 1 make both updates exact copies.
         l = fma_f32(r, l, s_t, FMA_VIA_FP64)
-        p8 = _round_e4m3(p, 1).to(tl.float64)
-        pv = tl.dot(p8, kn.to(tl.float64), out_dtype=tl.float64).to(tl.float32)
+        p8 = _round_e4m3(p, 1)
+        pv = dot8(p8, kn, scratch, DOT_MODE).to(tl.float32)
         O = O * r[:, None] + pv
         m = m_new
     rcp = tl.math.div_rn(tl.full((HB,), 1.0, tl.float32), l)
@@ -134,12 +139,15 @@ def forward(query: torch.Tensor, kv_buffer: torch.Tensor, kv_page_indices: torch
     dev = query.device
     table = torch.tensor([[loc, qo, k0, k1] for loc, qo, k0, k1 in items], dtype=torch.int32,
                          device=dev)
+    grid = (len(items), NUM_HEADS // heads_per_program)
+    scratch, dots = launch_dots(_mla_kernel, interpret, grid, heads_per_program, KV_LORA_RANK,
+                                BLOCK_N, dev)
     args = (query.contiguous(), kv_buffer.contiguous(), kv_page_indices.contiguous(), table,
-            split_output, split_lse, f32(softmax_scale), f32(p_headroom), LOG2E, INV_LOG2E)
+            split_output, split_lse, scratch, f32(softmax_scale), f32(p_headroom), LOG2E,
+            INV_LOG2E)
     meta = dict(FMA_VIA_FP64=fma_via_fp64(_mla_kernel, interpret), HB=heads_per_program,
                 BLOCK_N=BLOCK_N, DL=KV_LORA_RANK, DR=QK_ROPE_HEAD_DIM, D=QK_HEAD_DIM,
-                NH=NUM_HEADS)
-    grid = (len(items), NUM_HEADS // heads_per_program)
+                NH=NUM_HEADS, **dots)
     if interpret:
         launch(_mla_kernel, grid, True, *args, **meta)
     else:

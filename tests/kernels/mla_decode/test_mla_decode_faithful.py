@@ -1,6 +1,7 @@
 """The faithful MLA decode port against the model: in Triton's interpreter on CPU (bit for
 bit: the dots are exact in fp64, exp2/log2 rounded once from fp64, every fp32 step in the
-model's order) and compiled on a GPU (``gpu``: identical NaN masks; libdevice's fp64 exp2
+model's order), through the compiled path's exact dots (the scratch loop, run interpreted),
+and compiled on a GPU inside ``exact_dots()`` (``gpu``: identical NaN masks; libdevice's fp64 exp2
 and log2 may sit one fp64 ulp from torch's, which can move a value by an fp32 ulp and, at
 an e4m3 tie, one P by a rounding step)."""
 
@@ -87,7 +88,27 @@ def test_entry_point_backends_agree():
     assert_same(res["emulator"], res["interpret"])
 
 
+def test_scratch_dots_equal_the_interpreters_exact_dots(monkeypatch):
+    """The exact dot a compiled run takes inside ``exact_dots()`` (a loop over a scratch
+    buffer, since Triton cannot compile this fp64 ``tl.dot``) gives the model's bits."""
+    from fa_lab.kernels._triton import dots
+    q, kv, pages, sch = case([70, 5], 2, seed=11, poison=3)
+    allocated, real = [], dots.scratch_buffer
+
+    def spy(mode, grid, floats, device):
+        allocated.append(mode)
+        return real(mode, grid, floats, device)
+
+    monkeypatch.setattr(dots, "dot_mode", lambda interpreted: dots.DOT_EXACT_SCRATCH)
+    monkeypatch.setattr(dots, "scratch_buffer", spy)
+    model, port = both(q, kv, pages, sch, headroom=3.0, heads_per_program=64)
+    assert allocated == [dots.DOT_EXACT_SCRATCH]
+    assert_same(model, port)
+    assert model[0].isnan().any() and not model[0].isnan().all()  # the poisoned key's item
+
+
 @pytest.mark.gpu
+@pytest.mark.usefixtures("exact_dots")
 def test_gpu_compiled_port_matches_model():
     q, kv, pages, sch = case([1000, 64, 0, 3], 3, seed=3, poison=1000 + 10)
     N = sch["num_partial"]
