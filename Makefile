@@ -24,10 +24,17 @@ $(STAMP): pyproject.toml
 # (fa_lab/lab/solutions.py; notebooks/conftest.py sets it too, for nbval run by hand).
 # The browser test's timings go to a scratch file, so a test run leaves the checkout as it
 # found it; run tests/lab/test_browser.py alone to record data/results/browser_redraw.json.
+# TEST_WORKERS pytest-xdist workers (one per core of the 2-core CI machine), each test file
+# on one worker (--dist loadfile: a module's fixtures are built once) and one OpenMP
+# thread each; --durations lists the slowest tests, so the log shows where the time goes.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 test: setup
-	OMP_WAIT_POLICY=PASSIVE FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
-		$(PY) -m pytest -q tests
-	OMP_WAIT_POLICY=PASSIVE FA_LAB_SOLUTIONS=1 $(PY) -m pytest -q --nbval-lax notebooks -p no:cacheprovider
+	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 \
+		FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
+		$(PY) -m pytest -q $(XDIST) --durations=30 tests
+	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 FA_LAB_SOLUTIONS=1 \
+		$(PY) -m pytest -q $(XDIST) --durations=10 --nbval-lax notebooks -p no:cacheprovider
 	$(MAKE) test-wheel
 	$(MAKE) test-triton-floor
 
@@ -74,12 +81,13 @@ FLOOR_TESTS  := tests/kernels/_triton tests/kernels/test_fast_kernels.py \
 $(FLOOR_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" "triton==$(TRITON_FLOOR)"
-	$(FLOOR_VENV)/bin/python -m pip install -q -e . "triton==$(TRITON_FLOOR)" pytest hypothesis
+	$(FLOOR_VENV)/bin/python -m pip install -q -e . "triton==$(TRITON_FLOOR)" pytest pytest-xdist \
+		hypothesis
 	touch $@
 
 test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
-		-p no:cacheprovider $(FLOOR_TESTS)
+		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS)
 
 # make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
 # (tests/gpu_record.py): the shared tests with GPU_WORKERS xdist workers, the gpu_alone ones
