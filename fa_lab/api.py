@@ -141,7 +141,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
     if block_table is not None or seqlen_k is not None or kv_cache_layout != "linear":
         paged_kv = _check_paged(q, k, v, packing, block_table, seqlen_k, kv_cache_layout)
         B, Sq, H, D = q.shape
-        Skv, Hkv = paged_kv.seqlen_kv, k.shape[2 if kv_cache_layout == "linear" else 1]
+        Skv, Hkv = paged_kv.seqlen_kv, paged_kv.num_kv_heads
     else:
         paged_kv = None
     if packing is None and paged_kv is None:
@@ -393,7 +393,8 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     bad_inputs = warn_nonfinite_inputs(q, k, v)  # not the policy's doing: say so
-    recorder = TraceRecorder(triples, group_size=H // k.shape[2])
+    hkv = call.mods["paged"].num_kv_heads if "paged" in call.mods else k.shape[2]
+    recorder = TraceRecorder(triples, group_size=H // hkv)
     planned = dispatch.plan(call)
     warn_fp8_scale(call)
     dispatch.run(planned, recorder)

@@ -67,8 +67,8 @@ def vector_size(dtype: torch.dtype) -> int:
 @dataclass(frozen=True)
 class PagedKV:
     """A checked paged call: the block table (int32, on the cache's device), the host-side
-    ``seqlen_k`` list, the layout and page size, and ``seqlen_kv``, the one KV length the
-    kernel sees (``max(seqlen_k)``)."""
+    ``seqlen_k`` list, the layout and page size, ``seqlen_kv``, the one KV length the
+    kernel sees (``max(seqlen_k)``), and the cache's block and kv-head counts."""
 
     block_table: torch.Tensor
     seqlen_k: tuple
@@ -76,6 +76,7 @@ class PagedKV:
     page_size: int
     seqlen_kv: int
     num_blocks: int
+    num_kv_heads: int
 
     @property
     def n_pages(self) -> int:
@@ -215,4 +216,4 @@ def check(q, k, v, block_table, seqlen_k, kv_cache_layout, *, head_dims) -> Page
                       "to the keys its block table maps up to that length, as modelled here",
                       RaggedSeqlenWarning, stacklevel=3)
     bt = block_table.to(torch.int32).contiguous()
-    return PagedKV(bt, lens, kv_cache_layout, page, skv, nb)
+    return PagedKV(bt, lens, kv_cache_layout, page, skv, nb, hkv)

@@ -148,6 +148,22 @@ def test_ragged_seqlen_k_runs_every_sequence_to_the_longest():
     assert torch.equal(ragged[0], uniform[0])
 
 
+def test_trace_and_the_flydsl_arguments_of_a_paged_call():
+    from fa_lab import api, dispatch, flydsl
+
+    q, k, v = make_inputs(2, 300, 200, 4, 2, 64, 4.0, seed=21)
+    kc, vc, bt = page_cache(k, v, 12, seed=22)
+    k5, v5 = vectorized(kc, vc)
+    kw = dict(block_table=bt, seqlen_k=lens(2, 200), kv_cache_layout="vectorized")
+    tp = fa_lab.trace(q, k5, v5, rows=[0, 299], head=3, batch=1, **kw)
+    td = fa_lab.trace(q, k, v, rows=[0, 299], head=3, batch=1, kernel="swp_bf16")
+    assert tp.steps.equals(td.steps) and torch.equal(tp.out, td.out)
+    planned = dispatch.plan(api.check_call(q, k5, v5, backend="flydsl", **kw))
+    up = flydsl.upstream_kwargs(planned.call, accepts=lambda name: True)
+    assert up["num_kv_heads"] == 2 and up["kv_cache_layout"] == "vectorized" and "paged" not in up
+    assert torch.equal(up["block_table"], bt) and up["seqlen_k"].tolist() == [200, 200]
+
+
 # ----------------------------------------------------------------------------------
 # Bad input: refused by name, before any work (the model's forward is never entered).
 # ----------------------------------------------------------------------------------
