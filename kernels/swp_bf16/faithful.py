@@ -473,17 +473,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     run faster there) and 64 compiled. Results do not depend on it:
     the ballot only reads a wave's own rows.
     """
-    B, Sq, H, D = q.shape
     if paged is not None:
         if not isinstance(paged, PagedKV):
             raise TypeError(f"paged must be a fa_lab.paged.PagedKV, got {type(paged).__name__}")
         k, v = paged.linear(k, v)
         Skv = paged.seqlen_kv
-        batch_view = (k[:1].expand(B, *k.shape[1:]), v[:1].expand(B, *v.shape[1:]))
-        _check_inputs(q, *batch_view, causal, policy, recorder, interpret)
+        # (q, k, v checked as a dense call would see them: one page per batch entry)
+        nb = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+        _check_inputs(q, k[:1].expand(nb, *k.shape[1:]), v[:1].expand(nb, *v.shape[1:]), causal,
+                      policy, recorder, interpret)
     else:
         _check_inputs(q, k, v, causal, policy, recorder, interpret)
         Skv = k.shape[1]
+    B, Sq, H, D = q.shape
     _check_mods(q, bias, alibi_slopes, sink, num_kv_splits, bias_shape=(Sq, Skv), batch=B)
     rows = _rows_per_program(interpret, rows_per_program)
     dev = q.device
