@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fa_lab.checks import caller_stacklevel
+
 #: ``_PAGED_PAGE_SIZE`` (l.375): the one page size the paged DUALWAVE_SWP build takes.
 PAGE_SIZES = (64,)
 #: ``kv_cache_layout`` values the paged path runs; ``"linear3d"`` is documented upstream
@@ -214,6 +216,6 @@ def check(q, k, v, block_table, seqlen_k, kv_cache_layout, *, head_dims) -> Page
         warnings.warn(f"seqlen_k differs across the batch ({min(lens)} .. {skv}): upstream's dense "
                       f"paged kernel receives only max(seqlen_k) = {skv}, so every sequence attends "
                       "to the keys its block table maps up to that length, as modelled here",
-                      RaggedSeqlenWarning, stacklevel=3)
+                      RaggedSeqlenWarning, stacklevel=caller_stacklevel())
     bt = block_table.to(torch.int32).contiguous()
     return PagedKV(bt, lens, kv_cache_layout, page, skv, nb, hkv)

@@ -142,8 +142,9 @@ def test_ragged_seqlen_k_runs_every_sequence_to_the_longest():
     # the dense paged launch receives max(seqlen_k) only (flash_attn_interface.py l.487-488)
     q, k, v = make_inputs(2, 300, 200, 4, 2, 64, 4.0, seed=11)
     kc, vc, bt = page_cache(k, v, 12, seed=12)
-    with pytest.warns(RaggedSeqlenWarning, match="max\\(seqlen_k\\) = 200"):
+    with pytest.warns(RaggedSeqlenWarning, match="max\\(seqlen_k\\) = 200") as said:
         ragged = call(q, kc, vc, block_table=bt, seqlen_k=torch.tensor([200, 70], dtype=torch.int32))
+    assert [w.filename for w in said] == [__file__]  # the caller's line
     uniform = call(q, kc, vc, block_table=bt, seqlen_k=lens(2, 200))
     assert torch.equal(ragged[0], uniform[0])
 
@@ -162,6 +163,16 @@ def test_trace_and_the_flydsl_arguments_of_a_paged_call():
     up = flydsl.upstream_kwargs(planned.call, accepts=lambda name: True)
     assert up["num_kv_heads"] == 2 and up["kv_cache_layout"] == "vectorized" and "paged" not in up
     assert torch.equal(up["block_table"], bt) and up["seqlen_k"].tolist() == [200, 200]
+
+
+def test_count_rescales_counts_a_paged_call_as_the_dense_one():
+    q, k, v = make_inputs(1, 256, 640, 2, 1, 64, 40.0, seed=23)
+    kc, vc, bt = page_cache(k, v, 24, seed=24)
+    paged = fa_lab.count_rescales(q, kc, vc, block_table=bt, seqlen_k=lens(1, 640), rescale="lazy")
+    dense = fa_lab.count_rescales(q, k, v, rescale="lazy", kernel="swp_bf16")
+    assert paged["loop_wave_steps"] > 0 and torch.equal(paged["out"], dense["out"])
+    assert {n: x for n, x in paged.items() if n not in ("out", "lse")} == \
+        {n: x for n, x in dense.items() if n not in ("out", "lse")}
 
 
 # ----------------------------------------------------------------------------------
@@ -278,8 +289,8 @@ def test_gpu_port_matches_the_model(layout):
     dev = dict(block_table=bt.cuda(), seqlen_k=lens(2, 1500).cuda(), kv_cache_layout=layout,
                kernel="swp_bf16")
     qc, kcc, vcc = q.cuda(), kc.cuda(), vc.cuda()
-    for policy, causal, splits in [("lazy_unfixed", True, 1), ("lazy", False, 1), ("lazy", True, 3)]:
-        kw = dict(dev, causal=causal, rescale=policy, num_kv_splits=splits)
+    for policy, causal in [("lazy_unfixed", True), ("lazy", False), ("lazy", True)]:
+        kw = dict(dev, causal=causal, rescale=policy)
         kernel, model = call(qc, kcc, vcc, "triton", **kw), call(qc, kcc, vcc, **kw)
         assert_matches_model(kernel, model, qc, k.cuda(), v.cuda(), causal)
         assert torch.isnan(model[0][1]).any() and torch.isfinite(model[1]).any()
