@@ -90,6 +90,17 @@ def test_split_k_over_pages_equals_the_dense_split_k():
     assert torch.equal(out_p, out_d)
 
 
+def test_a_bias_reads_logical_key_columns():
+    # upstream: rows are q tokens, columns the batch's logical keys (l.511-513)
+    q, k, v = make_inputs(2, 300, 200, 4, 2, 64, 4.0, seed=25)
+    kc, vc, bt = page_cache(k, v, 12, seed=26)
+    bias = (torch.randn(300, 200, generator=torch.Generator().manual_seed(27)) * 4).to(BF)
+    out_p, _ = call(q, kc, vc, block_table=bt, seqlen_k=lens(2, 200), bias=bias)
+    out_d, _ = call(q, k, v, kernel="swp_bf16", bias=bias)
+    assert torch.equal(out_p, out_d)
+    assert not torch.equal(out_p, call(q, k, v, kernel="swp_bf16")[0])
+
+
 def test_entries_past_seqlen_k_are_never_read():
     # the spare column and every page no entry below ceil(Skv/64) names hold NaN (page 0
     # too: 200 keys make 4 tiles, no padding tile), and the spare ids are out of range
