@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from fa_lab import autograd, dispatch, policies, upstream as upstream_versions, varlen
+from fa_lab import autograd, dispatch, paged, policies, upstream as upstream_versions, varlen
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
@@ -94,12 +94,30 @@ def _check_dense_qkv(q, k, v):
     return sizes
 
 
+def _check_paged(q, k, v, packing, block_table, seqlen_k, kv_cache_layout) -> paged.PagedKV:
+    """block_table / seqlen_k / kv_cache_layout (``fa_lab.paged``) on a dense bf16/f16 q;
+    varlen and fp8 paged calls are refused, naming the argument."""
+    if packing is not None:
+        raise ValueError("block_table with cu_seqlens_q/kv (varlen paged KV) is not modelled; "
+                         "pass dense q [B, Sq, H, D] with a block_table")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dtype == FP8:
+        raise ValueError("block_table (paged KV) is not supported with float8_e4m3fn inputs: at "
+                         "main-11c4174d upstream's fp8 kernel refuses paged KV")
+    if q.dtype not in HALF_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; paged KV takes bfloat16 or float16")
+    # (neither table given: paged.check refuses a kv_cache_layout other than "linear")
+    return paged.check(q, k, v, block_table, seqlen_k, kv_cache_layout, head_dims=HEAD_DIMS)
+
+
 def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, q_descale=None,
                k_descale=None, v_descale=None, dualwave_swp_lazy_rescale=None, rescale=None,
                rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
                backend="auto", bias=None, alibi_slopes=None, sink=None, num_kv_splits=1,
-               kernel=None, upstream=None, return_lse=False) -> Call:
+               kernel=None, upstream=None, return_lse=False, block_table=None, seqlen_k=None,
+               kv_cache_layout="linear") -> Call:
     """Validate every argument into one ``dispatch.Call`` (the rescale arguments as a
     ``policies.Request``, resolved by ``dispatch.plan`` once the family is known); raises
     ValueError/TypeError naming the argument. Does no work on the tensors' data.
@@ -120,7 +138,13 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                                        head_dims=HEAD_DIMS)
         Skv = packing.max_seqlen_kv
         warn_layout(q[None], k[None])
+    if block_table is not None or seqlen_k is not None or kv_cache_layout != "linear":
+        paged_kv = _check_paged(q, k, v, packing, block_table, seqlen_k, kv_cache_layout)
+        B, Sq, H, D = q.shape
+        Skv, Hkv = paged_kv.seqlen_kv, paged_kv.num_kv_heads
     else:
+        paged_kv = None
+    if packing is None and paged_kv is None:
         B, Sq, H, D, Skv, Hkv = _check_dense_qkv(q, k, v)
     check_forward_only(q, k, v, bias, alibi_slopes, sink)
     if not isinstance(causal, bool):
@@ -154,6 +178,14 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
     elif not isinstance(fp8_saturate, bool):
         raise TypeError(f"fp8_saturate must be a bool, got {type(fp8_saturate).__name__}")
     mods = _check_mods(q, fp8, B, Sq, H, Skv, packing, bias, alibi_slopes, sink)
+    if paged_kv is not None:
+        for name in ("alibi_slopes", "sink"):
+            if name in mods:
+                raise ValueError(f"{name} is not supported with paged KV (block_table), as upstream")
+        if "bias" in mods and len(set(paged_kv.seqlen_k)) > 1:
+            raise ValueError("bias with paged KV needs one seqlen_k for the whole batch: the dense "
+                             "paged kernel receives only max(seqlen_k), as upstream")
+        mods["paged"] = paged_kv
     if type(num_kv_splits) is not int or num_kv_splits != 1:
         num_kv_splits = check_int("num_kv_splits", num_kv_splits, lo=1)
     if num_kv_splits > 1:
@@ -251,7 +283,8 @@ def plan(q, k, v, **options) -> dispatch.Plan:
 
 
 def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
-                    cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, num_kv_splits=1,
+                    cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None,
+                    seqlen_k=None, kv_cache_layout="linear", num_kv_splits=1,
                     dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None,
                     v_descale=None, bias=None, alibi_slopes=None, sink=None, return_lse=False,
                     rescale=None, rescale_threshold=None, rebase_bound=None, p_headroom=None,
@@ -270,7 +303,11 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     units); ``num_kv_splits`` > 1 runs split-K with its combine pass. Varlen:
     ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D], k and
     v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths differ); a
-    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
+    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q]. Paged KV
+    (``fa_lab.paged``): ``block_table`` (int32 [B, max_pages]) and ``seqlen_k`` (int32 [B])
+    with k and v the page cache in ``kv_cache_layout`` ``"linear"`` [NumBlocks, 64, Hkv, D]
+    or ``"vectorized"`` (aiter's 5-D), pages of 64 (bf16/f16, dense q; the kernel runs
+    every sequence to max(seqlen_k), and reads whole pages: see docs/semantics.md).
 
     fa_lab's own: ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy,
     lazy_unfixed, lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None
@@ -311,7 +348,8 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
 
 
 def count_rescales(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
-                   cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, num_kv_splits=1,
+                   cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None,
+                   seqlen_k=None, kv_cache_layout="linear", num_kv_splits=1,
                    dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None, v_descale=None,
                    bias=None, alibi_slopes=None, sink=None, rescale=None, rescale_threshold=None,
                    rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="emulator",
@@ -337,6 +375,7 @@ def count_rescales(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None
 
 def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
           cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+          block_table=None, seqlen_k=None, kv_cache_layout="linear",
           num_kv_splits=1, dualwave_swp_lazy_rescale=None, q_descale=None, k_descale=None,
           v_descale=None, bias=None, alibi_slopes=None, sink=None, rescale=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
@@ -354,7 +393,8 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     B, Sq, H, _ = q.shape
     triples = normalize_rows(rows, batch, head, (B, H, Sq))
     bad_inputs = warn_nonfinite_inputs(q, k, v)  # not the policy's doing: say so
-    recorder = TraceRecorder(triples, group_size=H // k.shape[2])
+    hkv = call.mods["paged"].num_kv_heads if "paged" in call.mods else k.shape[2]
+    recorder = TraceRecorder(triples, group_size=H // hkv)
     planned = dispatch.plan(call)
     warn_fp8_scale(call)
     dispatch.run(planned, recorder)

@@ -55,6 +55,9 @@ def check_plan(planned: dispatch.Plan) -> None:
     if call.packing is not None:
         raise ValueError("requires_grad with varlen (cu_seqlens_q/kv) is not supported: the "
                          "backward runs dense calls")
+    if "paged" in call.mods:
+        raise ValueError("requires_grad with paged KV (block_table, seqlen_k) is not supported: "
+                         "upstream's paged path is forward only (it returns no LSE)")
     for name in ("alibi_slopes", "sink"):
         if name in call.mods:
             raise ValueError(f"requires_grad with {name}: upstream's backward kernels take no "

@@ -25,7 +25,7 @@ IMPLEMENTATIONS = ("model", "faithful", "fast")
 HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
 #: Optional features a call may ask for.
-FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace")
+FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged")
 #: How errors name a dtype of ``Caps.dtypes``.
 DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 

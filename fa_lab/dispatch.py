@@ -256,7 +256,8 @@ def _asked(kernel: str, shape, policy: Policy | None) -> str:
 
 
 #: How errors name a feature.
-_FEATURE_NAMES = {"num_kv_splits": "split-K (num_kv_splits > 1)", "varlen": "varlen (cu_seqlens)"}
+_FEATURE_NAMES = {"num_kv_splits": "split-K (num_kv_splits > 1)", "varlen": "varlen (cu_seqlens)",
+                  "paged": "paged KV (block_table)"}
 
 
 def _route(shape, policy: Policy | None, kernel: str | None, impl: str | None):

@@ -150,6 +150,14 @@ def upstream_kwargs(call, *, accepts) -> dict:
         pk = call.packing
         kw.update(cu_seqlens_q=pk.cu_q_tensor, cu_seqlens_kv=pk.cu_kv_tensor, max_seqlen_q=pk.max_seqlen_q, max_seqlen_kv=pk.max_seqlen_kv)
     wanted = dict(call.mods)
+    pg = wanted.pop("paged", None)
+    if pg is not None:  # upstream's own paged arguments (fa_lab.paged)
+        if call.return_lse:
+            raise ValueError("backend='flydsl' with paged KV: upstream returns no LSE for paged KV "
+                             "(return_lse raises there); leave return_lse out")
+        kw["num_kv_heads"] = pg.num_kv_heads
+        wanted.update(block_table=pg.block_table, kv_cache_layout=pg.layout,
+                      seqlen_k=torch.tensor(pg.seqlen_k, dtype=torch.int32, device=call.q.device))
     if call.policy_asked and (not lazy or accepts("dualwave_swp_lazy_rescale")):
         wanted["dualwave_swp_lazy_rescale"] = lazy
     if call.fp8:

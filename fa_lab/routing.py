@@ -19,8 +19,9 @@ rule takes any call) and why the kernel cannot run a shape asked for by name
 (``refuses``). ``fa_lab.dispatch`` applies the rules and knows no family by name; it
 refuses to drop anything the caller asked for (an explicit ``rescale=`` the routed kernel
 lacks selects the upstream kernel that has it; an explicit ``kernel=`` that cannot honour a
-request raises). fa_lab models no short-sequence varlen or split-K build: those calls run
-DUALWAVE_SWP (upstream sends short varlen calls to the generic kernel).
+request raises). fa_lab models no short-sequence varlen, split-K or paged build: those calls
+run DUALWAVE_SWP (upstream sends short varlen calls, and paged calls with Sq <= 256, to the
+generic kernel's "light" builds; l.532-541).
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def _long(batch: int, seqlen_q: int) -> bool:
 
 def _dualwave_takes(s) -> bool:
     """bf16/f16 calls with a bias, ALiBi or sink, or long enough (``_long``) where the kernel
-    exists; fa_lab's varlen and split-K calls (it models those builds of DUALWAVE_SWP only)."""
+    exists; fa_lab's varlen, split-K and paged calls (it models those builds of DUALWAVE_SWP
+    only)."""
     if s.dtype == "fp8":
         return False
     for f in s.features:
-        if f in SCORE_FEATURES or f == "varlen" or f == "num_kv_splits":
+        if f in SCORE_FEATURES or f == "varlen" or f == "num_kv_splits" or f == "paged":
             return True
     return _able(s.head_dim, s.arch) and _long(s.batch, s.seqlen_q)
 

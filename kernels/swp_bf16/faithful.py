@@ -54,6 +54,7 @@ from fa_lab.checks import check_mod, check_qkv
 from fa_lab.kernels._common.geometry import BLOCK_M, BLOCK_N, PV_SPLIT, WAVE_ROWS, padded_rows, tiles_for_block
 from fa_lab.kernels.swp_bf16.model import softmax_scale_log2, split_ranges
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, LOG2E, f32
+from fa_lab.paged import PagedKV
 from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
@@ -91,18 +92,34 @@ def _alibi(alibi_log2, rows, cols, Sq, Skv):
 
 
 @triton.jit
-def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
+def _page(BlockTable, bt_row, t, n_pages, TILE_N: tl.constexpr, PAGED: tl.constexpr):
+    """(page, row0, load bound) of KV tile t: paged, the page the kernel's LDS cache holds
+    (the block table's entry below ceil(Skv/64), page 0 past it), its first row t * 64
+    and no bound (the whole page is read); dense, page 0 of the batch's rows, row 0 and
+    the bound Skv (rows past it read 0)."""
+    page = tl.zeros([], tl.int64)
+    row0 = 0
+    unbounded = 0
+    if PAGED:
+        page = tl.load(BlockTable + bt_row + t, mask=t < n_pages, other=0).to(tl.int64)
+        row0 = t * TILE_N
+        unbounded = 1 << 30
+    return page, row0, unbounded
+
+
+@triton.jit
+def _tile_scores(qs, k_base, row0, unbounded, stride_ks, stride_kd, rows, t, Sq, Skv,
                  bias_base, stride_bias_q, stride_bias_k, alibi_log2, scratch,
                  HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, CAUSAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, LOG2E_F32: tl.constexpr,
                  DOT_MODE: tl.constexpr):
     """S_t = Qs @ K_t^T in log2 units [ROWS, TILE_N], plus the bias and ALiBi terms as the
     model adds them (S + (bias * log2 e + alibi)), masked columns -inf (padding columns
-    >= Skv read K = 0; causal is bottom-right aligned)."""
+    >= Skv read K = 0, or, paged, what the page holds; causal is bottom-right aligned)."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    kt = load16(k_base + cols.to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                (cols < Skv)[None, :], DOT_MODE)
+    kt = load16(k_base + (cols - row0).to(tl.int64)[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                (cols < Skv + unbounded)[None, :], DOT_MODE)
     s = dot16(qs, kt, scratch, DOT_MODE)
     if HAS_BIAS:
         # padding rows and columns read 0 (the columns are masked below anyway); a 16-bit
@@ -123,13 +140,14 @@ def _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t, Sq, Skv,
 
 
 @triton.jit
-def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
-            DOT_MODE: tl.constexpr):
-    """V_t [TILE_N, HEAD_DIM] (see ``_triton.dots.load16``); padding rows >= Skv read 0."""
+def _v_tile(v_base, row0, unbounded, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr,
+            TILE_N: tl.constexpr, DOT_MODE: tl.constexpr):
+    """V_t [TILE_N, HEAD_DIM] (see ``_triton.dots.load16``); padding rows >= Skv read 0
+    (dense) or what the page holds (paged: ``unbounded``)."""
     cols = t * TILE_N + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    return load16(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                  (cols < Skv)[:, None], DOT_MODE)
+    return load16(v_base + (cols - row0).to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                  (cols < Skv + unbounded)[:, None], DOT_MODE)
 
 
 # Lengths and head counts vary from call to call: one compiled kernel serves them all.
@@ -139,6 +157,7 @@ def _v_tile(v_base, stride_vs, stride_vd, t, Skv, HEAD_DIM: tl.constexpr, TILE_N
                                "rebase_code"])
 def _swp_bf16_fwd(
     Q, K, V, Out, Lse, PartL, TraceSlot, TraceBuf, Bias, Alibi, Sink, CuSeqQ, CuSeqKv, Scratch,
+    BlockTable, stride_bt,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -153,13 +172,14 @@ def _swp_bf16_fwd(
     TILE_N: tl.constexpr,
     PV_LO: tl.constexpr, N_FIELDS: tl.constexpr, FLOOR: tl.constexpr, LN2_F32: tl.constexpr,
     LOG2E_F32: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, VARLEN: tl.constexpr, PAGED: tl.constexpr,
     DOT_MODE: tl.constexpr, SCRATCH_FLOATS: tl.constexpr,
 ):
     """Out/Lse: the output and LSE; with SPLIT, the split's partial output (normalised by
     its own l) and its running max m, with its l in PartL. VARLEN: the batch index is the
     sequence's, Sq and Skv and the row offsets come from CuSeqQ/CuSeqKv (the batch
-    strides of q, k, v, out are 0)."""
+    strides of q, k, v, out are 0). PAGED: K and V are the page cache [NumBlocks, 64, Hkv,
+    D] (the batch stride is the page stride) and tile t reads page ``_page``."""
     chunk = tl.program_id(0)  # ROWS consecutive query rows: whole waves of one block
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -206,6 +226,11 @@ def _swp_bf16_fwd(
     qs = _round_pack(q * scale_log2, IS_BF16)
     k_base = K + b * stride_kb + kv_start * stride_ks + hkv * stride_kh
     v_base = V + b * stride_vb + kv_start * stride_vs + hkv * stride_vh
+    bt_row = b * stride_bt
+    n_pages = (Skv + TILE_N - 1) // TILE_N  # block-table entries the kernel reads
+    if PAGED:  # the pages are global: tile t adds its page's offset
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
     bias_base = Bias + q_start * stride_bias_q
     alibi_log2 = 0.0
     if HAS_ALIBI:
@@ -217,7 +242,8 @@ def _swp_bf16_fwd(
     yes = rows >= 0
 
     # Prologue: tile 0 sets the first base.
-    s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0, Sq, Skv, bias_base, stride_bias_q,
+    pg, row0, unb = _page(BlockTable, bt_row, t0, n_pages, TILE_N, PAGED)
+    s = _tile_scores(qs, k_base + pg * stride_kb, row0, unb, stride_ks, stride_kd, rows, t0, Sq, Skv, bias_base, stride_bias_q,
                      stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS,
                      HAS_ALIBI, LOG2E_F32, DOT_MODE)
     m = tl.max(s, axis=1)
@@ -234,11 +260,14 @@ def _swp_bf16_fwd(
     for t in range(1, N - 3):
         l = l + tl.sum(pf, axis=1)
         pb = _round_pack(pf, IS_BF16)
-        v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+        pg, row0, unb = _page(BlockTable, bt_row, t0 + t - 1, n_pages, TILE_N, PAGED)
+        v = _v_tile(v_base + pg * stride_vb, row0, unb, stride_vs, stride_vd, t0 + t - 1, Skv,
+                    HEAD_DIM, TILE_N, DOT_MODE)
         O = O + pv_part(pb, v, 0, PV_LO, scratch, TILE_N, DOT_MODE)  # first PV step, before the rescale
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
-                         stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
-                         CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
+        pg, row0, unb = _page(BlockTable, bt_row, t0 + t, n_pages, TILE_N, PAGED)
+        s = _tile_scores(qs, k_base + pg * stride_kb, row0, unb, stride_ks, stride_kd, rows, t0 + t,
+                         Sq, Skv, bias_base, stride_bias_q, stride_bias_k, alibi_log2, scratch,
+                         HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)  # masked, not floored: may be -inf
         if vote_code == 0:  # vote "tile" (eager): every row to fmax(m, mt)
             target = fmax(m, mt)
@@ -282,11 +311,14 @@ def _swp_bf16_fwd(
     corr = ones
     for t in range(N - 3, N):
         l = l + tl.sum(pf, axis=1)
-        v = _v_tile(v_base, stride_vs, stride_vd, t0 + t - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+        pg, row0, unb = _page(BlockTable, bt_row, t0 + t - 1, n_pages, TILE_N, PAGED)
+        v = _v_tile(v_base + pg * stride_vb, row0, unb, stride_vs, stride_vd, t0 + t - 1, Skv,
+                    HEAD_DIM, TILE_N, DOT_MODE)
         O = O + dot16(_round_pack(pf, IS_BF16), v, scratch, DOT_MODE)
-        s = _tile_scores(qs, k_base, stride_ks, stride_kd, rows, t0 + t, Sq, Skv, bias_base,
-                         stride_bias_q, stride_bias_k, alibi_log2, scratch, HEAD_DIM, TILE_N,
-                         CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
+        pg, row0, unb = _page(BlockTable, bt_row, t0 + t, n_pages, TILE_N, PAGED)
+        s = _tile_scores(qs, k_base + pg * stride_kb, row0, unb, stride_ks, stride_kd, rows, t0 + t,
+                         Sq, Skv, bias_base, stride_bias_q, stride_bias_k, alibi_log2, scratch,
+                         HEAD_DIM, TILE_N, CAUSAL, HAS_BIAS, HAS_ALIBI, LOG2E_F32, DOT_MODE)
         mt = tl.max(s, axis=1)
         mn = fmax(m, mt)
         corr = exp2_ieee(m - mn)
@@ -298,7 +330,9 @@ def _swp_bf16_fwd(
             record_step(TraceBuf, slot, t0 + t, n_trace_steps, rows * 0 + t < N - 1, m, mt, no, no, no,
                         corr, l, O, N_FIELDS)
     l = l + tl.sum(pf, axis=1)
-    v = _v_tile(v_base, stride_vs, stride_vd, t0 + N - 1, Skv, HEAD_DIM, TILE_N, DOT_MODE)
+    pg, row0, unb = _page(BlockTable, bt_row, t0 + N - 1, n_pages, TILE_N, PAGED)
+    v = _v_tile(v_base + pg * stride_vb, row0, unb, stride_vs, stride_vd, t0 + N - 1, Skv, HEAD_DIM,
+                TILE_N, DOT_MODE)
     O = O + dot16(_round_pack(pf, IS_BF16), v, scratch, DOT_MODE)
     if HAS_SINK:
         if not SPLIT:  # (split-K folds the sink in once, in the combine)
@@ -357,7 +391,8 @@ def _check_inputs(q, k, v, causal, policy, recorder, interpret, batch_heads=None
 
 
 def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret, Sq, Skv,
-                    varlen=None, bias=None, alibi_slopes=None, sink=None, split=None, trace=None):
+                    varlen=None, bias=None, alibi_slopes=None, sink=None, split=None, trace=None,
+                    block_table=None):
     """One launch of ``_swp_bf16_fwd``. q, k, v, out are [B, S, H, D] (varlen: [1, total, H,
     D] views whose batch index the kernel ignores); lse [B, H, Sq]. ``varlen``: (cu_q,
     cu_kv) int32; ``split``: (num_splits, part_l) with out/lse the partial O and m."""
@@ -399,6 +434,8 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             alibi_slopes if alibi_slopes is not None else dummy_f,
             sink.contiguous() if sink is not None else dummy_f,
             cu_q, cu_kv, scratch,
+            block_table if block_table is not None else dummy_i,
+            block_table.stride(0) if block_table is not None else 0,
             *qkvo_strides[0], *qkvo_strides[1], *qkvo_strides[2], *o_strides, *l_strides,
             *bias_strides, *alibi_strides,
             H, H // Hkv, Sq, Skv, trace.n_steps if trace else 1, n_splits,
@@ -409,6 +446,7 @@ def _launch_forward(q, k, v, out, lse, *, grid, rows, causal, policy, interpret,
             FLOOR=CAUSAL_FLOOR, LN2_F32=f32(LN2), LOG2E_F32=f32(LOG2E),
             HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None,
             HAS_SINK=sink is not None, SPLIT=split is not None, VARLEN=varlen is not None,
+            PAGED=block_table is not None,
             **dot_meta,
             # every fp32 operation rounds once, as in the model (Triton fuses a * b + c)
             enable_fp_fusion=False,
@@ -419,8 +457,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             policy: Policy, recorder: TraceRecorder | None = None, interpret: bool = False,
             rows_per_program: int | None = None, bias: torch.Tensor | None = None,
             alibi_slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None,
-            num_kv_splits: int = 1):
-    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, any strides.
+            num_kv_splits: int = 1, paged=None):
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16, any strides; or, with
+    ``paged`` (a ``fa_lab.paged.PagedKV``, checked by ``fa_lab.paged.check``), k and v the
+    page cache, each KV tile read through the block table in the kernel (a vectorized
+    cache is relaid out as linear first: the same elements).
 
     Returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] fp32, natural log), as
     ``fa_lab.kernels.swp_bf16.model.forward``, with the same optional ``bias`` [Sq, Skv] (q's
@@ -432,9 +473,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     run faster there) and 64 compiled. Results do not depend on it:
     the ballot only reads a wave's own rows.
     """
-    _check_inputs(q, k, v, causal, policy, recorder, interpret)
+    if paged is not None:
+        if not isinstance(paged, PagedKV):
+            raise TypeError(f"paged must be a fa_lab.paged.PagedKV, got {type(paged).__name__}")
+        k, v = paged.linear(k, v)
+        Skv = paged.seqlen_kv
+        # (q, k, v checked as a dense call would see them: one page per batch entry)
+        nb = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+        _check_inputs(q, k[:1].expand(nb, *k.shape[1:]), v[:1].expand(nb, *v.shape[1:]), causal,
+                      policy, recorder, interpret)
+    else:
+        _check_inputs(q, k, v, causal, policy, recorder, interpret)
+        Skv = k.shape[1]
     B, Sq, H, D = q.shape
-    Skv = k.shape[1]
     _check_mods(q, bias, alibi_slopes, sink, num_kv_splits, bias_shape=(Sq, Skv), batch=B)
     rows = _rows_per_program(interpret, rows_per_program)
     dev = q.device
@@ -446,7 +497,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
         traced = TracePlan(recorder, (B, H, Sq), _trace_schedule(Sq, Skv, causal, num_kv_splits), dev)
     grid = (padded_rows(Sq) // rows, B * H, num_kv_splits)
     kw = dict(grid=grid, rows=rows, causal=causal, policy=policy, interpret=interpret, Sq=Sq,
-              Skv=Skv, bias=bias, alibi_slopes=alibi_slopes, trace=traced)
+              Skv=Skv, bias=bias, alibi_slopes=alibi_slopes, trace=traced,
+              block_table=None if paged is None else paged.block_table)
     if num_kv_splits == 1:
         _launch_forward(q, k, v, out, lse, sink=sink, **kw)
     else:

@@ -24,6 +24,7 @@ import torch
 from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, exact_dot, exp2, f32, fmax, guarded_rcp,
                         round_to)
 from fa_lab.capabilities import check_semantics
+from fa_lab.paged import PagedKV
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
@@ -41,8 +42,12 @@ def softmax_scale_log2(head_dim: int) -> float:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
             policy: Policy, recorder: TraceRecorder | None = None,
             bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-            sink: torch.Tensor | None = None, num_kv_splits: int = 1):
+            sink: torch.Tensor | None = None, num_kv_splits: int = 1, paged=None):
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D], bf16 or f16 (checked by the caller).
+
+    ``paged`` (a checked ``fa_lab.paged.PagedKV``): k and v are the page cache, and each
+    KV tile reads one whole page through the block table (padding tiles page 0), so rows
+    past Skv hold what the page holds, masked in S but multiplied by P = 0 in P V.
 
     Optional score modifiers, all in natural-log units as upstream takes them: ``bias``
     [Sq, Skv] (added as bias * log2 e after scaling, before masking), ``alibi_slopes`` [H]
@@ -55,7 +60,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     check_semantics(policy, FAMILY, "model")
     check_decidable(policy, f"the {FAMILY.name} model")
     B, Sq, H, D = q.shape
-    Skv, Hkv = k.shape[1], k.shape[2]
+    Skv = k.shape[1]
+    if paged is not None:
+        if not isinstance(paged, PagedKV):
+            raise TypeError(f"paged must be a fa_lab.paged.PagedKV, got {type(paged).__name__}")
+        Skv = paged.seqlen_kv
+        k, v = paged.gather(k, v, max(g.n_tiles for g in block_groups(Sq, Skv, causal, "cpu")))
+    Hkv = k.shape[2]
     rnd = round_to(q.dtype)
     # Q is pre-scaled into log2 units and rounded once.
     qs, kf, vf = heads(rnd(q.float() * softmax_scale_log2(D)), k, v, padded_rows(Sq))

@@ -57,7 +57,10 @@ BACKEND = {impl: b for b, impl in dispatch.IMPLEMENTATION.items() if b != "trito
 #: they are not run here, in ``UNCOVERED``.
 FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace")
 UNCOVERED = {"num_kv_splits": "split-K restarts each split's running max and ends it with "
-                              "its own eager tiles, a schedule the segment input does not fix"}
+                              "its own eager tiles, a schedule the segment input does not fix",
+             "paged": "a paged call reads the same tiles as a dense one, through a page table; "
+                      "tests/kernels/swp_bf16/test_paged.py checks it against the dense call "
+                      "and an fp64 reference"}
 #: (field, value) -> what the other field is set to, so that the value decides the output.
 PARTNER = {"vote": ("rebase", ("tile", "capped", "max")), "rebase": ("vote", ("wave", "row"))}
 

@@ -81,7 +81,7 @@ def test_no_import_cycles():
 LAYERS = (
     ("base", {"fa_lab.numerics", "fa_lab.checks", "fa_lab.policies", "fa_lab.upstream",
               "fa_lab.trace", "fa_lab.timing", "fa_lab.reference", "fa_lab.metrics",
-              "fa_lab.results", "fa_lab.capabilities", "fa_lab.varlen", "fa_lab.routing",
+              "fa_lab.results", "fa_lab.capabilities", "fa_lab.varlen", "fa_lab.paged", "fa_lab.routing",
               "fa_lab.semantics", "fa_lab.values"}),
     ("kernels", {"fa_lab.kernels"}),
     ("core", {"fa_lab.dispatch", "fa_lab.api", "fa_lab.compare", "fa_lab.flydsl", "fa_lab.decode",

@@ -1,0 +1,221 @@
+"""Paged KV caches: ``block_table``, ``seqlen_k`` and ``kv_cache_layout`` as upstream takes them.
+
+Upstream (ROCm/FlyDSL ``main`` 11c4174d, kernels/attention/flash_attn_interface.py
+l.372-601, the ``_flydsl_flash_attn_paged`` path of ``flydsl_flash_attn_func``) reads K
+and V from a physical page cache through a vLLM-style block table. What that path does,
+decision for decision, and what fa_lab models of it:
+
+* **layouts and pages** (l.413-468): ``kv_cache_layout`` ``"linear"``: K and V
+  ``[NumBlocks, PageSize, Hkv, D]``; ``"vectorized"`` (aiter's 5-D): K ``[NumBlocks, Hkv,
+  D/kVS, PageSize, kVS]``, V ``[NumBlocks, Hkv, PageSize/kVS, D, kVS]`` with kVS = 16 /
+  element size (8 for bf16/f16). The page size is 64 only (``_PAGED_PAGE_SIZE``, l.375):
+  one page is one 64-column KV tile. ``"linear3d"`` is named in the docstring (l.716) but
+  the paged path refuses it (l.413-417), so fa_lab refuses it too, naming the argument.
+* **the length the kernel sees** (l.486-488, l.592-593): a dense (non-varlen) paged call
+  hands the kernel one KV length for the whole batch, ``max(seqlen_k)`` (``max_seqlen_kv``
+  when given). ``seqlen_k`` itself never reaches the kernel: a batch whose ``seqlen_k[b]``
+  is shorter attends to the keys its block table maps up to that maximum. fa_lab models
+  this and warns (``RaggedSeqlenWarning``).
+* **which pages it reads** (flash_attn_utils.py ``DualwavePageIdLoader.
+  load_block_table_to_lds``, l.3608-3637): the kernel walks N tiles (ceil(Skv/64), cut
+  at the causal diagonal, rounded up to even, at least 4; l.3540-3554) and caches one page
+  id per tile in LDS: ``block_table[b, t]`` for t < ceil(Skv/64), and 0 for the padding
+  tiles past it (the LDS slot is zeroed first, l.3628-3629). So entries past
+  ceil(Skv/64) are never read, but the padding tiles read physical page 0.
+* **what it reads of a page** (``init_descriptors``, l.3428-3434 and ``_make_page_view``
+  l.560-572): a page's buffer descriptor spans the whole page, so the rows of the last,
+  partly filled page past Skv, and all of page 0 on a padding tile, are loaded as they are
+  in memory (a dense call's out-of-bounds rows read 0 instead). Their scores are replaced
+  by -inf with a select (``seq_pad_mask_inplace``, l.3940-3947), so a NaN in K there never
+  shows; but their V rows enter P V with P = 0, and 0 * NaN (or 0 * inf) is NaN, so a
+  non-finite V there reaches the output (docs/semantics.md, paged KV).
+
+Not modelled: the varlen paged build (``cu_seqlens_q`` with a page table), upstream's
+routing of short paged calls (Sq <= 256) to the generic "light" paged kernel (fa_lab runs
+them on DUALWAVE_SWP, as it does short varlen calls), and the fp8 kernel, which at
+``main-11c4174d`` refuses paged KV (l.807-809).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from fa_lab.checks import caller_stacklevel
+
+#: ``_PAGED_PAGE_SIZE`` (l.375): the one page size the paged DUALWAVE_SWP build takes.
+PAGE_SIZES = (64,)
+#: ``kv_cache_layout`` values the paged path runs; ``"linear3d"`` is documented upstream
+#: but refused by this path (l.413-417).
+LAYOUTS = ("linear", "vectorized")
+#: ``_PAGED_BT_LDS_SIZE`` (l.376): page ids the kernel caches in LDS per (split of a) row.
+BT_LDS_SIZE = 2048
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+class RaggedSeqlenWarning(UserWarning):
+    """A dense paged call with unequal ``seqlen_k``: upstream's kernel runs every batch
+    to ``max(seqlen_k)``, so shorter sequences attend past their own length."""
+
+
+def vector_size(dtype: torch.dtype) -> int:
+    """kVS = 16 bytes / element size: the vectorized layout's innermost dimension."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """A checked paged call: the block table (int32, on the cache's device), the host-side
+    ``seqlen_k`` list, the layout and page size, ``seqlen_kv``, the one KV length the
+    kernel sees (``max(seqlen_k)``), and the cache's block and kv-head counts."""
+
+    block_table: torch.Tensor
+    seqlen_k: tuple
+    layout: str
+    page_size: int
+    seqlen_kv: int
+    num_blocks: int
+    num_kv_heads: int
+
+    @property
+    def n_pages(self) -> int:
+        """Block-table entries the kernel reads per batch: ceil(Skv / page)."""
+        return math.ceil(self.seqlen_kv / self.page_size)
+
+    def linear(self, k: torch.Tensor, v: torch.Tensor):
+        """The cache as ``[NumBlocks, PageSize, Hkv, D]`` (a vectorized cache relaid out: a
+        permutation of its elements, so nothing read changes)."""
+        if self.layout == "linear":
+            return k, v
+        nb, hkv, dvec, ps, kvs = k.shape
+        kl = k.permute(0, 3, 1, 2, 4).reshape(nb, ps, hkv, dvec * kvs)
+        nb, hkv, pvec, d, kvs = v.shape
+        vl = v.permute(0, 2, 4, 1, 3).reshape(nb, pvec * kvs, hkv, d)
+        return kl, vl
+
+    def page_ids(self, n_tiles: int) -> torch.Tensor:
+        """[B, n_tiles] int64: the page each KV tile reads, as the kernel's LDS cache holds
+        it: the block table's entry below ceil(Skv/64), page 0 for the padding tiles."""
+        B = self.block_table.shape[0]
+        ids = torch.zeros(B, n_tiles, dtype=torch.int64, device=self.block_table.device)
+        n = min(n_tiles, self.n_pages)
+        ids[:, :n] = self.block_table[:, :n].long()
+        return ids
+
+    def gather(self, k: torch.Tensor, v: torch.Tensor, n_tiles: int):
+        """K and V as the kernel's tiles see them, [B, n_tiles * 64, Hkv, D]: tile t is the
+        whole page ``page_ids[b, t]``, rows past Skv included (they are masked in S, not
+        zeroed in V)."""
+        kl, vl = self.linear(k, v)
+        ids = self.page_ids(n_tiles).to(kl.device)
+        B = ids.shape[0]
+        kg = kl[ids].reshape(B, n_tiles * self.page_size, *kl.shape[2:])
+        vg = vl[ids].reshape(B, n_tiles * self.page_size, *vl.shape[2:])
+        return kg, vg
+
+
+def _ints(name, x, device):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name} must be an int32 (or int64) tensor, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}")
+
+
+def _cache_shape(name, t, q, layout):
+    """(NumBlocks, PageSize, Hkv, D) of one cache tensor in ``layout``, checked."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != q.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if layout == "linear":
+        if t.dim() != 4:
+            raise ValueError(f"paged {name} with kv_cache_layout='linear' must be 4-D [NumBlocks, "
+                             f"PageSize, Hkv, D], got shape {tuple(t.shape)}")
+        return tuple(t.shape)
+    kvs = vector_size(q.dtype)
+    if t.dim() != 5 or t.shape[4] != kvs:
+        want = ("[NumBlocks, Hkv, D/kVS, PageSize, kVS]" if name == "k"
+                else "[NumBlocks, Hkv, PageSize/kVS, D, kVS]")
+        raise ValueError(f"paged {name} with kv_cache_layout='vectorized' must be 5-D {want} with "
+                         f"kVS={kvs} for {q.dtype}, got shape {tuple(t.shape)}")
+    nb, hkv = t.shape[0], t.shape[1]
+    if name == "k":
+        return nb, t.shape[3], hkv, t.shape[2] * kvs
+    return nb, t.shape[2] * kvs, hkv, t.shape[3]
+
+
+def check(q, k, v, block_table, seqlen_k, kv_cache_layout, *, head_dims) -> PagedKV | None:
+    """None when neither ``block_table`` nor ``seqlen_k`` is given; else every paged
+    argument checked before any work (ValueError/TypeError naming it) into a ``PagedKV``.
+    q is dense ``[B, Sq, H, D]``; its dtype and head dim were checked by the caller."""
+    if block_table is None and seqlen_k is None:
+        if not isinstance(kv_cache_layout, str) or kv_cache_layout != "linear":
+            raise ValueError(f"kv_cache_layout={kv_cache_layout!r} applies to paged calls "
+                             "(block_table and seqlen_k) only")
+        return None
+    if block_table is None or seqlen_k is None:
+        missing = "block_table" if block_table is None else "seqlen_k"
+        raise ValueError(f"paged KV needs both block_table and seqlen_k; {missing} is missing")
+    if not isinstance(kv_cache_layout, str):
+        raise TypeError(f"kv_cache_layout must be a str, got {type(kv_cache_layout).__name__}")
+    if kv_cache_layout not in LAYOUTS:
+        why = (" (upstream documents it, but its paged path refuses it)"
+               if kv_cache_layout == "linear3d" else "")
+        raise ValueError(f"kv_cache_layout={kv_cache_layout!r} is not supported{why}; the paged "
+                         f"kernel takes {LAYOUTS}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"paged q must be dense 4-D [B, Sq, H, D], got {shape}")
+    B, Sq, H, D = q.shape
+    ks = _cache_shape("k", k, q, kv_cache_layout)
+    vs = _cache_shape("v", v, q, kv_cache_layout)
+    if ks != vs:
+        raise ValueError(f"paged k and v must hold the same cache: k reads as (NumBlocks, PageSize, "
+                         f"Hkv, D) = {ks}, v as {vs}")
+    nb, page, hkv, dk = ks
+    if page not in PAGE_SIZES:
+        raise ValueError(f"page size {page} (k's PageSize) is not supported: the paged kernel "
+                         f"takes page size {' or '.join(map(str, PAGE_SIZES))}")
+    if dk != D:
+        raise ValueError(f"paged k head dim {dk} must match q's head dim {D}")
+    if head_dims is not None and D not in head_dims:
+        raise ValueError(f"head dim D={D} is not supported with paged KV; it takes D in {head_dims}")
+    if min(nb, hkv) < 1 or H % hkv:
+        raise ValueError(f"paged k has {nb} blocks and {hkv} kv heads; q's H={H} must be a "
+                         "multiple of the kv heads and the cache must hold a block")
+    _ints("block_table", block_table, q.device)
+    _ints("seqlen_k", seqlen_k, q.device)
+    if block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must be [B={B}, max_pages], got shape {tuple(block_table.shape)}")
+    if seqlen_k.dim() != 1 or seqlen_k.shape[0] != B:
+        raise ValueError(f"seqlen_k must be [B={B}], got shape {tuple(seqlen_k.shape)}")
+    lens = tuple(int(x) for x in seqlen_k.tolist())
+    if min(lens) < 0 or max(lens) < 1:
+        raise ValueError(f"seqlen_k must be >= 0 with at least one key, got {list(lens)}")
+    skv = max(lens)
+    n_pages = math.ceil(skv / page)
+    if block_table.shape[1] < n_pages:
+        raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short for "
+                         f"seqlen_k up to {skv}: the kernel reads ceil({skv}/{page}) = {n_pages}")
+    if n_pages > BT_LDS_SIZE:
+        raise ValueError(f"seqlen_k up to {skv} needs {n_pages} pages, past the kernel's "
+                         f"block-table LDS window of {BT_LDS_SIZE} pages")
+    read = block_table[:, :n_pages]
+    lo, hi = int(read.min()), int(read.max())
+    if lo < 0 or hi >= nb:
+        raise ValueError(f"block_table holds block ids in [{lo}, {hi}] among the {n_pages} pages the "
+                         f"kernel reads per row, out of range for a cache of {nb} blocks")
+    if min(lens) != skv:
+        warnings.warn(f"seqlen_k differs across the batch ({min(lens)} .. {skv}): upstream's dense "
+                      f"paged kernel receives only max(seqlen_k) = {skv}, so every sequence attends "
+                      "to the keys its block table maps up to that length, as modelled here",
+                      RaggedSeqlenWarning, stacklevel=caller_stacklevel())
+    bt = block_table.to(torch.int32).contiguous()
+    return PagedKV(bt, lens, kv_cache_layout, page, skv, nb, hkv)
