@@ -252,8 +252,8 @@ def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None
     for i, (K, row) in enumerate(nan_pct.iterrows()):
         fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
                         mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
-    for col, color in zip(rates.columns, (viz.style.EVENT_COLORS["vote"], viz.style.EVENT_COLORS["fire"],
-                                          viz.style.EVENT_COLORS["swept"])):
+    events = viz.style.EVENT_COLORS
+    for col, color in zip(rates.columns, (events["vote"], events["fire"], events["swept"])):
         fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
                         mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
     fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))
