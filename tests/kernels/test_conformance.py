@@ -2,10 +2,13 @@
 value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
 
 The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
-is picked up with no edit here. The models run on the CPU; the Triton ports through
-Triton's interpreter (slow) and, compiled, on a GPU. A value claimed but run as another
-fails, naming the family, the implementation and the value (the injection test below);
-a decision site that meets a value it has no code for raises, naming it.
+is picked up with no edit here. Each value of each fixed-set ``Semantics`` field an
+implementation runs (``Caps.semantics``) is a claim too, against the reference of
+``_semantic_conformance`` on an input that tells the field's values apart. The models run
+on the CPU; the Triton ports through Triton's interpreter (slow) and, compiled, on a GPU.
+A value claimed but run as another fails, naming the family, the implementation and the
+value (the injection tests below); a decision site that meets a value it has no code for
+raises, naming it.
 """
 
 from __future__ import annotations
