@@ -54,7 +54,8 @@ def main():
         "runs": [{k: r[k] for k in ("config", "steps_run", "step_s", "losses", "first",
                                     "first_forward", "first_backward")} for r in runs]})
     if args.png:
-        from fa_lab.lab.viz import first_nonfinite_steps, to_png
+        from fa_lab.lab.viz.export import to_png
+        from fa_lab.lab.viz.training import first_nonfinite_steps
         to_png(first_nonfinite_steps(table), args.png)
 
 

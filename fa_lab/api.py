@@ -282,6 +282,14 @@ def plan(q, k, v, **options) -> dispatch.Plan:
     return dispatch.plan(check_call(q, k, v, **options))
 
 
+def plan_decided(family: str, policy, q, k, v, **options) -> dispatch.Plan:
+    """``plan`` for a call whose family and resolved policy an earlier ``plan`` of a call of
+    the same shape, dtype and options decided (``dispatch.plan_decided``): a sweep plans
+    each point once, when its grid is expanded, and its worker runs that decision on the
+    point's tensors. The arguments are ``flash_attn_func``'s, checked as there."""
+    return dispatch.plan_decided(check_call(q, k, v, **options), family, policy)
+
+
 def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                     cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None,
                     seqlen_k=None, kv_cache_layout="linear", num_kv_splits=1,

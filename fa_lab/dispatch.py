@@ -429,9 +429,25 @@ def plan(call: Call) -> Plan:
     return planned
 
 
-def _plan(call: Call, notes: list) -> Plan:
-    family = route(call, notes)
-    call = call._with(policy=resolve_policy(call, family, notes))
+def plan_decided(call: Call, family: str, policy: Policy) -> Plan:
+    """The plan of ``call``, whose family and resolved policy an earlier ``plan`` of a call
+    of the same shape, dtype and options decided (a sweep's point, decided when its grid
+    was expanded): nothing is routed or resolved again; the backend and every capability
+    are checked as ``plan`` checks them, on ``call``'s own tensors."""
+    if family not in FAMILIES:
+        raise ValueError(f"no kernel family {family!r}; the families are {list(FAMILIES)}")
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a resolved fa_lab.Policy, got {type(policy).__name__}")
+    return _plan(call, [], (family, policy))
+
+
+def _plan(call: Call, notes: list, decided: tuple | None = None) -> Plan:
+    if decided is None:
+        family = route(call, notes)
+        call = call._with(policy=resolve_policy(call, family, notes))
+    else:  # (family, resolved policy), decided by an earlier plan (``plan_decided``)
+        family, policy = decided
+        call = call._with(policy=policy)
     backend = call.backend if call.backend != "auto" else _resolve_backend(call, family)
     if backend == "flydsl":
         if not FAMILIES[family].routed:

@@ -171,7 +171,7 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
         raise ValueError("traces must trace the same rows (their lanes differ)")
     if lag_note is not None and lag_note not in traces:
         raise ValueError(f"lag_note={lag_note!r} is not one of {list(traces)}")
-    window = viz.break_window(list(traces.values()), lane, pad=pad)
+    window = viz.lanes.break_window(list(traces.values()), lane, pad=pad)
     n = first_tr.n_steps
     last = n - 1 if window is None else window[1]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07,
@@ -185,10 +185,10 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
     fig.add_scatter(x=steps[keep], y=best[keep], row=1, col=1, mode="lines",
                     name="largest score so far", line=dict(color="#bbbbbb", width=7,
                                                            shape="hv"))
-    top = viz.FP32_LOG2_MAX + 12
+    top = viz.heatmap.FP32_LOG2_MAX + 12
     for name, tr in traces.items():
         d = tr.lane(lane)
-        color = viz.policy_color(getattr(tr.policy, "name", name))
+        color = viz.style.policy_color(getattr(tr.policy, "name", name))
         m = d["m"].to_numpy(float) * per
         with np.errstate(divide="ignore", invalid="ignore"):
             log_l = np.log2(d["l"].to_numpy(float))
@@ -211,9 +211,9 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
             fig.add_annotation(x=int(first), y=1.0, xref="x", yref="y domain", yanchor="bottom",
                                xanchor="right", showarrow=False, font=dict(color=color),
                                text=f"{name}: O or l not finite from step {int(first)} ")
-    fig.add_hline(y=viz.FP32_LOG2_MAX, row=2, col=1, line=dict(color="#444444", dash="dot",
+    fig.add_hline(y=viz.heatmap.FP32_LOG2_MAX, row=2, col=1, line=dict(color="#444444", dash="dot",
                                                                width=1))
-    fig.add_annotation(x=0, xref="x2 domain", y=viz.FP32_LOG2_MAX, yref="y2", xanchor="left",
+    fig.add_annotation(x=0, xref="x2 domain", y=viz.heatmap.FP32_LOG2_MAX, yref="y2", xanchor="left",
                        yanchor="bottom", showarrow=False, text="fp32 overflows above 2^128",
                        font=dict(size=11, color="#444444"))
     if lag_note is not None:
@@ -228,7 +228,7 @@ def row_story(traces: dict, lane: int, *, lag_note: str | None = None,
     fig.update_yaxes(title_text="log2 units", row=1, col=1)
     fig.update_yaxes(title_text="log2(l)", row=2, col=1)
     fig.update_xaxes(range=[-0.5, last + 0.5])
-    fig.update_xaxes(title_text=viz.step_axis_title(first_tr), row=2, col=1)
+    fig.update_xaxes(title_text=viz.tracedata.step_axis_title(first_tr), row=2, col=1)
     row = int(first_tr.lanes.loc[lane, "row"])
     fig.update_layout(title=title or f"row {row}: its base m and its l, tile by tile",
                       height=560, width=1000, margin=dict(t=60, b=40),
@@ -252,8 +252,8 @@ def threshold_figure(nan_pct: pd.DataFrame, rates: pd.DataFrame, *, k_scale=None
     for i, (K, row) in enumerate(nan_pct.iterrows()):
         fig.add_scatter(x=list(row.index), y=row.to_numpy(), name=f"K x{K}", row=1, col=1,
                         mode="lines+markers", line=dict(color=shades[i % len(shades)], width=2))
-    for col, color in zip(rates.columns, (viz.EVENT_COLORS["vote"], viz.EVENT_COLORS["fire"],
-                                          viz.EVENT_COLORS["swept"])):
+    events = viz.style.EVENT_COLORS
+    for col, color in zip(rates.columns, (events["vote"], events["fire"], events["swept"])):
         fig.add_scatter(x=list(rates.index), y=rates[col].to_numpy(), name=col, row=1, col=2,
                         mode="lines+markers", line=dict(color=color, width=2, dash="dot"))
     fig.update_xaxes(title_text="threshold (log2 units)", type="log", tickvals=list(rates.index))

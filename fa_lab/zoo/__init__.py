@@ -6,14 +6,11 @@ semantics before and after the fix (``PRESETS``, registered as policies named
 that shows it, the check of its symptom and the class of failure the attack looks for
 (``fa_lab.zoo.entries``). The model that runs them is the online-softmax kernel family
 (``fa_lab.kernels.online``): ``flash_attn_func(..., rescale="fa4_fp8_saturation:before")``
-routes there, and ``forward`` is its model.
+routes there, and ``fa_lab.kernels.online.model.forward`` is its model.
 """
-
-from fa_lab.kernels.online.model import LOG2_UNITS, TileRecord, forward, row_history
 
 from .entries import ENTRIES, PRESETS, Case, Entry, entry_of, get, register_presets
 
 register_presets()
 
-__all__ = ["forward", "TileRecord", "row_history", "LOG2_UNITS", "ENTRIES", "PRESETS", "Case",
-           "Entry", "get", "entry_of", "register_presets"]
+__all__ = ["ENTRIES", "PRESETS", "Case", "Entry", "get", "entry_of", "register_presets"]

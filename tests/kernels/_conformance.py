@@ -3,7 +3,9 @@ families' capabilities claim, run against an independent fp64 reference of the p
 
 ``claims()`` enumerates from ``fa_lab.kernels.FAMILIES`` what each implementation's
 ``Caps`` lists: each vote and rebase value, with no feature and with each feature it
-claims that the reference models (``FEATURES``). ``check(claim)`` runs it and raises
+claims that the reference models (``FEATURES``); and each value of each fixed-set
+``Semantics`` field it runs (``_semantic_conformance``: its own reference and inputs).
+``check(claim)`` runs it and raises
 AssertionError naming the family, implementation, value and feature when its output
 differs from the reference.
 
@@ -38,6 +40,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+
+import _semantic_conformance as SEM
 
 import fa_lab
 from fa_lab import dispatch, values
@@ -80,16 +84,18 @@ class Claim:
 
 def claims(families=None) -> list[Claim]:
     """Every (family, implementation, vote or rebase value, feature) the capabilities
-    claim, for the features the reference models."""
+    claim, for the features the reference models; then every value of every fixed-set
+    ``Semantics`` field they claim (``_semantic_conformance``), with no feature."""
     out = []
-    for name, fam in (families or FAMILIES).items():
+    families = families or FAMILIES
+    for name, fam in families.items():
         for impl, im in fam.implementations.items():
             caps = im.caps
             feats = [f for f in FEATURES if f is None or f in caps.features]
             for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
                 for value in sorted(claimed):
                     out.extend(Claim(name, impl, field, value, f) for f in feats)
-    return out
+    return out + SEM.claims(families, Claim)
 
 
 def policy_for(claim: Claim, caps) -> Policy:
@@ -283,9 +289,13 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
 
 def check(claim: Claim, device: str = "cpu") -> None:
     """Run ``claim`` and compare with the reference: the same NaN and inf rows, and finite
-    outputs within the input format's error (a row of zeros, where an overflowed l meets
-    a saturated O, included). AssertionError naming the claim."""
-    out, ref = run_and_reference(claim, device)
+    outputs within the input format's error relative to the reference's (at least 1; a
+    row of zeros, where an overflowed l meets a saturated O, included). AssertionError
+    naming the claim."""
+    if claim.field in values.POLICY_FIELDS:
+        out, ref = run_and_reference(claim, device)
+    else:
+        out, ref = SEM.run_and_reference(claim, device)
     bad = []
     for what, f in (("NaN", torch.isnan), ("inf", torch.isinf)):
         got, want = f(out).any(-1), f(ref).any(-1)
@@ -294,7 +304,7 @@ def check(claim: Claim, device: str = "cpu") -> None:
                        f"{want.nonzero().flatten().tolist()[:8]}")
     fin = torch.isfinite(out) & torch.isfinite(ref)
     tol = 0.1 if FAMILIES[claim.family].caps(claim.impl).dtypes <= {"fp8"} else 0.02
-    err = (out - ref).abs().where(fin, torch.zeros_like(out))
+    err = ((out - ref).abs() / ref.abs().clamp(min=1.0)).where(fin, torch.zeros_like(out))
     if float(err.max()) > tol:
         r = int(err.amax(-1).argmax())
         bad.append(f"row {r} differs by {float(err[r].max()):.3g} (tolerance {tol})")

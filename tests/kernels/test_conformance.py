@@ -2,10 +2,13 @@
 value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
 
 The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
-is picked up with no edit here. The models run on the CPU; the Triton ports through
-Triton's interpreter (slow) and, compiled, on a GPU. A value claimed but run as another
-fails, naming the family, the implementation and the value (the injection test below);
-a decision site that meets a value it has no code for raises, naming it.
+is picked up with no edit here. Each value of each fixed-set ``Semantics`` field an
+implementation runs (``Caps.semantics``) is a claim too, against the reference of
+``_semantic_conformance`` on an input that tells the field's values apart. The models run
+on the CPU; the Triton ports through Triton's interpreter (slow) and, compiled, on a GPU.
+A value claimed but run as another fails, naming the family, the implementation and the
+value (the injection tests below); a decision site that meets a value it has no code for
+raises, naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _conformance as C  # noqa: E402
+import _semantic_conformance as SEM  # noqa: E402
 
 from fa_lab import Policy, dispatch, values  # noqa: E402
 from fa_lab.capabilities import FEATURES, Caps, Family, Implementation  # noqa: E402
@@ -52,8 +56,9 @@ def test_every_claimed_value_runs_as_declared_on_the_compiled_ports(claim):
 
 def test_the_claims_cover_every_family_implementation_and_value():
     """Each implementation of each family contributes one claim per vote and rebase value
-    its Caps lists, plain and per feature, and every feature a family claims is either run
-    against the reference or listed, with why, as not run."""
+    its Caps lists, plain and per feature, and one per declared value of each fixed-set
+    Semantics field it runs; every feature a family claims is either run against the
+    reference or listed, with why, as not run."""
     seen = {(c.family, c.impl, c.field, c.value) for c in CLAIMS}
     for name, fam in FAMILIES.items():
         for impl, im in fam.implementations.items():
@@ -63,7 +68,11 @@ def test_the_claims_cover_every_family_implementation_and_value():
                 assert (name, impl, "rebase", r) in seen
             for f in im.caps.features:
                 assert f in C.FEATURES or f in C.UNCOVERED, (name, impl, f)
+            for field in set(im.caps.semantics) & set(values.DECLARED):
+                for v in values.names(field):
+                    assert (name, impl, field, v) in seen
     assert set(C.UNCOVERED) <= set(FEATURES)
+    assert set(SEM.FIELDS) == set(values.DECLARED) - set(values.POLICY_FIELDS)
 
 
 def test_a_new_family_is_picked_up_without_a_test_edit():
@@ -73,6 +82,29 @@ def test_a_new_family_is_picked_up_without_a_test_edit():
     got = {(c.field, c.value, c.feature) for c in C.claims({"toy": toy})}
     assert got == {(f, v, feat) for f, vs in (("vote", ("tile", "row")), ("rebase", ("max", "capped")))
                    for v in vs for feat in (None, "trace")}
+    semantic = dataclasses.replace(caps, semantics=frozenset({"o_gate", "block_n"}))
+    toy = Family("toy", "a toy", {"model": Implementation("model", semantic)})
+    got = {(c.field, c.value) for c in C.claims({"toy": toy}) if c.field not in values.POLICY_FIELDS}
+    assert got == {("o_gate", v) for v in values.names("o_gate")}  # block_n takes a number
+
+
+@pytest.mark.parametrize("field", SEM.FIELDS)
+def test_the_semantic_case_tells_every_value_apart(field):
+    """On each Semantics field's conformance input the reference's outputs differ, for any
+    two of the field's values, in their NaN or inf rows or by more than the check's
+    tolerance, so a value run as another cannot pass."""
+    the_case = SEM.case(field, torch.bfloat16, 64)
+    outs = {v: torch.cat([SEM.reference(call, SEM.policy_for(field, v, the_case))
+                          for call in the_case.calls]) for v in values.names(field)}
+    names = list(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            x, y = outs[a], outs[b]
+            if torch.equal(x.isnan().any(-1), y.isnan().any(-1)) and torch.equal(
+                    x.isinf().any(-1), y.isinf().any(-1)):
+                fin = x.isfinite() & y.isfinite()
+                err = ((x - y).abs() / y.abs().clamp(min=1.0)).where(fin, torch.zeros_like(x))
+                assert float(err.max()) > 0.1, (field, a, b, float(err.max()))
 
 
 @pytest.mark.parametrize("field", values.POLICY_FIELDS)
@@ -134,6 +166,38 @@ def test_a_value_claimed_but_mis_run_fails_naming_family_and_value(monkeypatch):
 
     monkeypatch.setattr(models, "choose", as_declared)
     C.check(plain)
+
+
+def test_a_semantics_value_mis_run_fails_naming_family_and_value(monkeypatch):
+    """The online model's epilogue run with guard "zero" where "one" is asked (the
+    injected mis-run): its claim fails, naming the family, the implementation and the
+    value; the same patch running "one" as declared passes."""
+    model = module("online")
+    scale = model.epilogue_scale
+    monkeypatch.setattr(model, "epilogue_scale",
+                        lambda l, guard: scale(l, "zero" if guard == "one" else guard))
+    claim = C.Claim("online", "model", "epilogue_guard", "one", None)
+    assert claim in CLAIMS
+    with pytest.raises(AssertionError, match=r"family 'online', implementation 'model', "
+                                             r"epilogue_guard='one'.* does not run the value"):
+        C.check(claim)
+    monkeypatch.setattr(model, "epilogue_scale", scale)
+    C.check(claim)
+
+
+def test_a_new_semantics_value_is_claimed_and_refused_until_implemented(monkeypatch):
+    """A value declared for a field the online model runs is claimed with no test edit;
+    until the model has code for it, its check fails naming the value and the model, and
+    the reference, without a rule for it, names it too."""
+    never = values.Value("o_gate", "never", "a test value: O is never rescaled")
+    monkeypatch.setitem(values.DECLARED, "o_gate", (*values.DECLARED["o_gate"], never))
+    new = [c for c in C.claims() if (c.field, c.value) == ("o_gate", "never")]
+    assert [(c.family, c.impl) for c in new] == [("online", "model")]
+    with pytest.raises(ValueError, match=r"the online model has no code for o_gate='never'"):
+        C.check(new[0])
+    the_case = SEM.case("o_gate", torch.bfloat16, 64)
+    with pytest.raises(AssertionError, match=r"no rule for o_gate='never'"):
+        SEM.reference(the_case.calls[0], SEM.policy_for("o_gate", "never", the_case))
 
 
 def test_a_claim_the_reference_cannot_define_fails_naming_the_value(monkeypatch):

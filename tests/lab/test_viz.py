@@ -69,7 +69,7 @@ def widget_json(fig):
 
 def test_heatmap_holds_the_trace_matrix(bf16_case):
     tr = bf16_case["trace"]
-    fig = viz.running_max_heatmap(tr)
+    fig = viz.heatmap.running_max_heatmap(tr)
     heat = fig.data[1]
     want = tr.matrix("m").to_numpy(float)
     z = np.array(heat.z, dtype=float)
@@ -88,7 +88,7 @@ def test_heatmap_holds_the_trace_matrix(bf16_case):
 def test_heatmap_marks_drags_fires_and_first_nonfinite(bf16_case):
     tr = bf16_case["trace"]
     st = tr.steps
-    fig = viz.running_max_heatmap(tr)
+    fig = viz.heatmap.running_max_heatmap(tr)
     fired = by_name(fig, "wave fired (row not swept)")
     swept = by_name(fig, "swept (wave fired, tile max < m)")
     star = by_name(fig, "first non-finite O or l")
@@ -104,7 +104,7 @@ def test_heatmap_marks_drags_fires_and_first_nonfinite(bf16_case):
 
 def test_heatmap_of_l_flags_infinite_cells(bf16_case):
     tr = bf16_case["trace"]
-    fig = viz.running_max_heatmap(tr, "l")
+    fig = viz.heatmap.running_max_heatmap(tr, "l")
     flag = np.array(fig.data[0].z, dtype=float)  # None -> nan
     l = tr.matrix("l").to_numpy(float)
     np.testing.assert_array_equal(flag == 1, np.isnan(l) | (l == math.inf))
@@ -114,7 +114,7 @@ def test_heatmap_of_l_flags_infinite_cells(bf16_case):
 
 
 def test_heatmap_converts_fp8_units(fp8_trace):
-    fig = viz.running_max_heatmap(fp8_trace)
+    fig = viz.heatmap.running_max_heatmap(fp8_trace)
     want = fp8_trace.matrix("m").to_numpy(float) * fp8_trace.log2_per_unit
     z = np.array(fig.data[1].z, dtype=float)
     fin = np.isfinite(want)
@@ -128,7 +128,7 @@ def test_heatmap_converts_fp8_units(fp8_trace):
 def test_lane_lines_values_events_and_lse(bf16_case):
     tr, lane = bf16_case["trace"], bf16_case["lane"]
     d = tr.lane(lane)
-    fig = viz.lane_lines(tr, lane)
+    fig = viz.lanes.lane_lines(tr, lane)
     np.testing.assert_array_equal(by_name(fig, "m, running max (the base)").y, d.m.to_numpy(float))
     np.testing.assert_array_equal(by_name(fig, "tile max").y, d.mt.to_numpy(float))
     with np.errstate(divide="ignore"):
@@ -164,7 +164,7 @@ def test_lane_lines_values_events_and_lse(bf16_case):
 def test_lane_lines_of_a_finite_lane_has_no_marks(bf16_case):
     tr = bf16_case["trace"]
     ok = tr.lanes.index[tr.lanes.out_finite & tr.lanes.first_nonfinite_step.isna()]
-    fig = viz.lane_lines(tr, int(ok[0]))
+    fig = viz.lanes.lane_lines(tr, int(ok[0]))
     assert not [s for s in fig.layout.shapes if s.line.dash == "dash"]
     assert "final LSE = " in fig.layout.title.text and "inf" not in fig.layout.title.text
     # l = 0 before any P is added and corr = 0 at the first step are log2 = -inf, but not
@@ -177,7 +177,7 @@ def test_lane_lines_of_a_finite_lane_has_no_marks(bf16_case):
 
 
 def test_lane_lines_fp8_threshold_in_log2_units(fp8_trace):
-    fig = viz.lane_lines(fp8_trace, 0)
+    fig = viz.lanes.lane_lines(fp8_trace, 0)
     vote = [t for t in fig.data if t.name.startswith("vote line")][0]
     assert vote.name.endswith("+ 8")  # the threshold, 8 log2 units, not raw units
     d = fp8_trace.lane(0)
@@ -193,7 +193,7 @@ def test_nonfinite_map_marks_every_bad_row_once():
     out[1, 1, 2, 0] = math.inf
     out[1, 2, 1, 3] = -math.inf
     out[1, 3, 1, 0], out[1, 3, 1, 1] = math.nan, math.inf  # NaN wins
-    fig = viz.nonfinite_map(out, batch=1, highlight=(3, 1))
+    fig = viz.outputs.nonfinite_map(out, batch=1, highlight=(3, 1))
     marks = {t.name.split(":")[0]: sorted(zip(t.x, t.y)) for t in fig.data[:3]}
     assert marks == {"NaN": [(0, 0), (1, 3)], "+inf": [(2, 1)], "-inf": [(1, 2)]}
     assert [t.name.split(": ")[1] for t in fig.data[:3]] == ["2 rows", "1 rows", "1 rows"]
@@ -201,7 +201,7 @@ def test_nonfinite_map_marks_every_bad_row_once():
     ring = fig.data[3]
     assert list(ring.x) == [1] and list(ring.y) == [3] and ring.name == "followed row"
     assert "4 of 18" in fig.layout.title.text and "14 finite" in fig.layout.title.text
-    assert len(viz.nonfinite_map(out, batch=0).data[0].x) == 0
+    assert len(viz.outputs.nonfinite_map(out, batch=0).data[0].x) == 0
 
 
 def test_nonfinite_map_with_lse_names_how_each_row_died():
@@ -212,9 +212,9 @@ def test_nonfinite_map_with_lse_names_how_each_row_died():
     lse[0, 0, 1] = math.inf                          # l overflowed
     out[0, 2, 0] = math.nan
     lse[0, 0, 2] = math.nan                          # inf * 0
-    codes = viz.row_fates(out, lse)[0, :, 0].tolist()
+    codes = viz.outputs.row_fates(out, lse)[0, :, 0].tolist()
     assert codes == [2, 1, 3, 0, 0]
-    fig = viz.nonfinite_map(out, lse=lse)
+    fig = viz.outputs.nonfinite_map(out, lse=lse)
     names = [t.name for t in fig.data]
     assert names[0].startswith("NaN output, LSE = +inf") and list(fig.data[0].y) == [1]
     assert names[1].startswith("inf output, LSE finite") and list(fig.data[1].y) == [0]
@@ -222,7 +222,7 @@ def test_nonfinite_map_with_lse_names_how_each_row_died():
     # one mark per row at any H: a tall, one-head output keeps every bad row visible
     tall = torch.zeros(1, 8192, 1, 2)
     tall[0, [5, 4000, 8191], 0, 0] = math.nan
-    t = viz.nonfinite_map(tall).data[0]
+    t = viz.outputs.nonfinite_map(tall).data[0]
     assert sorted(t.y) == [5, 4000, 8191] and t.marker.size >= 8
 
 
@@ -230,7 +230,7 @@ def test_lse_rows_puts_nonfinite_rows_on_the_edges():
     lse = torch.tensor([[[1.0, 2.0, math.inf, math.nan, -math.inf, 3.0]]])
     out = torch.ones(1, 6, 1, 2)
     out[0, 5, 0, 0] = math.nan
-    fig = viz.lse_rows(lse, out)
+    fig = viz.outputs.lse_rows(lse, out)
     ok = fig.data[0]
     assert list(ok.x) == [0, 1] and list(ok.y) == [1.0, 2.0]
     assert list(fig.data[1].x) == [5] and list(fig.data[1].y) == [3.0]
@@ -251,14 +251,14 @@ def test_output_difference_rows_against_hand_computed():
     b[0, 3, 1, 1] = math.nan
     b[0, 0, 1, 0] = 2.0 ** -9
     b[0, 1, 0, 0] = 7.0  # head 0: not shown
-    fig = viz.output_difference_rows({"lazy": a, "fp8": b}, ref, head=1)
+    fig = viz.outputs.output_difference_rows({"lazy": a, "fp8": b}, ref, head=1)
     lazy, fp8 = fig.data[0], fig.data[1]
     y = np.asarray(lazy.y, float)
     np.testing.assert_array_equal(y[:3], [2.0 ** -10, 0.5, 0.25])
     assert 0 < y[3] < 2.0 ** -10  # equal to the reference: the bottom edge
     assert fp8.y[0] == 2.0 ** -9 and np.isnan(fp8.y[3])
-    assert lazy.marker.color == viz.policy_color("lazy")
-    assert fp8.marker.color == viz.policy_color("fp8")
+    assert lazy.marker.color == viz.style.policy_color("lazy")
+    assert fp8.marker.color == viz.style.policy_color("fp8")
     bad = fig.data[3]
     assert list(bad.x) == [3] and bad.y[0] > 0.5
     assert "1 non-finite rows" in bad.name
@@ -278,7 +278,7 @@ def bf16_table():
 
 def test_bf16_table_curves_values_colours_and_seed():
     seed = experiments.seed_table("bf16")
-    fig = viz.bf16_table_curves(bf16_table(), seed)
+    fig = viz.tables.bf16_table_curves(bf16_table(), seed)
     unfixed = [t for t in fig.data if t.name == "lazy_unfixed"]
     rel, nan = unfixed[0], unfixed[1]
     assert list(rel.x) == [8, 32, 64]
@@ -286,7 +286,7 @@ def test_bf16_table_curves_values_colours_and_seed():
     assert list(nan.y) == [0.0, 10.0, 80.0]
     for t in fig.data:
         pol = t.legendgroup
-        assert t.marker.color == viz.policy_color(pol), t.name
+        assert t.marker.color == viz.style.policy_color(pol), t.name
     seed_rel = [t for t in fig.data if t.name.startswith("lazy (the bug report")][0]
     assert list(seed_rel.y) == [r["lazy"] for r in seed["rows"]]
     assert seed_rel.marker.symbol.endswith("-open")
@@ -303,7 +303,7 @@ def test_fp8_table_curves_values_zero_edge_and_seed():
         {"k_scale": 5000, "variant": "bound 16", "mean_abs_dev": 3e-3, "nan": 0, "elements": 100},
     ])
     seed = experiments.seed_table("fp8")
-    fig = viz.fp8_table_curves(table, seed)
+    fig = viz.tables.fp8_table_curves(table, seed)
     unfixed = [t for t in fig.data if t.legendgroup == "unfixed" and "bug report" not in t.name]
     mad, zero, nan = unfixed
     assert mad.y[0] == 1e-4 and np.isnan(mad.y[1])
@@ -318,34 +318,34 @@ def test_fp8_table_curves_values_zero_edge_and_seed():
     seed_nan = [t for t in fig.data if t.name.startswith("unfixed NaN (the bug report")][0]
     assert seed_nan.y[1] == pytest.approx(100 * 20.0e6 / n_seed)
     for t in fig.data:
-        assert t.marker.color == viz.policy_color(t.legendgroup)
+        assert t.marker.color == viz.style.policy_color(t.legendgroup)
     assert fig.layout.xaxis.type == "log"
 
 
 def test_policy_colours_are_distinct_and_shared():
-    c = {n: viz.policy_color(n) for n in ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fp8",
+    c = {n: viz.style.policy_color(n) for n in ("eager", "lazy", "lazy_unfixed", "lazy_capped", "fp8",
                                           "unfixed", "monotonic", "bound 8", "bound 16", "bound 32")}
     assert len({c["eager"], c["lazy"], c["lazy_unfixed"], c["lazy_capped"], c["fp8"]}) == 5
     assert c["unfixed"] == c["lazy_unfixed"] and c["monotonic"] == c["lazy"]
     assert c["bound 16"] == c["lazy_capped"]  # the default bound
     assert len({c["bound 8"], c["bound 16"], c["bound 32"]}) == 3
-    assert viz.policy_color("something else") == viz.OTHER_COLOR
+    assert viz.style.policy_color("something else") == viz.style.OTHER_COLOR
 
 
 # ---- widget transport and bad input -------------------------------------------------------
 
 def test_every_figure_survives_the_widget_protocol(bf16_case, fp8_trace):
     tr = bf16_case["trace"]
-    figs = [viz.running_max_heatmap(tr), viz.running_max_heatmap(tr, "l"),
-            viz.running_max_heatmap(tr, "deficit", highlight=3),
-            viz.running_max_heatmap(tr, "swept"),
-            viz.lane_lines(tr, bf16_case["lane"]), viz.lane_lines(fp8_trace, 0),
-            viz.row_compare({"lazy_unfixed": tr, "again": tr}, bf16_case["lane"]),
-            viz.wave_ballot(tr, 3, highlight=bf16_case["lane"]), viz.wave_ballot(fp8_trace, 0),
-            viz.nonfinite_map(bf16_case["out"], lse=bf16_case["lse"], highlight=(0, 0)),
-            viz.nonfinite_map(bf16_case["out"]), viz.lse_rows(bf16_case["lse"], bf16_case["out"]),
-            viz.output_difference_rows({"lazy_unfixed": bf16_case["out"]}, bf16_case["out"].float()),
-            viz.bf16_table_curves(bf16_table(), experiments.seed_table("bf16"))]
+    figs = [viz.heatmap.running_max_heatmap(tr), viz.heatmap.running_max_heatmap(tr, "l"),
+            viz.heatmap.running_max_heatmap(tr, "deficit", highlight=3),
+            viz.heatmap.running_max_heatmap(tr, "swept"),
+            viz.lanes.lane_lines(tr, bf16_case["lane"]), viz.lanes.lane_lines(fp8_trace, 0),
+            viz.lanes.row_compare({"lazy_unfixed": tr, "again": tr}, bf16_case["lane"]),
+            viz.heatmap.wave_ballot(tr, 3, highlight=bf16_case["lane"]), viz.heatmap.wave_ballot(fp8_trace, 0),
+            viz.outputs.nonfinite_map(bf16_case["out"], lse=bf16_case["lse"], highlight=(0, 0)),
+            viz.outputs.nonfinite_map(bf16_case["out"]), viz.outputs.lse_rows(bf16_case["lse"], bf16_case["out"]),
+            viz.outputs.output_difference_rows({"lazy_unfixed": bf16_case["out"]}, bf16_case["out"].float()),
+            viz.tables.bf16_table_curves(bf16_table(), experiments.seed_table("bf16"))]
     for fig in figs:
         widget_json(fig)  # raises ValueError on NaN/inf
 
@@ -354,10 +354,10 @@ def test_dashboard_figures_skip_the_tick_label_overflow_check(bf16_case):
     """The dashboards' figures keep their tick labels inside, so every axis lets them be
     ("allow") instead of plotly.js measuring each label on each redraw."""
     tr, lane = bf16_case["trace"], bf16_case["lane"]
-    figs = [viz.running_max_heatmap(tr), viz.lane_lines(tr, lane),
-            viz.row_compare({"lazy_unfixed": tr, "again": tr}, lane), viz.wave_ballot(tr, 3),
-            viz.nonfinite_map(bf16_case["out"]),
-            viz.output_difference_rows({"lazy_unfixed": bf16_case["out"]},
+    figs = [viz.heatmap.running_max_heatmap(tr), viz.lanes.lane_lines(tr, lane),
+            viz.lanes.row_compare({"lazy_unfixed": tr, "again": tr}, lane), viz.heatmap.wave_ballot(tr, 3),
+            viz.outputs.nonfinite_map(bf16_case["out"]),
+            viz.outputs.output_difference_rows({"lazy_unfixed": bf16_case["out"]},
                                        bf16_case["out"].float())]
     for fig in figs:
         axes = [k for k in fig.to_plotly_json()["layout"] if k[1:5] == "axis"]
@@ -365,26 +365,26 @@ def test_dashboard_figures_skip_the_tick_label_overflow_check(bf16_case):
 
 
 @pytest.mark.parametrize("call, err, words", [
-    (lambda t: viz.running_max_heatmap("trace"), TypeError, "fa_lab.Trace"),
-    (lambda t: viz.running_max_heatmap(t, "q"), ValueError, "value='q'"),
-    (lambda t: viz.lane_lines(t, 32), ValueError, "lane=32"),
-    (lambda t: viz.lane_lines(t, 1.0), TypeError, "lane must be an int"),
-    (lambda t: viz.nonfinite_map(torch.zeros(2, 3)), ValueError, "out must be 4-D"),
-    (lambda t: viz.nonfinite_map(torch.zeros(1, 2, 3, 4), batch=1), ValueError, "batch=1"),
-    (lambda t: viz.lse_rows(torch.zeros(1, 2, 3), torch.zeros(1, 3, 3, 4)), ValueError, "does not match"),
-    (lambda t: viz.output_difference_rows({}, torch.zeros(1, 2, 1, 4)), ValueError, "non-empty dict"),
-    (lambda t: viz.output_difference_rows({"a": torch.zeros(1, 3, 1, 4)}, torch.zeros(1, 2, 1, 4)),
+    (lambda t: viz.heatmap.running_max_heatmap("trace"), TypeError, "fa_lab.Trace"),
+    (lambda t: viz.heatmap.running_max_heatmap(t, "q"), ValueError, "value='q'"),
+    (lambda t: viz.lanes.lane_lines(t, 32), ValueError, "lane=32"),
+    (lambda t: viz.lanes.lane_lines(t, 1.0), TypeError, "lane must be an int"),
+    (lambda t: viz.outputs.nonfinite_map(torch.zeros(2, 3)), ValueError, "out must be 4-D"),
+    (lambda t: viz.outputs.nonfinite_map(torch.zeros(1, 2, 3, 4), batch=1), ValueError, "batch=1"),
+    (lambda t: viz.outputs.lse_rows(torch.zeros(1, 2, 3), torch.zeros(1, 3, 3, 4)), ValueError, "does not match"),
+    (lambda t: viz.outputs.output_difference_rows({}, torch.zeros(1, 2, 1, 4)), ValueError, "non-empty dict"),
+    (lambda t: viz.outputs.output_difference_rows({"a": torch.zeros(1, 3, 1, 4)}, torch.zeros(1, 2, 1, 4)),
      ValueError, "outputs['a']"),
-    (lambda t: viz.bf16_table_curves(pd.DataFrame({"k_scale": [8]})), ValueError, "lacks columns"),
-    (lambda t: viz.fp8_table_curves([1, 2]), TypeError, "DataFrame"),
-    (lambda t: viz.bf16_table_curves(bf16_table(), seed={"no": "rows"}), TypeError, "seed"),
-    (lambda t: viz.to_png(go.Figure(), "/tmp/x.jpg"), ValueError, ".png"),
-    (lambda t: viz.wave_ballot(t, t.n_steps), ValueError, "step="),
-    (lambda t: viz.wave_ballot(t, 1.5), TypeError, "step must be an int"),
-    (lambda t: viz.wave_ballot(t, 1, wave=4096), ValueError, "no traced lane"),
-    (lambda t: viz.row_compare({}, 0), ValueError, "non-empty dict"),
-    (lambda t: viz.row_compare({"a": t}, 32), ValueError, "lane=32"),
-    (lambda t: viz.nonfinite_map(torch.zeros(1, 3, 2, 4), lse=torch.zeros(1, 3, 2)), ValueError,
+    (lambda t: viz.tables.bf16_table_curves(pd.DataFrame({"k_scale": [8]})), ValueError, "lacks columns"),
+    (lambda t: viz.tables.fp8_table_curves([1, 2]), TypeError, "DataFrame"),
+    (lambda t: viz.tables.bf16_table_curves(bf16_table(), seed={"no": "rows"}), TypeError, "seed"),
+    (lambda t: viz.export.to_png(go.Figure(), "/tmp/x.jpg"), ValueError, ".png"),
+    (lambda t: viz.heatmap.wave_ballot(t, t.n_steps), ValueError, "step="),
+    (lambda t: viz.heatmap.wave_ballot(t, 1.5), TypeError, "step must be an int"),
+    (lambda t: viz.heatmap.wave_ballot(t, 1, wave=4096), ValueError, "no traced lane"),
+    (lambda t: viz.lanes.row_compare({}, 0), ValueError, "non-empty dict"),
+    (lambda t: viz.lanes.row_compare({"a": t}, 32), ValueError, "lane=32"),
+    (lambda t: viz.outputs.nonfinite_map(torch.zeros(1, 3, 2, 4), lse=torch.zeros(1, 3, 2)), ValueError,
      "does not match"),
 ])
 def test_bad_input_is_refused(bf16_case, call, err, words):
@@ -394,8 +394,8 @@ def test_bad_input_is_refused(bf16_case, call, err, words):
 
 
 def test_to_png_writes_a_png_in_place(tmp_path):
-    fig = viz.bf16_table_curves(bf16_table())
-    path = viz.to_png(fig, tmp_path / "sub" / "t.png")
+    fig = viz.tables.bf16_table_curves(bf16_table())
+    path = viz.export.to_png(fig, tmp_path / "sub" / "t.png")
     assert path == tmp_path / "sub" / "t.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == ["t.png"]  # no temp file left
@@ -413,30 +413,30 @@ def wave_traces(bf16_case):
 
 def test_deficit_is_the_true_max_minus_m(wave_traces):
     tr = wave_traces["lazy_unfixed"]
-    d = viz.deficit(tr).to_numpy()
+    d = viz.tracedata.deficit(tr).to_numpy()
     st = tr.steps
     lane = st[st.lane == 5]
     want = np.maximum.accumulate(lane.mt.to_numpy(float)) - lane.m.to_numpy(float)
     fin = np.isfinite(want)
     np.testing.assert_array_equal(d[5][fin], want[fin])
     assert np.nanmax(np.where(np.isfinite(d), d, np.nan)) > 100       # unfixed: deep
-    assert (viz.deficit(wave_traces["eager"]).to_numpy() == 0).all()   # eager: none
-    fixed = viz.deficit(wave_traces["lazy"]).to_numpy()
+    assert (viz.tracedata.deficit(wave_traces["eager"]).to_numpy() == 0).all()   # eager: none
+    fixed = viz.tracedata.deficit(wave_traces["lazy"]).to_numpy()
     assert (fixed >= 0).all() and fixed.max() <= 8                     # fixed: at most THR
 
 
 def test_heatmap_flags_are_two_colours_and_ranges_stay_fixed(wave_traces):
     tr = wave_traces["lazy_unfixed"]
-    flags = viz.running_max_heatmap(tr, "swept")
+    flags = viz.heatmap.running_max_heatmap(tr, "swept")
     heat = flags.data[1]
     assert heat.zmin == 0 and heat.zmax == 1
     assert [c[1] for c in heat.colorscale] == ["#eeeeee", "#eeeeee", "#ff2d2d", "#ff2d2d"]
     assert heat.colorbar.ticktext == ("no", "swept")
     assert len(flags.data[2].x) == len(flags.data[3].x) == 0           # no markers over flags
-    d1 = viz.running_max_heatmap(tr, "deficit").data[1]
-    d2 = viz.running_max_heatmap(wave_traces["lazy"], "deficit").data[1]
-    assert (d1.zmin, d1.zmax) == (d2.zmin, d2.zmax) == viz.FIXED_RANGES["deficit"]
-    hl = viz.running_max_heatmap(tr, "deficit", highlight=7)
+    d1 = viz.heatmap.running_max_heatmap(tr, "deficit").data[1]
+    d2 = viz.heatmap.running_max_heatmap(wave_traces["lazy"], "deficit").data[1]
+    assert (d1.zmin, d1.zmax) == (d2.zmin, d2.zmax) == viz.style.FIXED_RANGES["deficit"]
+    hl = viz.heatmap.running_max_heatmap(tr, "deficit", highlight=7)
     assert [(s.y0, s.y1) for s in hl.layout.shapes] == [(6.5, 7.5)]
 
 
@@ -444,7 +444,7 @@ def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
     tr = wave_traces["lazy_unfixed"]
     st = tr.steps
     step = int(st[st.swept].step.iloc[0])
-    fig = viz.wave_ballot(tr, step, highlight=bf16_case["lane"])
+    fig = viz.heatmap.wave_ballot(tr, step, highlight=bf16_case["lane"])
     at = st[st.step == step]
     n_vote, n_drag = int(at.vote.sum()), int(at.swept.sum())
     lanes_voted = fig.data[1]                                          # drawn on top
@@ -459,21 +459,21 @@ def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
 
 def test_row_compare_puts_fixed_beside_unfixed(wave_traces, bf16_case):
     lane = bf16_case["lane"]
-    fig = viz.row_compare({"lazy_unfixed": wave_traces["lazy_unfixed"], "lazy": wave_traces["lazy"]},
+    fig = viz.lanes.row_compare({"lazy_unfixed": wave_traces["lazy_unfixed"], "lazy": wave_traces["lazy"]},
                           lane)
     heads = [a.text for a in fig.layout.annotations if a.text.startswith("<b>")]
     assert heads[0].startswith("<b>lazy_unfixed</b>") and "non-finite from step" in heads[0]
     assert heads[1] == "<b>lazy</b>: stays finite"
     ms = [t for t in fig.data if t.name == "m, the base"]
-    assert [t.line.color for t in ms] == [viz.policy_color("lazy_unfixed"), viz.policy_color("lazy")]
+    assert [t.line.color for t in ms] == [viz.style.policy_color("lazy_unfixed"), viz.style.policy_color("lazy")]
     np.testing.assert_array_equal(ms[1].y, wave_traces["lazy"].lane(lane).m.to_numpy(float))
     first = int(wave_traces["lazy_unfixed"].lanes.loc[lane, "first_nonfinite_step"])
     assert fig.layout.xaxis.range[0] == -0.5 and fig.layout.xaxis.range[1] >= first
     assert fig.layout.yaxis3.range == fig.layout.yaxis4.range          # one deficit scale
-    wide = viz.row_compare({"a": wave_traces["lazy"]}, lane, window=None)
+    wide = viz.lanes.row_compare({"a": wave_traces["lazy"]}, lane, window=None)
     assert wide.layout.xaxis.range[1] == wave_traces["lazy"].n_steps - 0.5
     with pytest.raises(ValueError, match="same rows"):
-        viz.row_compare({"a": wave_traces["lazy"], "b": trace(
+        viz.lanes.row_compare({"a": wave_traces["lazy"], "b": trace(
             bf16_case["q"], bf16_case["k"], bf16_case["v"], rows=range(480, 512), causal=False)}, 0)
 
 
@@ -483,7 +483,7 @@ def test_fp8_nan_share_sits_on_a_log_axis():
         {"k_scale": 5000, "variant": "unfixed", "mean_abs_dev": 1e-4, "nan": 8 * 10**5, "elements": 10**6},
         {"k_scale": 5000, "variant": "bound 16", "mean_abs_dev": 1e-4, "nan": 0, "elements": 10**6},
     ])
-    fig = viz.fp8_table_curves(table)
+    fig = viz.tables.fp8_table_curves(table)
     assert fig.layout.yaxis2.type == "log"
     b32 = [t for t in fig.data if t.legendgroup == "bound 32" and t.xaxis == "x2"][0]
     assert b32.y[0] == pytest.approx(3e-4)                 # a leak of 3 in a million shows
@@ -492,8 +492,8 @@ def test_fp8_nan_share_sits_on_a_log_axis():
 
 
 def test_one_colour_per_implementation():
-    assert viz.impl_color("fast_lazy") == viz.policy_color("lazy")
-    assert viz.impl_color("fast_eager") == viz.policy_color("eager")
-    assert viz.impl_color("fast_lazy_unfixed") == viz.policy_color("lazy_unfixed")
-    assert len(set(viz.IMPL_COLORS.values())) == len(viz.IMPL_COLORS)
-    assert viz.impl_color("lazy_capped") == viz.policy_color("lazy_capped")
+    assert viz.style.impl_color("fast_lazy") == viz.style.policy_color("lazy")
+    assert viz.style.impl_color("fast_eager") == viz.style.policy_color("eager")
+    assert viz.style.impl_color("fast_lazy_unfixed") == viz.style.policy_color("lazy_unfixed")
+    assert len(set(viz.style.IMPL_COLORS.values())) == len(viz.style.IMPL_COLORS)
+    assert viz.style.impl_color("lazy_capped") == viz.style.policy_color("lazy_capped")

@@ -1,4 +1,4 @@
-"""The training figure (viz.first_nonfinite_steps)."""
+"""The training figure (viz.training.first_nonfinite_steps)."""
 
 import pytest
 
@@ -14,7 +14,7 @@ def row(policy, scale, step, steps_run=40):
 
 
 def test_failed_runs_are_a_curve_and_finite_runs_hollow_at_their_last_step():
-    fig = viz.first_nonfinite_steps([row("lazy", 16, None), row("lazy", 64, None),
+    fig = viz.training.first_nonfinite_steps([row("lazy", 16, None), row("lazy", 64, None),
                                      row("lazy_unfixed", 64, 38, 39), row("lazy_unfixed", 16, None)])
     by = {t.name: t for t in fig.data}
     assert set(by) == {"lazy: finite to the last step", "lazy_unfixed: first non-finite",
@@ -25,4 +25,4 @@ def test_failed_runs_are_a_curve_and_finite_runs_hollow_at_their_last_step():
     assert "blocks.0.attn forward out" in by["lazy_unfixed: first non-finite"].text[0]
     assert fig.layout.xaxis.type == "log"
     with pytest.raises(ValueError, match="rows is empty"):
-        viz.first_nonfinite_steps([])
+        viz.training.first_nonfinite_steps([])

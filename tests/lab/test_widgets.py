@@ -138,7 +138,7 @@ def test_compare_view_has_every_output_against_fp32():
     assert set(v["outputs"]) == {"lazy_unfixed", "lazy", "eager", "fp8"}
     fig = v["figures"]["difference"]
     colours = {t.legendgroup: t.marker.color for t in fig.data}
-    assert colours == {n: viz.policy_color(n) for n in v["outputs"]}
+    assert colours == {n: viz.style.policy_color(n) for n in v["outputs"]}
     st = v["stats"].set_index("policy")
     ref = v["reference"]
     assert st.loc["fp8", "rel_l2"] == metrics.rel_l2(v["outputs"]["fp8"], ref)
@@ -175,7 +175,7 @@ def test_variant_names_only_the_settings_that_differ(cap24):
     v = widgets.variant("cap24", threshold=7.0, rebase_bound=20, p_headroom=True)
     assert v.name == "cap24 (thr 7; bound 20; headroom #1020)"
     assert (v.threshold, v.rebase_bound, v.p_headroom, v.color) == (7.0, 20.0, True, cap24.color)
-    assert viz.policy_color(v) == cap24.color                  # a variant keeps its colour
+    assert viz.style.policy_color(v) == cap24.color                  # a variant keeps its colour
     # a setting that does not apply to the policy leaves it as it is
     assert widgets.variant("eager", threshold=3.0, rebase_bound=9.0) is policies.get("eager")
     assert widgets.variant("lazy", threshold="by_kv_len").name == "lazy (thr by_kv_len)"
@@ -352,7 +352,7 @@ def test_dashboard_slider_updates_figurewidgets_in_place():
     assert "log2(corr)" in heat.data[1].colorbar.title.text
     z = np.array(heat.data[1].z, dtype=float)
     np.testing.assert_array_equal(
-        z, np.array(viz.running_max_heatmap(d.last["trace"], "corr").data[1].z, dtype=float))
+        z, np.array(viz.heatmap.running_max_heatmap(d.last["trace"], "corr").data[1].z, dtype=float))
     # a new S moves the row slider's range with it
     d.controls["S"].value = 512
     assert d.controls["row"].max == 511 and d.last["params"]["S"] == 512

@@ -575,3 +575,49 @@ def test_a_grid_of_too_many_points_is_refused_before_planning(monkeypatch):
                                               r"sweep takes \(100,000\)"):
         sweep.Grid({"policy": ["lazy"], "k_scale": list(range(1, 1001)),
                     "S": list(range(1, 1001))})
+
+
+def test_the_workers_run_each_point_as_planned_without_planning_again(client, tmp_path,
+                                                                       monkeypatch):
+    """Routing runs in this process once per distinct call, when the grid is expanded;
+    the workers route nothing (they run the point's decision: ``api.plan_decided``)."""
+    from fa_lab import dispatch
+
+    def install(restore=False):  # nested: shipped to the workers by value
+        from fa_lab import dispatch as d
+        if restore:
+            if hasattr(d, "_counted_route"):
+                d.route = d._counted_route
+                del d._counted_route
+            return 0
+        if not hasattr(d, "_counted_route"):
+            d._counted_route, d._routes = d.route, [0]
+
+            def counting(*a, **kw):
+                d._routes[0] += 1
+                return d._counted_route(*a, **kw)
+            d.route = counting
+        d._routes[0] = 0
+        return 0
+
+    def routes():
+        from fa_lab import dispatch as d
+        return d._routes[0]
+
+    here = [0]
+    real = dispatch.route
+
+    def counting(*a, **kw):
+        here[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(dispatch, "route", counting)
+    client.run(install)
+    try:
+        grid = sweep.Grid({"policy": ["lazy_unfixed", "eager"], "k_scale": [4, 8], "S": [512],
+                           "H": [1], "threshold": [4]})
+        table = sweep.run(grid, client=client, out=tmp_path, name="planned_once", progress=False)
+        assert len(table) == 4
+        assert here[0] == 2  # two distinct calls
+        assert sum(client.run(routes).values()) == 0
+    finally:
+        client.run(install, restore=True)

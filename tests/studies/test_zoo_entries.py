@@ -9,7 +9,8 @@ import torch
 
 from fa_lab import policies as P
 from fa_lab.semantics import FLT_MAX
-from fa_lab.zoo import ENTRIES, PRESETS, Case, forward, get, row_history
+from fa_lab.kernels.online.model import forward, row_history
+from fa_lab.zoo import ENTRIES, PRESETS, Case, get
 from fa_lab.zoo.entries import below_sentinel
 
 INF = math.inf

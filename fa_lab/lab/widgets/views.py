@@ -89,7 +89,7 @@ def variant(policy, *, threshold=None, rebase_bound=None, p_headroom=None) -> po
     where given, its own settings where None or where the setting does not apply to it.
     Where a given setting differs from its own, the result is a variant: the same policy
     with those settings, named ``"NAME (thr 7; bound 20; headroom #1020)"`` (the settings
-    that differ; ``viz.policy_color`` gives it NAME's colour). Otherwise the policy itself,
+    that differ; ``viz.style.policy_color`` gives it NAME's colour). Otherwise the policy itself,
     under its plain name."""
     pol = policies.as_policy(policy)
     changes, words = {}, []
@@ -218,15 +218,15 @@ def _lane_figures(view, names, heat_value, tile) -> dict:
     row = p["row"]
     makers = {
         "row": lambda: _figure(
-            lambda: viz.row_compare({tr.policy.name: tr, other.policy.name: other}, lane,
-                                    height=MAIN_HEIGHT) if other is not None
-            else viz.lane_lines(tr, lane), (tr, other), "row", lane),
-        "wave": lambda: _figure(lambda: viz.wave_ballot(tr, tile, wave=row, highlight=lane),
+            lambda: viz.lanes.row_compare({tr.policy.name: tr, other.policy.name: other}, lane,
+                                          height=MAIN_HEIGHT) if other is not None
+            else viz.lanes.lane_lines(tr, lane), (tr, other), "row", lane),
+        "wave": lambda: _figure(lambda: viz.heatmap.wave_ballot(tr, tile, wave=row, highlight=lane),
                                 tr, "wave", tile, lane),
-        "heatmap": lambda: _figure(lambda: viz.running_max_heatmap(tr, heat_value,
-                                                                   highlight=lane), tr, "heat",
+        "heatmap": lambda: _figure(lambda: viz.heatmap.running_max_heatmap(tr, heat_value,
+                                                                           highlight=lane), tr, "heat",
                                    heat_value, lane),
-        "nonfinite": lambda: _figure(lambda: viz.nonfinite_map(
+        "nonfinite": lambda: _figure(lambda: viz.outputs.nonfinite_map(
             out, lse=lse, highlight=(row, p["head"]), height=TAB_HEIGHT), out, "nonfinite",
             row, p["head"]),
     }
@@ -339,7 +339,7 @@ def compute_rescale_view(k_scale=32, threshold=None, policy="lazy_unfixed", caus
     row = _int("row", row, 0, S)
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
-    _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
+    _choice("heat_value", heat_value, tuple(viz.style.TRACE_VALUES))
     names = _which(figures)
     device = default_device() if device is None else check_device("device", device)
 
@@ -400,7 +400,7 @@ def _stats_html(stats: pd.DataFrame, highlight: str, columns, ran=None) -> str:
                    for c, _ in columns)
     body = []
     for _, r in stats.iterrows():
-        color = viz.policy_color(ran.get(r["policy"], r["policy"]))
+        color = viz.style.policy_color(ran.get(r["policy"], r["policy"]))
         weight = "bold" if r["policy"] == highlight else "normal"
         cells = "".join(f"<td style='padding:1px 5px;text-align:right;white-space:nowrap'>"
                         f"{fmt(r)}</td>" for _, fmt in columns[1:])
@@ -420,7 +420,7 @@ def _row_sentence(view) -> str:
              f"goes non-finite at KV step {int(first)}")
     return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
             f"<b>{html.escape(view['label'])}</b> {where}; LSE = "
-            f"{viz.fmt_number(float(lane['lse']), 6)}; swept {int(lane['n_swept'])} times. "
+            f"{viz.tracedata.fmt_number(float(lane['lse']), 6)}; swept {int(lane['n_swept'])} times. "
             f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
 
@@ -496,7 +496,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=None, policy="lazy_unfixed", reba
     row = _int("row", row, 0, S)
     head = _int("head", head, 0, H)
     n_waves = _int("n_waves", n_waves, 1)
-    _choice("heat_value", heat_value, tuple(viz.TRACE_VALUES))
+    _choice("heat_value", heat_value, tuple(viz.style.TRACE_VALUES))
     names = _which(figures)
     device = default_device() if device is None else check_device("device", device)
 
@@ -556,7 +556,7 @@ def compute_fp8_view(k_scale=5000.0, threshold=None, policy="lazy_unfixed", reba
 
 def _fp8_summary(view) -> str:
     p, s, pol = view["params"], view["stats"], view["policy"]
-    color = viz.policy_color(pol.name)
+    color = viz.style.policy_color(pol.name)
     settings = ([f"threshold {pol.threshold:g} log2 units"] if pol.lazy else ["eager"]) + (
         [f"rebase bound {pol.rebase_bound:g}"] if pol.rebase_bound is not None else []) + (
         [f"P headroom {pol.p_headroom:.3f}"] if pol.p_headroom else [])
@@ -567,7 +567,7 @@ def _fp8_summary(view) -> str:
             f"({', '.join(settings)})<br>"
             + ("<span style='color:#777'>mean |o - 1| and NaN counts of the whole output: "
                "computing...</span>" if s is None else
-               f"mean |o - 1| over finite elements: <b>{viz.fmt_number(s['mean_abs_dev'], 4)}</b><br>"
+               f"mean |o - 1| over finite elements: <b>{viz.tracedata.fmt_number(s['mean_abs_dev'], 4)}</b><br>"
                f"NaN elements: <b>{s['nan']}</b> of {s['elements']} "
                f"({100 * s['nan'] / s['elements']:.3f} %), inf: {s['inf']}; "
                f"{s['nan_rows']} of {s['rows']} rows NaN")
@@ -624,8 +624,8 @@ def compute_compare_view(k_scale=32, threshold=None, fp8_policy="lazy", causal=F
     def make(which):
         if "difference" not in which:
             return {}
-        fig = _figure(lambda: viz.output_difference_rows(outputs, ref, head=head,
-                                                         policies=base["policies"]),
+        fig = _figure(lambda: viz.outputs.output_difference_rows(outputs, ref, head=head,
+                                                                 policies=base["policies"]),
                       (o8, *(o for o in outputs.values())), "difference", head)
         return {"difference": fig}
 

@@ -31,9 +31,12 @@ environment and a worker plugin calling ``torch.set_num_threads(1)``).
 
 **A point** builds the seed's inputs for its seed (``experiments.bf16_inputs``: K =
 round(N(0,1) * k_scale); ``experiments.fp8_inputs``: k = 0.1 k_scale N(0,1), V = ones,
-quantised per tensor), runs ``flash_attn_func(..., return_lse=True)`` (bf16 on the
-emulator: ``count_rescales``, the same checked call through the model with a counter, so
-the rescale counts come free), the fp32 reference, and ``compute_point`` returns one row:
+quantised per tensor), runs its call as the grid's expansion planned it (the point
+carries the family and resolved policy; ``api.plan_decided`` checks the arguments and the
+backend's capabilities on the point's tensors and routes and resolves nothing again), as
+``flash_attn_func(..., return_lse=True)`` would (bf16 on the emulator with a rescale
+counter, as ``count_rescales``, so the counts come free), the fp32 reference, and
+``compute_point`` returns one row:
 NaN / inf / bad-row fractions, rel-L2 against fp32, the LSE state of the bad rows, rescale
 counts, wall times and provenance (``SCHEMA`` lists every column).
 

@@ -414,6 +414,7 @@ def _expand(grid: Grid) -> list[dict]:
                 raise GridError(spelled["backend"], f"backend={p['backend']!r}: {e}") from None
         family, policy = planned[key]
         p["kernel"] = family
+        p["policy_planned"] = policy  # the worker runs this decision (``compute_point``)
         p["policy_resolved"] = policy.describe() if hasattr(policy, "describe") else str(policy)
         p["threshold_used"] = float(policy.threshold) if getattr(policy, "lazy", False) else math.nan
         p["point_id"] = _point_id(p, policy)

@@ -88,6 +88,20 @@ COUNT_KEYS = ("loop_wave_steps", "o_multiplies", "o_rescale_skip_frac", "rows_sw
               "rows_scaled_up", "row_steps")
 
 
+def _run_decided(point: dict, q, k, v, kw: dict, count: bool):
+    """(out, lse, counts or None): the point's call run as its grid's expansion planned it
+    (``api.plan_decided``: no routing or policy resolution again), with a rescale counter
+    on the model when ``count`` (``api.count_rescales``'s counts)."""
+    from fa_lab import api, dispatch
+    from fa_lab.counters import RescaleCounter
+
+    planned = api.plan_decided(point["kernel"], point["policy_planned"], q, k, v,
+                               return_lse=True, **kw)
+    counter = RescaleCounter(planned.call.policy) if count else None
+    out, lse = dispatch.run(planned, counter)
+    return out, lse, counter.summary() if count else None
+
+
 def compute_point(point: dict, *, counts: str = "auto") -> dict:
     """Run one grid point and return its table row (see ``SCHEMA``). ``counts``: "auto"
     counts rescales where it is free (bf16 on the emulator: the counted model run is the
@@ -107,7 +121,12 @@ def compute_point(point: dict, *, counts: str = "auto") -> dict:
     kw = {**_call_kwargs(point), **desc}
     cnt, source = {}, None
     t1 = time.perf_counter()
-    if point["dtype"] == "bf16" and point["backend"] == "emulator" and counts != "never":
+    counted = point["dtype"] == "bf16" and point["backend"] == "emulator" and counts != "never"
+    if "policy_planned" in point:  # planned once, when the grid was expanded
+        out, lse, c = _run_decided(point, q, k, v, kw, counted)
+        if counted:
+            cnt, source = c, "model run"
+    elif counted:
         c = api.count_rescales(q, k, v, **kw)
         out, lse = c.pop("out"), c.pop("lse")
         cnt, source = c, "model run"
@@ -117,9 +136,13 @@ def compute_point(point: dict, *, counts: str = "auto") -> dict:
         torch.cuda.synchronize()
     kernel_s = time.perf_counter() - t1
     if point["dtype"] == "bf16" and counts == "always" and source is None:
-        c = api.count_rescales(q, k, v, **{**kw, "backend": "emulator"})
-        c.pop("out"), c.pop("lse")
-        cnt, source = c, "extra model run"
+        if "policy_planned" in point:
+            _, _, cnt = _run_decided(point, q, k, v, {**kw, "backend": "emulator"}, True)
+        else:
+            c = api.count_rescales(q, k, v, **{**kw, "backend": "emulator"})
+            c.pop("out"), c.pop("lse")
+            cnt = c
+        source = "extra model run"
     t2 = time.perf_counter()
     ref, _ = reference.attention(q, k, v, causal=point["causal"], **desc)
     ref_s = time.perf_counter() - t2
