@@ -40,13 +40,20 @@ def log2_scale(q_descale: float, k_descale: float, head_dim: int = HEAD_DIM) -> 
 
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
-            saturate: bool = True, recorder: TraceRecorder | None = None):
+            saturate: bool = True, recorder: TraceRecorder | None = None,
+            num_kv_splits: int = 1):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
+    Other head dims (D, Dv) and ``num_kv_splits`` > 1 run FlyDSL #1097's path, ``split``.
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
+    if num_kv_splits != 1 or q8.shape[-1] != HEAD_DIM or v8.shape[-1] != HEAD_DIM:
+        from . import split
+        return split.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                             v_descale=v_descale, causal=causal, policy=policy,
+                             num_kv_splits=num_kv_splits, saturate=saturate, recorder=recorder)
     check_semantics(policy, FAMILY, "model")
     check_decidable(policy, f"the {FAMILY.name} model")
     Sq, D = q8.shape[1], q8.shape[3]
