@@ -110,7 +110,7 @@ def _fp8_refuses(s) -> str | None:
     if not s.arch.startswith(DUALWAVE_ARCH):
         return f"fp8 inputs need the gfx950 fp8 kernel, got arch={s.arch!r}"
     if s.head_dim not in FP8_HEAD_DIMS:
-        return f"the fp8 kernel takes head_dim 128 or 192, got {s.head_dim}"
+        return f"the fp8 kernel takes head_dim 128 or 192 (D = 128 or 192), got D={s.head_dim}"
     return None
 
 
