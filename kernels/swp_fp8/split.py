@@ -35,16 +35,18 @@ under fp8 descales, so every split but the largest gets weight exp2(-gap) = 0);
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fa_lab import upstream as versions
 from fa_lab.capabilities import check_semantics
 from fa_lab.checks import check_int
-from fa_lab.numerics import CAUSAL_FLOOR, LN2, bf16, e4m3, exp2, f32, fma_f32, fmax, guarded_rcp
+from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, bf16, e4m3, exp2, f32, fma_f32, fmax,
+                             guarded_rcp)
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
-from .model import log2_scale
 from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from .._common.models import check_decidable, decide, heads
 from ..swp_bf16.model import _pad_kv, split_ranges
@@ -56,6 +58,13 @@ HEAD_DIMS_V = (64, 96, 128, 160, 192)
 #: What an empty split stores as its maximum (``store_empty_split``).
 EMPTY_SPLIT_M = -1e30
 M_UNITS = ("scaled", "raw")
+
+
+def log2_scale(q_descale: float, k_descale: float, head_dim: int = 128) -> float:
+    """ls = f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale, fp32 products in order
+    (the fp8 kernel's ``c_logit_scale``, any D; ``model`` re-exports it)."""
+    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
 
 
 def check_args(q8, v8, num_kv_splits, m_units, lse_headroom) -> None:
