@@ -50,11 +50,16 @@ def test_interpreted_raw_units_and_lse_without_headroom_match_the_model():
 
 @pytest.mark.slow
 def test_interpreted_nan_keys_give_the_models_masks():
-    (q, k, v), ds = fp8_case(32, 512, 192, 128, seed=4)
+    """A NaN key: NaN rows dense; under split-K the combine skips the NaN split (its l is
+    not > 0), and the port does the same."""
+    (q, k, v), ds = fp8_case(32, 1024, 192, 128, seed=4)
     k = k.clone()
-    k[0, 300, 0, 5] = float("nan")  # one key of the second split
-    port, model = pair((q, k, v), ds, num_kv_splits=2)
-    assert torch.isnan(model[0]).all()  # every row meets the NaN key
+    k[0, 700, 0, 5] = float("nan")  # a key of the second split (tiles 6-11)
+    dense = pair((q, k, v), ds)
+    assert torch.isnan(dense[1][0]).all()
+    assert_matches_model(*dense)
+    port, model = pair((q, k, v), ds, num_kv_splits=3)
+    assert torch.isfinite(model[0]).all()
     assert_matches_model(port, model)
 
 

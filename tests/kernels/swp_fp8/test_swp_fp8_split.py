@@ -111,6 +111,27 @@ def test_partial_stores_scaled_or_raw_maxima_and_a_bf16_o():
     assert float(split.partial(m, l, O, ls=0.01, v_descale=0.7, m_units="raw")[1]) == 1000.0
 
 
+def test_a_nan_split_is_dropped_by_the_combine():
+    """A NaN key makes its split's m, l and O NaN. Dense, every row is NaN; under split-K
+    the combine takes only splits with l > 0, so the NaN split is skipped: the rows come
+    out as the other splits' softmax (finite), and with no other split, 0 with LSE -inf."""
+    (q, k, v), ds = fp8_case(32, 1024, 128, 128, seed=4)
+    k = k.clone()
+    k[0, 700, 0, 5] = float("nan")  # tiles 6-11: the second of splits (0, 6), (6, 12), (12, 16)
+    dense, _ = run_split((q, k, v), ds)
+    assert torch.isnan(dense.float()).all()
+    out, lse = run_split((q, k, v), ds, num_kv_splits=4)
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+    keep = torch.cat([torch.arange(0, 384), torch.arange(768, 1024)])
+    ref, ref_lse = ref64((q, k[:, keep], v[:, keep]), ds, False)
+    assert metrics.rel_l2(out, ref) < 3e-2  # the softmax over the two finite splits only
+    (q, k, v), ds = fp8_case(32, 512, 128, 128, seed=4)
+    k = k.clone()
+    k[0, 100, 0, 5] = float("nan")  # 8 tiles, 2 splits: one split of all 8, one empty
+    out, lse = run_split((q, k, v), ds, num_kv_splits=2)
+    assert (out == 0).all() and (lse == -math.inf).all()
+
+
 # ---- the unit contracts: aiter #4676's raw maxima, the LSE's headroom --------------------
 
 def _spread_case():
