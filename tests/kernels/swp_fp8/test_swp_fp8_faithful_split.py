@@ -28,7 +28,7 @@ def pair(inputs, ds, *, device="cpu", causal=False, name="lazy", **kw):
 
 @pytest.mark.slow
 def test_interpreted_d192_dv128_two_splits_matches_the_model():
-    inputs, ds = fp8_case(32, 384, 192, 128, k_scale=4.0)
+    inputs, ds = fp8_case(32, 768, 192, 128, k_scale=4.0)  # 12 tiles: (0, 6), (6, 12)
     assert_matches_model(*pair(inputs, ds, num_kv_splits=2, causal=True))
 
 

@@ -43,7 +43,9 @@ def ref64(inputs, ds, causal):
                                            (128, 64, 1)])
 @pytest.mark.parametrize("name", ["eager", "lazy"])
 def test_matches_an_fp64_reference(causal, D, Dv, splits, name):
-    inputs, ds = fp8_case(64, 512, D, Dv, H=2, k_scale=4.0)
+    inputs, ds = fp8_case(64, 1024, D, Dv, H=2, k_scale=4.0)
+    # 16 tiles: every split holds tiles ((0, 8), (8, 16) or (0, 6), (6, 12), (12, 16))
+    assert sum(t1 > t0 for t0, t1 in split.split_ranges(16, splits)) == splits
     out, lse = run_split(inputs, ds, causal=causal, name=name, num_kv_splits=splits)
     ref, ref_lse = ref64(inputs, ds, causal)
     assert out.shape == (1, 64, 2, Dv) and out.dtype == torch.bfloat16
@@ -234,10 +236,20 @@ def test_varlen_is_one_dense_call_per_sequence():
         assert torch.equal(lse[b, :, : r.stop - r.start], l_[0])
 
 
-def test_the_triton_backends_refuse_what_they_lack_by_name():
-    inputs, ds = fp8_case(32, 256, 192, 128)
-    with pytest.raises(ValueError, match=r"backend='interpret': the swp_fp8 kernel takes head dims"):
-        fa_lab.flash_attn_func(*inputs, **ds, backend="interpret")
+def test_the_fast_kernel_refuses_what_it_lacks_by_name():
+    """The fast kernel runs the dense D = 128 body only: (D, Dv) and split-K are refused by
+    name, never run as something else."""
+    inputs, ds = fp8_case(384, 512, 192, 128)
+    with pytest.raises(ValueError, match=r"backend='fast': the swp_fp8 kernel takes head dims"):
+        fa_lab.flash_attn_func(*inputs, **ds, backend="fast")
+    (q, k, v), ds = fp8_case(384, 512, 128, 64)
+    with pytest.raises(ValueError, match=r"backend='fast': the swp_fp8 kernel takes v's head dim "
+                                         r"equal to q's \(Dv = D\), got v head dim Dv=64"):
+        fa_lab.flash_attn_func(q, k, v, **ds, backend="fast")
+    (q, k, v), ds = fp8_case(384, 512, 128, 128)
+    with pytest.raises(ValueError, match=r"num_kv_splits not supported by the swp_fp8 kernel on "
+                                         r"backend='fast'"):
+        fa_lab.flash_attn_func(q, k, v, **ds, backend="fast", num_kv_splits=2)
 
 
 # ---- bad inputs ---------------------------------------------------------------------------
