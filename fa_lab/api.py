@@ -269,7 +269,9 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     units); ``num_kv_splits`` > 1 runs split-K with its combine pass. Varlen:
     ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D], k and
     v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths differ); a
-    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q].
+    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q]. fp8 (FlyDSL
+    #1097) also takes D = 192 and v with a head dim Dv of its own (the output has Dv),
+    split-K and varlen (``docs/semantics.md`` §16).
 
     fa_lab's own: ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy,
     lazy_unfixed, lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None
