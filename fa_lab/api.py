@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from fa_lab import autograd, dispatch, policies, upstream as upstream_versions, varlen
+from fa_lab import autograd, dispatch, policies, routing, upstream as upstream_versions, varlen
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
@@ -33,7 +33,10 @@ from fa_lab.trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-HEAD_DIMS = (64, 128, 192)
+HEAD_DIMS = (64, 128)
+#: The head dims a call's q may have: the bf16/f16 kernels' and the fp8 kernel's (D 192 is
+#: fp8's only: routing refuses a bf16/f16 call of it by name).
+QK_HEAD_DIMS = tuple(sorted(set(HEAD_DIMS) | set(routing.FP8_HEAD_DIMS)))
 #: V/output head dims a call may give where Dv differs from D (a family's Caps.head_dims_v
 #: says which it runs; dispatch refuses the rest by name).
 V_HEAD_DIMS = (64, 96, 128, 160, 192)
@@ -79,7 +82,7 @@ def _check_dense_qkv(q, k, v):
     """``check_qkv`` for dense q, k, v, then ``warn_layout``; an error on shapes that look
     like another layout says so (``layout_problem``)."""
     try:
-        sizes = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS,
+        sizes = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=QK_HEAD_DIMS,
                           v_head_dims=V_HEAD_DIMS)
     except ValueError as e:
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
@@ -88,7 +91,7 @@ def _check_dense_qkv(q, k, v):
         if problem is None:
             try:   # shapes that make a call once read as [B, H, S, D]
                 check_qkv(*(t.transpose(1, 2) for t in (q, k, v)),
-                          dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS,
+                          dtypes=(*HALF_DTYPES, FP8), head_dims=QK_HEAD_DIMS,
                           v_head_dims=V_HEAD_DIMS)
             except (ValueError, TypeError):
                 raise e from None
@@ -122,7 +125,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                 raise ValueError(f"varlen {name} must be packed [total, H, D], got {shape}")
         B, Sq = packing.batch, packing.max_seqlen_q
         _, _, H, D, _, Hkv = check_qkv(q[None], k[None], v[None], dtypes=(*HALF_DTYPES, FP8),
-                                       head_dims=HEAD_DIMS, v_head_dims=V_HEAD_DIMS)
+                                       head_dims=QK_HEAD_DIMS, v_head_dims=V_HEAD_DIMS)
         Skv = packing.max_seqlen_kv
         warn_layout(q[None], k[None])
     else:
