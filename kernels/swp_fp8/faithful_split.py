@@ -272,9 +272,11 @@ def forward_split(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_des
         raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
     qd, kd, vd = (check_descale(n, x) for n, x in
                   (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
+    Dv = v8.shape[-1]
+    if rows_per_program is None and not interpret and max(D, Dv) > 128:
+        rows_per_program = WAVE_ROWS  # one wave: fp32 operands padded to 256 columns
     rows = _rows_per_program(interpret, rows_per_program)
     codes = policy.codes
-    Dv = v8.shape[-1]
     dev = q8.device
     S = num_kv_splits
     ranges = []
