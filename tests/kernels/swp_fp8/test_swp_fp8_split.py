@@ -331,3 +331,11 @@ def test_a_split_trace_is_refused():
 
 def test_ln2_constant_is_the_kernels():
     assert abs(f32(LN2) - math.log(2)) < 1e-7
+
+
+def test_a_d192_trace_records_the_walk_and_its_output():
+    (q, k, v), ds = fp8_case(64, 512, 192, 128)
+    tr = fa_lab.trace(q, k, v, rows=[(0, 0, 3), (0, 0, 40)], causal=True, **ds)
+    out = fa_lab.flash_attn_func(q, k, v, causal=True, **ds)
+    assert tr.out.shape == (2, 128)
+    assert torch.equal(tr.out, out[0, [3, 40], 0])
