@@ -21,7 +21,8 @@ import warnings
 
 import torch
 
-from fa_lab import autograd, dispatch, paged, policies, upstream as upstream_versions, varlen
+from fa_lab import (autograd, dispatch, paged, policies, routing, upstream as upstream_versions,
+                    varlen)
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
@@ -34,6 +35,12 @@ from fa_lab.trace import Trace, TraceRecorder, normalize_rows
 FP8 = torch.float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
+#: The head dims a call's q may have: the bf16/f16 kernels' and the fp8 kernel's (D 192 is
+#: fp8's only: routing refuses a bf16/f16 call of it by name).
+QK_HEAD_DIMS = tuple(sorted(set(HEAD_DIMS) | set(routing.FP8_HEAD_DIMS)))
+#: V/output head dims a call may give where Dv differs from D (a family's Caps.head_dims_v
+#: says which it runs; dispatch refuses the rest by name).
+V_HEAD_DIMS = (64, 96, 128, 160, 192)
 
 __all__ = ["BACKENDS", "Call", "check_call", "plan", "flash_attn_func", "trace", "count_rescales",
            "swa_attn_func"]
@@ -76,7 +83,8 @@ def _check_dense_qkv(q, k, v):
     """``check_qkv`` for dense q, k, v, then ``warn_layout``; an error on shapes that look
     like another layout says so (``layout_problem``)."""
     try:
-        sizes = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
+        sizes = check_qkv(q, k, v, dtypes=(*HALF_DTYPES, FP8), head_dims=QK_HEAD_DIMS,
+                          v_head_dims=V_HEAD_DIMS)
     except ValueError as e:
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
             raise
@@ -84,7 +92,8 @@ def _check_dense_qkv(q, k, v):
         if problem is None:
             try:   # shapes that make a call once read as [B, H, S, D]
                 check_qkv(*(t.transpose(1, 2) for t in (q, k, v)),
-                          dtypes=(*HALF_DTYPES, FP8), head_dims=HEAD_DIMS)
+                          dtypes=(*HALF_DTYPES, FP8), head_dims=QK_HEAD_DIMS,
+                          v_head_dims=V_HEAD_DIMS)
             except (ValueError, TypeError):
                 raise e from None
             problem = (f"read as [B, H, S, D] (SDPA's layout), q {list(q.shape)} and k "
@@ -135,7 +144,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                 raise ValueError(f"varlen {name} must be packed [total, H, D], got {shape}")
         B, Sq = packing.batch, packing.max_seqlen_q
         _, _, H, D, _, Hkv = check_qkv(q[None], k[None], v[None], dtypes=(*HALF_DTYPES, FP8),
-                                       head_dims=HEAD_DIMS)
+                                       head_dims=QK_HEAD_DIMS, v_head_dims=V_HEAD_DIMS)
         Skv = packing.max_seqlen_kv
         warn_layout(q[None], k[None])
     if block_table is not None or seqlen_k is not None or kv_cache_layout != "linear":
@@ -154,11 +163,6 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         if num_kv_heads != Hkv:
             raise ValueError(f"num_kv_heads={num_kv_heads} but k and v have {Hkv} heads")
     fp8 = q.dtype == FP8
-    if fp8 and D != 128:
-        raise ValueError(f"head dim D={D} is not supported; the fp8 kernel takes D = 128")
-    if fp8 and packing is not None:
-        raise ValueError("varlen (cu_seqlens_q/kv) is not supported with float8_e4m3fn inputs, "
-                         "as upstream's fp8 kernel")
     given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8:
         missing = [n for n, x in given.items() if x is None]
@@ -190,9 +194,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
         num_kv_splits = check_int("num_kv_splits", num_kv_splits, lo=1)
     if num_kv_splits > 1:
         n_tiles = -(-Skv // BLOCK_N)
-        if fp8:
-            raise ValueError("num_kv_splits > 1 (split-K) is not supported with float8_e4m3fn inputs")
-        if packing is not None:
+        if packing is not None and not fp8:  # upstream's fp8 kernel (#1097) takes both
             raise ValueError("varlen (cu_seqlens_q/kv) is not supported together with num_kv_splits > 1")
         if Sq < 384:
             raise ValueError(f"num_kv_splits > 1 (split-K) needs seq_len >= 384 as upstream; got Sq={Sq}")
@@ -225,7 +227,8 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                 fp8_saturate=fp8_saturate, backend=backend, mods=mods, head_dim=D, batch=B,
                 seqlen_q=Sq, seqlen_kv=Skv, dtype=dtype, features=features, version=version,
                 policy_asked=request.explicit(fp8=fp8, reads_flag=version.fp8_reads_flag),
-                packing=packing, kernel_asked=kernel, return_lse=return_lse)
+                packing=packing, kernel_asked=kernel, return_lse=return_lse,
+                head_dim_v=v.shape[-1])
 
 
 def warn_fp8_scale(call: Call) -> None:
@@ -315,7 +318,9 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
     (``fa_lab.paged``): ``block_table`` (int32 [B, max_pages]) and ``seqlen_k`` (int32 [B])
     with k and v the page cache in ``kv_cache_layout`` ``"linear"`` [NumBlocks, 64, Hkv, D]
     or ``"vectorized"`` (aiter's 5-D), pages of 64 (bf16/f16, dense q; the kernel runs
-    every sequence to max(seqlen_k), and reads whole pages: see docs/semantics.md).
+    every sequence to max(seqlen_k), and reads whole pages: ``docs/semantics.md`` §15).
+    fp8 (FlyDSL #1097) also takes D = 192 and v with a head dim Dv of its own (the output
+    has Dv), split-K and varlen (``docs/semantics.md`` §16).
 
     fa_lab's own: ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy,
     lazy_unfixed, lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None

@@ -37,8 +37,9 @@ class Caps:
     declares it; no wildcard, so a newly declared value runs nowhere until an
     implementation lists it), whether it runs Python rules (``Policy.from_rule``), the
     ``fa_lab.semantics`` fields it runs away from their defaults (``semantics``: a policy
-    that sets any other is refused, naming it), and whether a numeric P offset
-    (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only)."""
+    that sets any other is refused, naming it), whether a numeric P offset
+    (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only), and
+    the V/output head dims it takes (``head_dims_v``; None: Dv must equal D)."""
 
     dtypes: frozenset
     head_dims: tuple
@@ -48,6 +49,7 @@ class Caps:
     rules: bool = False
     semantics: frozenset = frozenset()
     headroom_any_dtype: bool = False
+    head_dims_v: tuple | None = None
 
     def __post_init__(self):
         # the vote and rebase values an implementation runs, each by name: a declared value

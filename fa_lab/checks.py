@@ -84,12 +84,14 @@ def _dtype_names(dtypes) -> str:
 
 
 def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
-              names=("q", "k", "v"), min_kv: int = 1) -> tuple[int, int, int, int, int, int]:
+              names=("q", "k", "v"), min_kv: int = 1,
+              v_head_dims=None) -> tuple[int, int, int, int, int, int]:
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]: tensors, rank, dtypes (one of ``dtypes``,
     all alike), device, shapes, GQA grouping and head dim (any where ``head_dims`` is None).
     ``names`` are what the errors call the three (a kernel taking fp8 says q8, k8, v8);
     ``min_kv`` is the fewest keys taken (0 for a model that defines an empty cache's rows).
-    Returns (B, Sq, H, D, Skv, Hkv)."""
+    ``v_head_dims``: the V head dims Dv taken where Dv may differ from D (None: v's shape
+    must equal k's). Returns (B, Sq, H, D, Skv, Hkv)."""
     qn, kn, vn = names
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
@@ -104,7 +106,11 @@ def check_qkv(q, k, v, *, dtypes, head_dims, kernel: str = "the kernel",
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but {qn} is on {q.device}")
     B, Sq, H, D = q.shape
-    if k.shape != v.shape:
+    if v_head_dims is not None and k.shape[:3] == v.shape[:3] and v.shape[3] != k.shape[3]:
+        if v.shape[3] not in v_head_dims:
+            raise ValueError(f"{vn} head dim Dv={v.shape[3]} is not supported; Dv takes "
+                             f"{' or '.join(map(str, v_head_dims))}")
+    elif k.shape != v.shape:
         raise ValueError(f"{kn} {tuple(k.shape)} and {vn} {tuple(v.shape)} must have the same shape")
     if k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"{kn} and {vn} must be [B={B}, Skv, Hkv, D={D}]; {kn} has batch "

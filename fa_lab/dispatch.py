@@ -163,6 +163,7 @@ class Call:
     options: dict = dataclasses.field(default_factory=dict)
     arch: str = routing.DUALWAVE_ARCH
     policy: Policy | None = None
+    head_dim_v: int | None = None
 
     @property
     def upstream(self) -> str:
@@ -467,6 +468,12 @@ def _plan(call: Call, notes: list, decided: tuple | None = None) -> Plan:
     if call.head_dim not in e.caps.head_dims:
         raise ValueError(f"backend={backend!r}: the {family} kernel takes head dims {e.caps.head_dims}, "
                          f"got D={call.head_dim}")
+    dv = call.head_dim_v if call.head_dim_v is not None else call.head_dim
+    if dv not in (e.caps.head_dims_v or (call.head_dim,)):
+        takes = (f"Dv in {e.caps.head_dims_v}" if e.caps.head_dims_v
+                 else "v's head dim equal to q's (Dv = D)")
+        raise ValueError(f"backend={backend!r}: the {family} kernel takes {takes}, got v head dim "
+                         f"Dv={dv} with D={call.head_dim}")
     missing = () if e.caps.features.issuperset(call.features) else [
         f for f in call.features if f not in e.caps.features]
     if missing:

@@ -18,8 +18,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               softmax_scale: float | None = None, chunk_rows: int = 1024,
               q_descale=None, k_descale=None, v_descale=None, dtype=torch.float32,
               bias=None, alibi_slopes=None, sink=None):
-    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] of any float dtype (fp8 inputs with their
-    descales are dequantised first). Returns (out [B, Sq, H, D], lse [B, H, Sq]) in
+    """q [B, Sq, H, D], k [B, Skv, Hkv, D] and v [B, Skv, Hkv, Dv] of any float dtype (fp8
+    inputs with their descales are dequantised first). Returns (out [B, Sq, H, Dv], lse
+    [B, H, Sq]) in
     ``dtype`` (fp32 by default; fp64 for a tighter reference on small shapes).
 
     ``bias`` [Sq, Skv] and ALiBi (``alibi_slopes`` [H] or [B, H]: -slope * |i + Skv - Sq - j|)
@@ -43,7 +44,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     kf = load(k, k_descale).permute(0, 2, 1, 3)[:, kv_index]
     vf = load(v, v_descale).permute(0, 2, 1, 3)[:, kv_index]
 
-    out = torch.empty(B, H, Sq, D, dtype=dtype, device=q.device)
+    out = torch.empty(B, H, Sq, v.shape[-1], dtype=dtype, device=q.device)  # Dv may differ from D
     lse = torch.empty(B, H, Sq, dtype=dtype, device=q.device)
     cols = torch.arange(Skv, device=q.device)
     with ieee_fp32_matmul():

@@ -96,6 +96,10 @@ def _dualwave_refuses(s) -> str | None:
     return f"{what} (D 64 or 128 on gfx950); got head_dim={s.head_dim}, arch={s.arch!r}"
 
 
+#: The Q/K head dims upstream's fp8 kernel builds (#1097 added 192).
+FP8_HEAD_DIMS = (128, 192)
+
+
 def _fp8_takes(s) -> bool:
     return s.dtype == "fp8"
 
@@ -107,8 +111,8 @@ def _fp8_refuses(s) -> str | None:
                 "ALiBi or sink)")
     if not s.arch.startswith(DUALWAVE_ARCH):
         return f"fp8 inputs need the gfx950 fp8 kernel, got arch={s.arch!r}"
-    if s.head_dim != 128:
-        return f"the fp8 kernel takes head_dim 128, got {s.head_dim}"
+    if s.head_dim not in FP8_HEAD_DIMS:
+        return f"the fp8 kernel takes head_dim 128 or 192 (D = 128 or 192), got D={s.head_dim}"
     return None
 
 

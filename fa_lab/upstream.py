@@ -37,6 +37,12 @@ from ``pa_decode_swa.py``) has versions of its own, ``DECODE_VERSIONS`` (a
 (the #825 branch at 20faaa4d, the parent of 985c653a). ``fa_lab.decode`` takes them
 as ``upstream=``.
 
+The fp8 kernel's split-K (FlyDSL #1097) has unit contracts of its own,
+``FP8_SPLIT_VERSIONS`` (an ``Fp8SplitVersion`` each): ``"flydsl-20a76439"`` (#1097: maxima
+in scaled units, the LSE without the P headroom) and ``"aiter-4676-raw-m"`` (the raw-unit
+maxima aiter #4676's docstring records). ``fa_lab.kernels.swp_fp8.split.forward`` takes
+them as ``upstream=``.
+
 ``flash_attn_func(..., upstream=NAME)`` picks a version for one call; ``set_upstream`` and
 ``using_upstream`` for a block. The default is ``"fixed"``: FlyDSL as it is today.
 Explicit ``rescale=``, ``rescale_threshold=`` and ``p_headroom=`` override a version.
@@ -225,6 +231,75 @@ def check_decode(name) -> DecodeVersion:
         raise ValueError(f"upstream={name!r} is not a known pa_decode version; choose one of "
                          f"{list(DECODE_VERSIONS)}")
     return DECODE_VERSIONS[name]
+
+
+@dataclass(frozen=True)
+class Fp8SplitVersion:
+    """One version of the fp8 kernel's split-K unit contracts (``docs/semantics.md`` §16;
+    ``fa_lab.kernels.swp_fp8.split``). ``m_units``: what a split's stored maximum is,
+    ``"scaled"`` (m * ls, log2 units: the combine's exp2(m_s - m_max) is a log2 gap) or
+    ``"raw"`` (the raw fp8-product maximum, which the combine still reads as log2 units).
+    ``lse_headroom``: the LSE takes the P headroom H off (``m * ls * ln 2 + ln l - H ln 2``);
+    else l's 2**H stays in it. ``read``: the files and places read; ``approximates``:
+    what the lab does not place exactly ("" where it does)."""
+
+    name: str
+    repository: str
+    commit: str
+    description: str
+    m_units: str
+    lse_headroom: bool
+    read: tuple[str, ...] = ()
+    approximates: str = ""
+
+
+FP8_SPLIT_VERSIONS: dict[str, Fp8SplitVersion] = {v.name: v for v in (
+    Fp8SplitVersion(
+        "flydsl-20a76439", "ROCm/FlyDSL", "20a76439",
+        "FlyDSL after #1097 (fp8 varlen, split-K, head dims (D, Dv), fp8 LSE): split maxima "
+        "stored scaled by ls, the LSE with the P headroom taken off",
+        m_units="scaled", lse_headroom=True,
+        read=("kernels/attention/flash_attn_fp8_gfx950.py (builder: head_dim % 64, head_dim_v "
+              "% 32, num_kv_splits, varlen; the epilogue inv_l = rcp(l) * vd, the split store "
+              "and the combine launch)",
+              "kernels/attention/flash_attn_utils.py (DualwaveFp8SoftmaxHelper.sub_m: H = "
+              "log2 448 - THR when lazy; DualwaveFp8StoreHelper.store_splitk_partial_o: m_row * "
+              "c_logit_scale, bf16 O packs, store_empty_split: -1e30 and 0; "
+              "DualwaveSplitKCombineHelper: maxNum of m, l > 0 splits weighted exp2(m_s - "
+              "m_max) * l_s, rcp(den) if den > 0)",
+              "ROCm/aiter #5326's port of the same code, aiter/ops/flydsl/kernels/fmha_gfx950/"
+              "pipeline.py _store_lse and _p_headroom_log2 (LSE = m*ln2 + ln l - H*ln2, dense "
+              "and combined)"),
+        approximates="the merge commit of #1097 itself is not in the code index: 20a76439 is "
+                     "the FlyDSL commit it holds for these two files, which carry #1097's "
+                     "features; FlyDSL's fp8 builder there returns no LSE, so the LSE follows "
+                     "the aiter port"),
+    Fp8SplitVersion(
+        "aiter-4676-raw-m", "ROCm/aiter", "3f5d5e7c",
+        "the unit bug aiter #4676 records: split maxima stored in raw fp8-product units, so "
+        "every split but the largest is weighted exp2(-gap) = 0",
+        m_units="raw", lse_headroom=True,
+        read=("aiter/ops/flydsl/kernels/flash_attn_dualwave_common.py l.2717-2758 "
+              "(store_splitk_partial_o), l.2760-2778 (splitk_m_out: its docstring records the "
+              "bug, the code multiplies by c_logit_scale), l.3007-3045 (the combine)",),
+        approximates="no commit carries the bug: splitk_m_out arrived with fp8 split-K itself "
+                     "(1ae6b629); this is the body its docstring describes, m stored as the "
+                     "kernel carries it, on FlyDSL 20a76439's split path"),
+)}
+FP8_SPLIT_DEFAULT = "flydsl-20a76439"
+
+
+def check_fp8_split(name) -> Fp8SplitVersion:
+    """The fp8 split-K version named ``name`` (None: ``FP8_SPLIT_DEFAULT``); TypeError/
+    ValueError naming ``upstream`` otherwise."""
+    if name is None:
+        name = FP8_SPLIT_DEFAULT
+    if not isinstance(name, str):
+        raise TypeError(f"upstream must be an fp8 split version name (str), got {type(name).__name__}")
+    if name not in FP8_SPLIT_VERSIONS:
+        raise ValueError(f"upstream={name!r} is not a known fp8 split-K version; choose one of "
+                         f"{list(FP8_SPLIT_VERSIONS)}")
+    return FP8_SPLIT_VERSIONS[name]
 
 _state = threading.local()
 

@@ -104,7 +104,9 @@ def run(packing: Packing, q, k, v, dense_fn, *, bias=None, alibi_slopes=None,
     without a call, unless ``run_empty``: then ``dense_fn`` runs it with Skv = 0 too (for
     a kernel whose semantics decide what such a row gives)."""
     H = q.shape[1]
-    out = torch.zeros_like(q)
+    # the output has v's head dim; fp8 inputs give bf16
+    out = torch.zeros(q.shape[0], H, v.shape[-1], device=q.device,
+                      dtype=torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype)
     lse = torch.full((packing.batch, H, packing.max_seqlen_q), float("-inf"),
                      dtype=torch.float32, device=q.device)
     for b, q0, q1, k0, k1 in packing.spans():

@@ -14,16 +14,16 @@ of 64 columns are taken in pairs; the rescale is decided once per pair:
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, e4m3, exp2, f32, fma_f32, fmax,
+from fa_lab.numerics import (CAUSAL_FLOOR, LN2, e4m3, exp2, f32, fma_f32, fmax,
                         guarded_rcp, bf16)
 from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
-from . import FAMILY
+from . import FAMILY, split
+from .split import log2_scale
 from .._common.models import check_decidable, decide, heads, run_groups
 from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from ..swp_bf16.model import _pad_kv
@@ -32,21 +32,21 @@ KERNEL = "swp_fp8"
 HEAD_DIM = 128
 
 
-def log2_scale(q_descale: float, k_descale: float, head_dim: int = HEAD_DIM) -> float:
-    """ls = f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale, fp32 products in order."""
-    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
-    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
-
-
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
-            saturate: bool = True, recorder: TraceRecorder | None = None):
+            saturate: bool = True, recorder: TraceRecorder | None = None,
+            num_kv_splits: int = 1):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
+    Other head dims (D, Dv) and ``num_kv_splits`` > 1 run FlyDSL #1097's path, ``split``.
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
+    if num_kv_splits != 1 or q8.shape[-1] != HEAD_DIM or v8.shape[-1] != HEAD_DIM:
+        return split.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                             v_descale=v_descale, causal=causal, policy=policy,
+                             num_kv_splits=num_kv_splits, saturate=saturate, recorder=recorder)
     check_semantics(policy, FAMILY, "model")
     check_decidable(policy, f"the {FAMILY.name} model")
     Sq, D = q8.shape[1], q8.shape[3]

@@ -566,8 +566,8 @@ mutation("fp8 head dim", "fp8")(lambda draw, q, k, v, kw: (
     *(torch.zeros(*x.shape[:3], 64).to(F8) for x in (q, k, v)), kw, "D=64", ValueError))
 mutation("fp8 with a modifier", "fp8")(lambda draw, q, k, v, kw: (
     q, k, v, {**kw, "sink": torch.zeros(q.shape[2])}, "sink", ValueError))
-mutation("fp8 split-K", "fp8")(lambda draw, q, k, v, kw: (
-    q, k, v, {**kw, "num_kv_splits": 2}, "num_kv_splits", ValueError))
+mutation("fp8 split-K", "fp8")(lambda draw, q, k, v, kw: (  # more splits than KV tiles
+    q, k, v, {**kw, "num_kv_splits": 10 ** 6}, "num_kv_splits", ValueError))
 
 
 @mutation("bias")

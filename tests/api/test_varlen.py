@@ -88,8 +88,14 @@ def test_dense_tensors_with_cu_seqlens_are_rejected():
                                max_seqlen_q=20)
 
 
-def test_varlen_fp8_rejected():
+def test_varlen_fp8_runs_on_the_model_and_the_port_and_fast_refuses_it():
+    """FlyDSL #1097 gave the fp8 kernel varlen: the model and the faithful port run it (one
+    dense call per sequence); the fast kernel of the dense body refuses it by name."""
     q8 = torch.zeros(30, 2, 128).to(torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="varlen .* float8"):
-        fa_lab.flash_attn_func(q8, q8, q8, cu_seqlens_q=I32(0, 10, 30), cu_seqlens_kv=I32(0, 10, 30),
-                               max_seqlen_q=20, q_descale=1.0, k_descale=1.0, v_descale=1.0)
+    kw = dict(cu_seqlens_q=I32(0, 10, 30), cu_seqlens_kv=I32(0, 10, 30), max_seqlen_q=20,
+              q_descale=1.0, k_descale=1.0, v_descale=1.0)
+    out = fa_lab.flash_attn_func(q8, q8, q8, **kw)
+    assert out.shape == (30, 2, 128) and out.dtype == torch.bfloat16
+    assert torch.equal(fa_lab.flash_attn_func(q8, q8, q8, backend="interpret", **kw), out)
+    with pytest.raises(ValueError, match="varlen not supported by the swp_fp8 kernel on backend='fast'"):
+        fa_lab.flash_attn_func(q8, q8, q8, backend="fast", **kw)

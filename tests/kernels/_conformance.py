@@ -65,6 +65,9 @@ UNCOVERED = {"num_kv_splits": "split-K restarts each split's running max and end
              "paged": "a paged call reads the same tiles as a dense one, through a page table; "
                       "tests/kernels/swp_bf16/test_paged.py checks it against the dense call "
                       "and an fp64 reference"}
+#: The pseudo-feature of an implementation whose Caps.head_dims_v let Dv differ from D:
+#: its claims also run with v's head dim the smallest Dv below D.
+HEAD_DIMS_V = "head_dims_v"
 #: (field, value) -> what the other field is set to, so that the value decides the output.
 PARTNER = {"vote": ("rebase", ("tile", "capped", "max")), "rebase": ("vote", ("wave", "row"))}
 
@@ -92,6 +95,8 @@ def claims(families=None) -> list[Claim]:
         for impl, im in fam.implementations.items():
             caps = im.caps
             feats = [f for f in FEATURES if f is None or f in caps.features]
+            if caps.head_dims_v:  # V head dims other than D: one more claim, v narrower than q
+                feats.append(HEAD_DIMS_V)
             for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
                 for value in sorted(claimed):
                     out.extend(Claim(name, impl, field, value, f) for f in feats)
@@ -234,6 +239,8 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     routed = fam.routed
     rows = ROWS if routed else COLS  # a non-routed (SWA) kernel: Sq == Skv
     q, k, v, c = make_case(dtype, D, rows, COLS)
+    if claim.feature == HEAD_DIMS_V:
+        v = v[..., :min(d for d in caps.head_dims_v if d < D)].contiguous()
     q, k, v = q.to(device), k.to(device), v.to(device)
     fp8 = dtype == "fp8"
     kw = dict(causal=False, rescale=policy, backend=backend)
