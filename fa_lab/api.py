@@ -228,7 +228,7 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                 seqlen_q=Sq, seqlen_kv=Skv, dtype=dtype, features=features, version=version,
                 policy_asked=request.explicit(fp8=fp8, reads_flag=version.fp8_reads_flag),
                 packing=packing, kernel_asked=kernel, return_lse=return_lse,
-                head_dim_v=v.shape[-1])
+                head_dim_v=D if paged_kv is not None else v.shape[-1])
 
 
 def warn_fp8_scale(call: Call) -> None:
