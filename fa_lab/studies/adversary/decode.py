@@ -30,9 +30,9 @@ default is ``nonfinite``: the decode on a cache it owns in full.
 
 **Fitness** (how near a finite candidate comes to the sentinel paths): the fewest valid
 tokens any row that sees a token has in some tile of a non-empty partition, negated
-(-256 .. -1), and 100 plus the share of such rows once one has a fully masked tile (the
--1e30 sentinel's path: ``masked * scale - m`` can cancel to 0 there); 129 once a class
-asked for fails.
+(-256 .. -1; -257 when no row sees a token), and 100 plus the share of such rows once one
+has a fully masked tile (the -1e30 sentinel's path: ``masked * scale - m`` can cancel to 0
+there); 129 once a class asked for fails.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fa_lab.kernels.pa_decode import cases, model
+from fa_lab.kernels import pa_decode
+from fa_lab.kernels.pa_decode import model
+
+cases = pa_decode.cases
 
 from .judge import Verdict
 
@@ -254,7 +257,12 @@ def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
             found.append(name)
             bad |= rows[name]
     fewest, share = closest_masked_tile(c)
-    fit = 129.0 if found else (100.0 + share if fewest == 0 else -float(fewest))
+    if found:
+        fit = 129.0
+    elif fewest < 0:  # no row sees a token: as far from a masked tile as a call can be
+        fit = -float(model.TILE_TOK + 1)
+    else:
+        fit = 100.0 + share if fewest == 0 else -float(fewest)
     both = defined & ~bad_now
     ov = out.double()[both]
     err = (ov - ref[both]).abs().amax(-1) / ref[both].abs().amax(-1).clamp_min(1e-300) \
