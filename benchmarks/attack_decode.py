@@ -6,7 +6,9 @@ results folder (``--out-dir``; the lab's copies are in data/results).
 
 Each version gets ``--seeds`` runs of ``adversary.decode_search.search`` (random starts and
 an evolution strategy, nothing of the failure given) of ``--budget`` seconds each, counting
-non-finite rows on calls whose cache is finite where it is read. The record is
+non-finite rows on calls whose cache is finite where it is read. Each run's wall time,
+CPU time and model runs to the first failure are kept (``timing``: on a shared machine the
+wall time includes waiting for a core). The record is
 ``decode_search.record``'s (``summary``: one row per run, with its time to the first failure
 and model runs; ``runs``: each run with its wall time), with this run's provenance.
 
@@ -16,6 +18,7 @@ and model runs; ``runs``: each run with its wall time), with this run's provenan
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -45,10 +48,12 @@ def main(argv=None) -> int:
         main = key.startswith("main")
         seeds = args.main_seeds if main and args.main_seeds is not None else args.seeds
         runs = []
+        cpu = []
         for seed in range(seeds):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = decode_search.search(version, space=space, budget_s=args.budget, seed=seed)
             runs.append((res, time.perf_counter() - t0))
+            cpu.append(time.process_time() - c0)
             print(decode_search.summary(res), flush=True)
         params = {"budget_s": args.budget, "seeds": seeds, "space": space,
                   "classes": ["nonfinite"], "upstream": version,
@@ -60,7 +65,11 @@ def main(argv=None) -> int:
             "runs": len(runs), "found": len(found),
             "time_to_first_s": [r.time_to_first_s for r in found],
             "max_time_to_first_s": max((r.time_to_first_s for r in found), default=None),
-            "evals": [r.evals for r, _ in runs]}
+            "evals": [r.evals for r, _ in runs],
+            "evals_to_first": [r.evals_to_first for r, _ in runs],
+            "cpu_s": cpu, "load_average": list(os.getloadavg()),
+            "note": "wall times include the wait for a CPU on a shared 2-core machine; "
+                    "cpu_s is this process's CPU time per run (search and shrink)"}
         print(results.save(f"attack_decode_{key}", rec, root=args.out_dir))
     return 0
 

@@ -9,6 +9,7 @@ bug report's tables as curves, and PNG export.
 - ``tables``: the bug report's bf16 and fp8 tables as curves.
 - ``training``: a training run's first non-finite step per policy and logit scale.
 - ``zoo``: the failure zoo's mechanism strips and a hazard's boundary against its formula.
+- ``decode``: the paged decode's partitions, their (max, sum) and the merge's weights.
 - ``export``: static PNG export (kaleido).
 """
 
@@ -22,6 +23,7 @@ from .outputs import (ROW_STATES, ROW_FATES, row_fates, nonfinite_map, lse_rows,
 from .tables import bf16_table_curves, fp8_table_curves
 from .zoo import CELL_KINDS, QUANTITIES, boundary_curves, mechanism_strip
 from .training import first_nonfinite_steps
+from .decode import partitions_figure
 from .export import to_png
 
 __all__ = ["TRACE_VALUES", "fmt_number", "LABEL_COLORS", "OTHER_COLOR", "IMPL_COLORS", "POLICY_SYMBOLS", "NONFINITE_COLOR", "FIXED_RANGES",
@@ -30,4 +32,4 @@ __all__ = ["TRACE_VALUES", "fmt_number", "LABEL_COLORS", "OTHER_COLOR", "IMPL_CO
            "wave_ballot", "break_window", "lane_lines", "row_compare", "ROW_STATES", "ROW_FATES",
            "row_fates", "nonfinite_map", "lse_rows", "output_difference_rows", "bf16_table_curves",
            "fp8_table_curves", "CELL_KINDS", "QUANTITIES", "boundary_curves", "mechanism_strip",
-           "first_nonfinite_steps", "to_png"]
+           "first_nonfinite_steps", "partitions_figure", "to_png"]
