@@ -4,6 +4,8 @@ brings in both versions, an empty context), the geometry its fitness reads, the 
 finding the sentinel failure from the space alone and finding nothing on the fixed
 version, bad input, and the record's schema."""
 
+import dataclasses
+
 import pytest
 
 from fa_lab.studies.adversary import check_record, decode, decode_search
@@ -90,3 +92,16 @@ def test_the_search_finds_the_sentinel_failure_from_the_space_alone():
 def test_bad_input_is_refused_naming_the_argument(call, exc, needle):
     with pytest.raises(exc, match=needle):
         call()
+
+
+def test_the_attacks_find_on_main_the_inf_path_correction_overflow():
+    # found by a search on main-11c4174d (seed 1), shrunk: 258 tokens, QL 9, G 2 (18 rows,
+    # the -inf path), NP 2; token 256 is a key outlier (x 2^12.9 under a per-tensor scale)
+    # that row qi = 7 sees alone in partition 1, far below zero: exp2(0 - m) = inf, l = 0 * inf
+    c = DecodeCandidate(tiles=2, last=2, query_length=9, group=2, num_partitions=2,
+                        shuffle=False, spare_pages=0, outlier_log2=12.910788992954508,
+                        outlier_at=0.9984808043197476, outlier_in="k", seed=1401260371)
+    v = decode.judge(c, MAIN)
+    assert v.failed and v.bad_rows == [[7, 0], [7, 1]]
+    assert not decode.judge(c, BEFORE).failed
+    assert not decode.judge(dataclasses.replace(c, num_partitions=1), MAIN).failed
