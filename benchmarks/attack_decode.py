@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     p.add_argument("--main-seeds", type=int, default=None,
                    help="runs for main (default --seeds): each spends its whole budget")
     p.add_argument("--budget", type=float, default=60.0)
+    p.add_argument("--max-evals", dest="max_evals", type=int, default=None,
+                   help="also stop each run after this many model runs")
+    p.add_argument("--suffix", default="", help="appended to each file name (e.g. _long)")
     p.add_argument("--out-dir", default=None,
                    help="results folder (default $FA_LAB_RESULTS or ./fa_lab_results)")
     args = p.parse_args(argv)
@@ -51,11 +54,13 @@ def main(argv=None) -> int:
         cpu = []
         for seed in range(seeds):
             t0, c0 = time.perf_counter(), time.process_time()
-            res = decode_search.search(version, space=space, budget_s=args.budget, seed=seed)
+            res = decode_search.search(version, space=space, budget_s=args.budget, seed=seed,
+                                       max_evals=args.max_evals)
             runs.append((res, time.perf_counter() - t0))
             cpu.append(time.process_time() - c0)
             print(decode_search.summary(res), flush=True)
-        params = {"budget_s": args.budget, "seeds": seeds, "space": space,
+        params = {"budget_s": args.budget, "max_evals": args.max_evals, "seeds": seeds,
+                  "space": space,
                   "classes": ["nonfinite"], "upstream": version,
                   "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
                   "command": "benchmarks/attack_decode.py"}
@@ -70,7 +75,7 @@ def main(argv=None) -> int:
             "cpu_s": cpu, "load_average": list(os.getloadavg()),
             "note": "wall times include the wait for a CPU on a shared 2-core machine; "
                     "cpu_s is this process's CPU time per run (search and shrink)"}
-        print(results.save(f"attack_decode_{key}", rec, root=args.out_dir))
+        print(results.save(f"attack_decode_{key}{args.suffix}", rec, root=args.out_dir))
     return 0
 
 
