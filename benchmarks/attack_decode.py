@@ -12,7 +12,9 @@ wall time includes waiting for a core). The record is
 ``decode_search.record``'s (``summary``: one row per run, with its time to the first failure
 and model runs; ``runs``: each run with its wall time), with this run's provenance.
 
-    OMP_NUM_THREADS=1 python benchmarks/attack_decode.py --seeds 10 --budget 60
+    OMP_NUM_THREADS=1 python benchmarks/attack_decode.py --seeds 6 --main-seeds 3 --budget 60
+    OMP_NUM_THREADS=1 python benchmarks/attack_decode.py --versions main,main_v_outliers \
+        --main-seeds 2 --max-evals 800 --budget 600 --suffix _long     # the longer runs on main
 """
 
 from __future__ import annotations
