@@ -24,10 +24,12 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds of search (shrinking a find takes up to as much again)")
-    p.add_argument("--space", choices=tuple(SPACES), default=None,
+    p.add_argument("--space", choices=(*SPACES, "decode"), default=None,
                    help="the search space: scores (|V| <= 4; the default), values (V up to "
-                        "2^126) or zoo (KV caches, sentinels, masked rows and tiles; the "
-                        "default for the failure zoo's presets)")
+                        "2^126), zoo (KV caches, sentinels, masked rows and tiles; the "
+                        "default for the failure zoo's presets) or decode (paged-decode calls; "
+                        "the default, and the only space, for a decode version such as "
+                        "main-11c4174d or flydsl-985c653a^ given as POLICY)")
     p.add_argument("--classes", default=None, metavar="LIST",
                    help="classes of failure to count, comma-separated: nonfinite, empty, "
                         "silent, saturation, nan_factor (default: a zoo preset's own, "
@@ -112,6 +114,10 @@ def run(args) -> int:
         raise UsageError("name the policy to attack: fa-lab attack POLICY (or --policy NAME)")
     if args.policy_opt and args.policy_pos and args.policy_opt != args.policy_pos:
         raise UsageError(f"two policies given: {args.policy_pos!r} and --policy {args.policy_opt!r}")
+    from fa_lab.studies.adversary import decode as decode_space
+
+    if decode_space.is_decode_target(name) or args.space == "decode":
+        return _run_decode(args, name)
     if name not in policies.names():
         raise UsageError(f"{name!r} is not a registered policy; registered: "
                          f"{', '.join(policies.names())} (register yours in a file given to --import)")
@@ -154,6 +160,68 @@ def run(args) -> int:
         print(json.dumps(slim, default=str))
     else:
         print(summary(res))
+        if saved is not None:
+            print(f"saved {saved}")
+    return 0
+
+
+def _run_decode(args, name) -> int:
+    """``fa-lab attack VERSION [--space decode]``: the decode space's attack on a decode
+    version (``adversary.decode_search``), saved as an attack record."""
+    import json
+    import math
+    import time
+
+    import torch
+
+    from fa_lab.studies.adversary import decode as decode_space
+    from fa_lab.studies.adversary import decode_search
+    from fa_lab.upstream import DECODE_VERSIONS
+
+    if not decode_space.is_decode_target(name):
+        raise UsageError(f"--space decode attacks a decode version, one of "
+                         f"{', '.join(DECODE_VERSIONS)}; got {name!r}")
+    if args.space not in (None, "decode"):
+        raise UsageError(f"{name!r} is a decode version: its space is decode, not {args.space!r}")
+    off = [flag for flag, val in (("--mods", args.mods), ("--baseline", args.baseline),
+                                  ("--threshold", args.threshold),
+                                  ("--tolerance", args.tolerance),
+                                  ("--regression", args.regression),
+                                  ("--random-starts", args.random_starts)) if val]
+    if off or args.optimizer != "cma":
+        raise UsageError(f"{', '.join(off) or '--optimizer'} does not apply to the decode "
+                         "space (random starts and an evolution strategy, no modifiers)")
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
+    try:
+        classes = decode_space.check_decode_classes(args.classes)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    opts = {"seed": args.seed, "budget_s": args.budget, "space": "decode",
+            "max_evals": args.max_evals, "classes_asked": args.classes}
+    saved_as = None
+    if not args.no_save:
+        results.check_folder(args.out_dir)
+        saved_as = args.name or default_name(name, args)
+        results.check_same_run(saved_as, opts, root=args.out_dir, ignore=VOLATILE)
+    started = time.perf_counter()
+    res = decode_search.search(name, budget_s=args.budget, seed=args.seed, classes=classes,
+                               max_evals=args.max_evals)
+    wall = time.perf_counter() - started
+    params = {**opts, "classes": list(res.classes),
+              "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
+              "command": "fa-lab attack"}
+    rec = decode_search.record(name, [(res, wall)], params=params)
+    saved = None if saved_as is None else results.save(saved_as, rec, root=args.out_dir)
+    if args.json:
+        run = rec["runs"][0]
+        slim = {k: run[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
+                                    "time_to_first_s", "bad_rows", "classes", "found_classes")}
+        slim.update(space="decode", repro_command=res.repro_command,
+                    saved=None if saved is None else str(saved))
+        print(json.dumps(slim, default=str))
+    else:
+        print(decode_search.summary(res))
         if saved is not None:
             print(f"saved {saved}")
     return 0

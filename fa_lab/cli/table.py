@@ -103,12 +103,31 @@ def _duration(s: float) -> str:
     return f"{s / 3600:.1f} hours"
 
 
+def _int_list(text: str) -> tuple:
+    import argparse
+
+    try:
+        xs = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not xs:
+        raise argparse.ArgumentTypeError("expected at least one int")
+    return xs
+
+
+def _word_list(text: str) -> tuple:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def add_arguments(t):
-    t.add_argument("--which", choices=["bf16", "fp8", "both"], default="both")
+    t.add_argument("--which", choices=["bf16", "fp8", "both", "decode"], default="both",
+                   help="the bug report's tables (bf16, fp8, both) or the paged decode's "
+                        "(decode: over the axes below)")
     add_bool_flag(t, "--full", help="the seed's sizes (a GPU-size run: use --device cuda)")
     t.add_argument("--B", type=positive_int, help="batch (default: the CPU size, or the seed's with --full)")
     t.add_argument("--S", type=positive_int, help="sequence length")
-    t.add_argument("--H", type=positive_int, help="heads")
+    t.add_argument("--H", type=positive_int,
+                   help="heads (--which decode: query heads per kv head, default 2)")
     add_bool_flag(t, "--causal", help="causal mask (the seed's tables are not)")
     t.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 .. 2**63 - 1")
     t.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda[:N]")
@@ -128,6 +147,17 @@ def add_arguments(t):
     t.add_argument("--upstream", type=upstream_name, default=None,
                    help="FlyDSL version whose defaults bare calls take "
                         "(fa_lab.upstream.VERSIONS; default: fixed)")
+    g = t.add_argument_group("--which decode: the paged decode's axes (comma-separated)")
+    g.add_argument("--contexts", type=_int_list, default=None, help="context lengths (257,700)")
+    g.add_argument("--query-lens", dest="query_lens", type=_int_list, default=None,
+                   help="query lengths, MTP 1..16 (1,4)")
+    g.add_argument("--partitions", type=_int_list, default=None, help="partition counts (1,2)")
+    g.add_argument("--page-sizes", dest="page_sizes", type=_int_list, default=None,
+                   help="page sizes, 16 or 64 (16)")
+    g.add_argument("--scales", type=_word_list, default=None,
+                   help="per_tensor, per_token (both)")
+    g.add_argument("--decode-versions", dest="decode_versions", type=_word_list, default=None,
+                   help="pa_decode versions (fa_lab.upstream.DECODE_VERSIONS; both)")
 
 
 
@@ -147,6 +177,12 @@ def run(args) -> int:
     from fa_lab import policies, upstream
 
     import_policies(args.imports)
+    if args.which == "decode":
+        return _run_decode(args)
+    decode_only = [f for f in ("contexts", "query_lens", "partitions", "page_sizes", "scales",
+                               "decode_versions") if getattr(args, f) is not None]
+    if decode_only:
+        raise UsageError(f"--{decode_only[0].replace('_', '-')} is an axis of --which decode")
     if args.policies is not None:
         unknown = [n for n in args.policies if n not in policies.names()]
         if unknown:
@@ -249,3 +285,35 @@ def result_name_and_params(args, kind: str, sizes: dict, tables: int, version: s
     return results.check_name("_".join(parts)), params
 
 
+
+
+def _run_decode(args) -> int:
+    """``fa-lab table --which decode``: ``fa_lab.studies.decode_table`` over the axes given."""
+    from fa_lab.studies import decode_table as dt
+
+    off = [flag for flag, val in (("--full", args.full), ("--causal", args.causal),
+                                  ("--policies", args.policies), ("--upstream", args.upstream),
+                                  ("--B", args.B), ("--S", args.S))
+           if val not in (None, False)]
+    if off or args.device != "cpu" or args.backend != "auto":
+        raise UsageError(f"{', '.join(off) or '--device/--backend'} does not apply to "
+                         "--which decode (the emulator on the CPU, over the decode's own axes)")
+    axes = {k: v for k, v in (("contexts", args.contexts), ("query_lengths", args.query_lens),
+                              ("partitions", args.partitions), ("page_sizes", args.page_sizes),
+                              ("scales", args.scales), ("versions", args.decode_versions))
+            if v is not None}
+    kw = {**axes, **({"group": args.H} if args.H is not None else {}), "seed": args.seed}
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
+    name = None
+    if not args.no_save:
+        results.check_folder(args.out_dir)
+        name = args.name or "table_decode_cpu" + (f"_seed{args.seed}" if args.seed else "")
+        results.check_same_run(name, params, root=args.out_dir)
+    try:
+        t = dt.table(**kw)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    print(dt.format_table(t))
+    if name is not None:
+        print(f"saved {results.save(name, t, params=params, root=args.out_dir)}")
+    return 0

@@ -7,9 +7,12 @@ Upstream: ROCm/FlyDSL ``main`` 11c4174d, ``kernels/attention/mla_fwd_decode_m16x
 
 - ``model``: the exact PyTorch model (the definition; ``docs/semantics.md`` §14).
 - ``faithful``: the faithful port, one program per (work item, group of heads).
+- ``bound``: the P cast's safe region (``fa_lab.studies.onset.bound("mla_decode")``).
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
+
+from . import bound  # noqa: F401 -- the family's face for the studies above it
 
 #: The upstream versions the model follows: name -> (repository, commit, files). The kernel
 #: is unchanged where it is carried (ROCm/aiter holds only its HIP ancestors and the reduce).

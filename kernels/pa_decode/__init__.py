@@ -7,10 +7,15 @@ with upstream's names (``pa_decode_tile``, ``pa_decode_ps_launch``).
 - ``model``: the exact PyTorch model (the definition; docs/semantics.md §13);
 - ``reduce``: the split reduce that merges the partitions;
 - ``faithful``: the faithful Triton port;
-- ``bound``: when the finite mask sentinel turns into NaN, in closed form.
+- ``bound``: when the finite mask sentinel turns into NaN, in closed form, and the
+  decode's safe region (``fa_lab.studies.onset.bound("pa_decode")``);
+- ``cases``: decode calls built from logical K/V, and their fp64 reference (the tests, the
+  onset search and the attack's decode space use them through this face).
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
+
+from . import bound, cases  # noqa: F401 -- the family's face for the studies above it
 
 # The decode kernel takes no rescale policy: each partition's softmax is eager by
 # construction, so it claims no vote or rebase value (its tests hold it to fp64).

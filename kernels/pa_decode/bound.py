@@ -28,11 +28,24 @@ reduce's (-inf) - (-inf) = NaN (with NP = 1 the output is 0).
 ``main-11c4174d``: the sentinel never yields P = 1 (re-masked on one M-tile, -inf on
 several). NaN comes only from the reduce (NP > 1) when every partition reports -inf:
 c = 0, or, with more than 16 rows (the -inf path), a row that sees no token (b(r) <= 0).
+
+Both forms also assume scores that stay above -128 log2 units somewhere in the first
+tile each row sees in each partition. On main's -inf path (more than 16 rows) a row
+whose first visible tile in a partition has its maximum m <= -128 (log2 units, after
+the scale) gets the correction exp2(0 - m) = inf while its m is still -inf
+(pa_decode_tile.py l.747-748: ``safe_prev`` is 0 there), and l = 0 * inf = NaN: a NaN
+that depends on the data, which the decode attack found (``fa_lab.studies.adversary.
+decode``) and ``nan_rows`` does not give. The -1e30 path starts from exp2(-inf) = 0.
 """
 
 from __future__ import annotations
 
-from .model import MTILE_ROWS, TILE_TOK
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .model import MTILE_ROWS, TILE_TOK, logical_kv
 
 
 def nan_rows(context_len: int, query_length: int, group: int, num_partitions: int, *,
@@ -94,3 +107,169 @@ def fully_masked_first_tile(context_len: int, query_length: int, group: int,
     first = tpp * ((t - 1) // tpp) == t - 1
     return [(first and k <= ql - 1 - r // group) or c - (ql - 1) + r // group <= 0
             for r in range(rows)]
+
+
+# ---- the safe region (``fa_lab.studies.onset.bound("pa_decode:<version>")``) -------------
+
+#: Log2 of the fp32 overflow boundary: exp2(x) is inf from x = 128.
+OVERFLOW = 128.0
+
+
+@dataclass
+class DecodeMeasure:
+    """What the region's formulas read off one decode call (``measure``): per sequence its
+    context, the call's sizes and scale mode, ``first_max`` (per (seq, kv head, partition,
+    row): the running max, log2 units, after the first tile of the partition in which the
+    row sees a token; -inf where it sees none) and whether the cache holds a non-finite V
+    or V scale past a context inside its last tile (``tail_nonfinite``)."""
+
+    contexts: list
+    query_length: int
+    group: int
+    num_partitions: int
+    per_token: bool
+    first_max: torch.Tensor
+    tail_nonfinite: bool
+
+
+@dataclass(frozen=True)
+class DecodeHazard:
+    """One way the decode fails: ``check(m) -> (safe, margin)`` (margin in log2 units, None
+    for a structural hazard); ``exact``: the formula is the boundary (else sufficient);
+    ``never``: the version rules it out."""
+
+    name: str
+    kind: str
+    formula: str
+    check: Callable = field(repr=False, compare=False)
+    exact: bool = True
+    never: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "formula": self.formula,
+                "exact": self.exact, "never": self.never, "note": self.note}
+
+
+@dataclass(frozen=True)
+class DecodeRegion:
+    """The decode's safe region for one version: a call is inside when no hazard applies."""
+
+    upstream: str
+    hazards: tuple
+    kernel: str = "pa_decode"
+
+    def violated(self, m: DecodeMeasure) -> list[str]:
+        return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
+
+    def contains(self, m: DecodeMeasure) -> bool:
+        return not self.violated(m)
+
+    def margins(self, m: DecodeMeasure) -> dict:
+        return {h.name: h.check(m)[1] for h in self.hazards
+                if not h.never and h.check(m)[1] is not None}
+
+    def describe(self) -> str:
+        lines = [f"{self.kernel} at {self.upstream}: safe where"]
+        for h in self.hazards:
+            tag = "never" if h.never else ("exact" if h.exact else "sufficient")
+            lines.append(f"  [{h.kind}] {h.name}: {h.formula} ({tag})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"policy": self.upstream, "kernel": self.kernel,
+                "hazards": [h.to_dict() for h in self.hazards]}
+
+
+def measure(case, *, num_partitions: int, upstream: str = "main-11c4174d") -> DecodeMeasure:
+    """``DecodeMeasure`` of a checked decode call (``cases.Case``, or anything with its
+    fields; the default softmax scale 1 / sqrt(D)), from one run of the model (its
+    recorder's ``first_max``) and the cache's tail."""
+    from fa_lab.upstream import check_decode
+
+    from .model import forward
+
+    rec: dict = {}
+    d = case.query.shape[2]
+    forward(*case.args()[1:], softmax_scale=d ** -0.5, num_partitions=num_partitions,
+            version=check_decode(upstream), out_dtype=case.query.dtype, recorder=rec)
+    ctx = [int(c) for c in case.context_lengths]
+    ql = case.query.shape[0] // len(ctx)
+    group = case.query.shape[1] // case.key_cache.shape[1]
+    bs = case.key_cache.shape[3]
+    _, v = logical_kv(case.key_cache, case.value_cache)
+    per_token = case.value_scale.dim() > 1
+    tail = False
+    for seq, c in enumerate(ctx):
+        end = -(-c // TILE_TOK) * TILE_TOK
+        t = torch.arange(c, end)
+        flat = case.block_tables.reshape(-1).long()
+        idx = seq * case.block_tables.shape[1] + t // bs
+        pages = torch.where(idx < flat.numel(), flat[idx.clamp(max=flat.numel() - 1)], 0)
+        vals = v[pages, :, t % bs]
+        bad = ~torch.isfinite(vals).all()
+        if per_token:
+            bad = bad | ~torch.isfinite(case.value_scale[pages, :, t % bs]).all()
+        tail = tail or bool(bad)
+    return DecodeMeasure(ctx, ql, group, num_partitions, per_token, rec["first_max"], tail)
+
+
+def _sentinel(version: str):
+    def check(m: DecodeMeasure):
+        bad = any(c > 0 and any(possible_nan_rows(c, m.query_length, m.group, m.num_partitions,
+                                                  upstream=version, per_token=m.per_token))
+                  for c in m.contexts)
+        return not bad, None
+    return check
+
+
+def _empty(version: str):
+    def check(m: DecodeMeasure):
+        if m.num_partitions == 1:
+            return True, None
+        rows = m.query_length * m.group
+        multi = version == "main-11c4174d" and rows > MTILE_ROWS
+        bad = any(c == 0 or (multi and m.query_length > 1 and c - (m.query_length - 1) <= 0)
+                  for c in m.contexts)
+        return not bad, None
+    return check
+
+
+def _first_max(m: DecodeMeasure):
+    rows = m.query_length * m.group
+    fm = m.first_max[m.first_max > float("-inf")]
+    if rows <= MTILE_ROWS or fm.numel() == 0:
+        return True, None
+    margin = float(fm.min()) + OVERFLOW
+    return margin > 0, margin
+
+
+def region(upstream: str | None = None) -> DecodeRegion:
+    """The safe region of the paged decode at ``upstream`` (``fa_lab.upstream``; default
+    main-11c4174d): the sentinel's NaN (``nan_rows``), the reduce's NaN on a context that
+    sees nothing, main's -inf-path correction overflow, and NaN in the cache's tail."""
+    from fa_lab.upstream import check_decode
+
+    name = check_decode(upstream).name
+    main = name == "main-11c4174d"
+    return DecodeRegion(name, (
+        DecodeHazard("sentinel_pack_nan", "nan",
+                     "no row has possible_nan_rows(c, QL, G, NP) (per-token scales: the last "
+                     "tile holds k > QL - 1 - qi_m tokens for each M-tile's first row, and no "
+                     "row sees more than its M-tile's first)", _sentinel(name),
+                     exact=False, never=main,
+                     note="985c653a re-masks P and takes the V-scale max over all 256 tokens"
+                     if main else "sufficient: the V-scale race makes some of these rows NaN "
+                     "only for some scales"),
+        DecodeHazard("empty_context", "nan",
+                     "NP = 1, or every context > 0 (main, > 16 rows: c > QL - 1)", _empty(name),
+                     note="every partition -inf: the reduce's (-inf) - (-inf)"),
+        DecodeHazard("inf_path_correction", "overflow",
+                     "rows <= 16, or first_max > -128 (log2) for every row and partition",
+                     _first_max, never=not main,
+                     note="exp2(0 - m) = inf times l = 0 (l.747-748)" if main
+                     else "the -1e30 path starts from exp2(-inf) = 0"),
+        DecodeHazard("stale_v_tail", "nan", "V and its scales finite past c in the last tile",
+                     lambda m: (not m.tail_nonfinite, None),
+                     note="P = 0 times NaN in the PV product, both versions"),
+    ))

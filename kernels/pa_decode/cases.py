@@ -43,13 +43,28 @@ def _quant(x: torch.Tensor, per_token: bool):
     return e4m3(x / s).to(torch.float8_e4m3fn), s.float()
 
 
+#: What the cache holds past each sequence's context (``make``'s ``tail``): fresh N(0, 1)
+#: values; stale ones at the format's largest magnitude (448, a per-token scale of 1e4); or
+#: NaN (the e4m3 NaN code, and NaN per-token scales), as uninitialised memory may.
+TAILS = ("finite", "stale", "nan")
+_STALE_SCALE = 1e4
+
+
 def make(context_lengths, *, query_length=1, num_q_heads=4, num_kv_heads=1, head_dim=64,
          block_size=16, per_token=False, k_mult=1.0, seed=0, shuffle=True, spare_pages=2,
-         trans_v=True, dtype=torch.bfloat16, tail_pages=None) -> Case:
+         trans_v=True, dtype=torch.bfloat16, tail_pages=None, tail="finite",
+         outlier=None) -> Case:
     """A case: q, K, V ~ N(0, 1) (K times ``k_mult``); each sequence gets
     ``ceil(ctx / bs) + spare_pages`` pages of its own (``tail_pages`` forces that count),
     taken from a shuffled (or contiguous) pool; the table's unused entries point at pages of
-    the pool too, so the kernel's over-read of its last tile reads real pages."""
+    the pool too, so the kernel's over-read of its last tile reads real pages.
+
+    ``tail`` (``TAILS``): what every cache slot past its sequence's context holds (the
+    slots of its own pages past ``ctx``, and the pool's page no table names), K, V and
+    per-token scales alike. ``outlier``: None or ``(which, at, factor)``: token
+    ``int(at * (ctx0 - 1))`` of sequence 0 has its K (``which="k"``) or V (``"v"``) times
+    ``factor`` in every kv head before quantization (its per-token scale grows with it; a
+    per-tensor scale takes it for every token)."""
     g = torch.Generator().manual_seed(seed)
     ctx = [int(c) for c in context_lengths]
     per_seq = tail_pages or max(-(-c // block_size) for c in ctx) + spare_pages
@@ -57,10 +72,26 @@ def make(context_lengths, *, query_length=1, num_q_heads=4, num_kv_heads=1, head
     nb = num_seqs * per_seq + 1
     k = torch.randn(nb, num_kv_heads, block_size, head_dim, generator=g) * k_mult
     v = torch.randn(nb, num_kv_heads, block_size, head_dim, generator=g)
-    k8, ks = _quant(k, per_token)
-    v8, vs = _quant(v, per_token)
     pool = torch.randperm(nb, generator=g) if shuffle else torch.arange(nb)
     table = pool[:num_seqs * per_seq].reshape(num_seqs, per_seq).to(torch.int32)
+    if outlier is not None and ctx[0] > 0:
+        which, at, factor = outlier
+        t = int(at * (ctx[0] - 1))
+        (k if which == "k" else v)[int(table[0, t // block_size]), :, t % block_size] *= factor
+    past = _past_context(table, ctx, nb, block_size)  # [nb, bs] bool
+    if tail == "stale":  # the quantizer sees nothing there; the bytes are written below
+        k[past[:, None, :].expand_as(k[..., 0])] = 0.0
+        v[past[:, None, :].expand_as(v[..., 0])] = 0.0
+    k8, ks = _quant(k, per_token)
+    v8, vs = _quant(v, per_token)
+    if tail != "finite":
+        code, sval = (0x7E, _STALE_SCALE) if tail == "stale" else (0x7F, float("nan"))
+        sel = past[:, None, :].expand(nb, num_kv_heads, block_size)
+        k8.view(torch.uint8)[sel] = code
+        v8.view(torch.uint8)[sel] = code
+        if per_token:
+            ks[sel] = sval
+            vs[sel] = sval
     kc = k8.reshape(nb, num_kv_heads, block_size, head_dim // 16, 16).permute(0, 1, 3, 2, 4).contiguous()
     if trans_v:
         vc = v8.reshape(nb, num_kv_heads, block_size // 16, 16, head_dim).permute(0, 1, 2, 4, 3).contiguous()
@@ -68,6 +99,16 @@ def make(context_lengths, *, query_length=1, num_q_heads=4, num_kv_heads=1, head
         vc = v8.permute(0, 1, 3, 2).contiguous()
     q = torch.randn(num_seqs * query_length, num_q_heads, head_dim, generator=g).to(dtype)
     return Case(q, kc, vc, table, torch.tensor(ctx, dtype=torch.int32), ks, vs)
+
+
+def _past_context(table: torch.Tensor, ctx: list, nb: int, block_size: int) -> torch.Tensor:
+    """[nb, bs] bool: the slots past their sequence's context (of the pages its table row
+    names) and every slot of a page no table row names."""
+    past = torch.ones(nb, block_size, dtype=torch.bool)
+    for seq, c in enumerate(ctx):
+        t = torch.arange(c)
+        past[table[seq, t // block_size].long(), t % block_size] = False
+    return past
 
 
 def reference(case: Case, softmax_scale: float | None = None) -> torch.Tensor:
@@ -88,17 +129,21 @@ def reference(case: Case, softmax_scale: float | None = None) -> torch.Tensor:
     out = torch.full(q.shape, float("nan"), dtype=torch.float64)
     for seq in range(num_seqs):
         ctx = int(case.context_lengths[seq])
-        bounds = row_bounds(ctx, ql, group)
+        bounds = torch.tensor(row_bounds(ctx, ql, group))
+        if ctx == 0 or not (bounds > 0).any():
+            continue
+        t = torch.arange(ctx)
+        pages = case.block_tables[seq, t // bs].long()
+        seen = t[None, :] < bounds[:, None]  # [rows, ctx]: only seen tokens are gathered
+        live = bounds > 0
         for h in range(hkv):
+            kk, vv = kd[pages, h, t % bs], vd[pages, h, t % bs]
             rows = q[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group].reshape(-1, d)
             q8, qs = quantize_q(rows)
             qd = q8.double() * qs.double()[:, None]
-            for r, b in enumerate(bounds):
-                if b <= 0:
-                    continue
-                t = torch.arange(b)
-                pages = case.block_tables[seq, t // bs].long()
-                kk, vv = kd[pages, h, t % bs], vd[pages, h, t % bs]
-                w = torch.softmax(qd[r] @ kk.T * sm, dim=0)
-                out[seq * ql + r // group, h * group + r % group] = w @ vv
+            s = (qd @ kk.T * sm).masked_fill(~seen, float("-inf"))
+            o = torch.softmax(s[live], dim=1) @ vv
+            res = torch.full((rows.shape[0], d), float("nan"), dtype=torch.float64)
+            res[live] = o
+            out[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group] = res.reshape(ql, group, d)
     return out

@@ -194,7 +194,9 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     """The decode on checked inputs (``fa_lab.decode`` checks them): returns the output
     [num_seqs * QL, Hq, D] in ``out_dtype``. ``recorder``, a dict, receives per
     partition ``pmax``, ``psum`` [num_seqs, Hkv, NP, rows] and ``pout`` [..., D] as the
-    kernel stores them, the tile ranges (``tiles``), and the reduce's ``global_max``,
+    kernel stores them, ``first_max`` (the running max, log2 units, after the first tile
+    of the partition in which the row sees a token; -inf where it sees none), the tile
+    ranges (``tiles``), and the reduce's ``global_max``,
     ``part_scale``, ``weights`` (``reduce.split_reduce``) when NP > 1."""
     num_seqs = context_lengths.shape[0]
     ql = query.shape[0] // num_seqs
@@ -214,6 +216,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     out = torch.empty(num_seqs * ql, hq, d, dtype=torch.float32)
     pmax = torch.empty(num_seqs, hkv, npart, rows)
     psum = torch.empty_like(pmax)
+    first_max = torch.empty_like(pmax)
     pout = torch.empty(num_seqs, hkv, npart, rows, d)
     tiles = []
     for seq in range(num_seqs):
@@ -227,6 +230,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
             scale = scale_qk * qs
             for p, (t0, t1) in enumerate(ranges):
                 state = (torch.full((rows,), float("-inf")), torch.zeros(rows), torch.zeros(rows, d))
+                first = torch.full((rows,), float("-inf"))
                 for tt in range(t0, t1):
                     pages = tile_pages(block_tables, seq, tt, bs)
                     slot = torch.arange(TILE_TOK) % bs
@@ -237,6 +241,8 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                     vs = value_scale[pages, h, slot] if per_token else None
                     state, _ = _tile_step(state, exact_dot(q8, k8.T), valid, ks, vs, v8, scale,
                                           ver=version, multi=multi, per_token=per_token)
+                    seen = valid.any(dim=1) & (first == float("-inf"))
+                    first = torch.where(seen, state[0], first)
                 m, l, o = state
                 inv_l = 1.0 / torch.where(l > 0, l, 1.0)
                 if version.epilogue_l_first:
@@ -246,6 +252,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                     o_v = o if per_token else o * f32(v_scale * f32(1.0 / E4M3_MAX))
                     o_norm = rnd(o_v * inv_l[:, None])
                 pout[seq, h, p] = o_norm
+                first_max[seq, h, p] = first
                 pmax[seq, h, p] = m * f32(1.0 / LOG2E) if version.pmax_natural else m
                 psum[seq, h, p] = l
             if npart == 1:
@@ -258,7 +265,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                         recorder.setdefault(key, torch.empty(num_seqs, hkv, *val.shape))[seq, h] = val
             out[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group] = res.reshape(ql, group, d)
     if recorder is not None:
-        recorder.update(pmax=pmax, psum=psum, pout=pout, tiles=tiles,
+        recorder.update(pmax=pmax, psum=psum, pout=pout, tiles=tiles, first_max=first_max,
                         pmax_units="natural" if version.pmax_natural else "log2")
     return out.to(out_dtype)
 

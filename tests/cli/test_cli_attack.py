@@ -128,3 +128,30 @@ def test_every_reference_attack_record_has_the_schema():
     assert len(names) >= 10
     for n in names:
         adversary.load_record(n, reference=True)
+
+
+@pytest.mark.slow
+def test_the_decode_attack_finds_the_sentinel_failure_and_its_repro_runs(tmp_path):
+    r = attack(tmp_path, "flydsl-985c653a^", "--budget", "20", "--json", "--name", "dec")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["found"] and out["space"] == "decode" and out["found_classes"] == ["nonfinite"]
+    rec = adversary.load_record("dec", root=tmp_path / "fa_lab_results")
+    assert rec["policy"] == "flydsl-985c653a^" and rec["runs"][0]["structured"] is False
+    run = subprocess.run(out["repro_command"], shell=True, cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "True", run.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["main-11c4174d", "--mods", "bias"], "--mods"),
+    (["main-11c4174d", "--space", "zoo"], "decode"),
+    (["lazy", "--space", "decode"], "decode version"),
+    (["main-11c4174d", "--classes", "silent"], "classes"),
+])
+def test_the_decode_attack_refuses_what_does_not_apply(args, needle, capsys):
+    from fa_lab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["attack", *args, "--no-save"])
+    assert e.value.code != 0 and needle in capsys.readouterr().err

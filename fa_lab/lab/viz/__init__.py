@@ -9,13 +9,14 @@ bug report's tables as curves, and PNG export.
 - ``tables``: the bug report's bf16 and fp8 tables as curves.
 - ``training``: a training run's first non-finite step per policy and logit scale.
 - ``zoo``: the failure zoo's mechanism strips and a hazard's boundary against its formula.
+- ``decode``: the paged decode's partitions, their (max, sum) and the merge's weights.
 - ``export``: static PNG export (kaleido).
 
 Each figure is reached through its module (``viz.heatmap.running_max_heatmap``); the
 package names its modules and re-exports none of their contents.
 """
 
-from . import export, heatmap, lanes, outputs, style, tables, tracedata, training, zoo
+from . import decode, export, heatmap, lanes, outputs, style, tables, tracedata, training, zoo
 
 __all__ = ["style", "tracedata", "heatmap", "lanes", "outputs", "tables", "training", "zoo",
-           "export"]
+           "decode", "export"]

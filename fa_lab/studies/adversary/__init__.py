@@ -100,6 +100,11 @@ modifier (each one off), and the smallest magnitudes (bisection: also the paddin
 and simplest row placement, keeping each change only if the model still fails. The result
 is what ``save_regression`` checks in, modifiers included.
 
+**The paged decode** has a space of its own (``adversary.decode``: page tables, partition
+boundaries, fully masked tiles, empty contexts, stale or NaN cache tails, per-token scale
+outliers) and its own search (``adversary.decode_search``), run against a decode version:
+``fa-lab attack flydsl-985c653a^`` (docs/semantics.md §13.4a).
+
 **Records**: ``record`` makes the one result file every attack run writes (``fa-lab
 attack`` and the campaigns in benchmarks/: ``RECORD_KEYS``, one summary row and one
 ``Attack.to_dict()`` per run); ``load_record`` reads one back, checked, from the results

@@ -182,13 +182,23 @@ UNBOUNDED = ("softcap", "softcap_form", "exp_floor", "mask_stage", "p_before_vot
              "merge_empty", "lse_base")
 
 
+#: Decode families whose safe regions live in their own folders (``kernels/<family>/bound.py``).
+DECODE_FAMILIES = ("pa_decode", "mla_decode")
+
+
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
           seqlen_kv: int = 4096) -> Region:
     """The safe region of ``policy`` (a name or a Policy) on the kernel it runs on (the
     online-softmax family for a policy with semantics of its own, else DUALWAVE_SWP, or the
     fp8 kernel for ``dtype="fp8"``), for inputs of ``dtype`` ("bf16", "f16", "fp8",
     "fp32"); ``tolerance``: the silent hazards' error, as a fraction of max|V|;
-    ``seqlen_kv`` resolves an fp8 threshold rule ("by_kv_len")."""
+    ``seqlen_kv`` resolves an fp8 threshold rule ("by_kv_len"). A decode family's name
+    (``DECODE_FAMILIES``, with ``:<upstream version>`` for ``pa_decode``) gives that
+    family's own region (``kernels/<family>/bound.py``'s ``region``)."""
+    if isinstance(policy, str) and policy.partition(":")[0] in DECODE_FAMILIES:
+        import importlib
+        family, _, version = policy.partition(":")
+        return importlib.import_module(f"fa_lab.kernels.{family}").bound.region(version or None)
     if dtype not in ("bf16", "f16", "fp8", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'f16', 'fp8' or 'fp32', got {dtype!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:

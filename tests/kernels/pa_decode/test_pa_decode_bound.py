@@ -6,6 +6,7 @@ import random
 import time
 
 import pytest
+import torch
 
 from fa_lab import decode
 from fa_lab.kernels.pa_decode import bound, cases
@@ -64,3 +65,60 @@ def test_attack_finds_the_sentinel_failure():
             assert not after.isnan().any()
             return
     pytest.fail(f"no failure found in {tries} tries")
+
+
+def _inf_path_case():
+    # c = 258, QL = 9, G = 2 (18 rows: the -inf path), NP = 2; row qi = 7 sees token 256 alone
+    # in partition 1, and its score is about -5170 log2 units
+    case = cases.make([258], query_length=9, num_q_heads=2, block_size=16, seed=4)
+    case.query.fill_(1.0)
+    case.key_scale.fill_(1.0)
+    case.key_cache.view(torch.uint8)[int(case.block_tables[0, 16]), :, :, 0, :] = 0xFE  # -448
+    return case
+
+
+def test_the_region_of_each_version_on_constructed_calls():
+    sentinel = cases.make([257], query_length=4, num_q_heads=2, block_size=16, per_token=True,
+                          seed=11)
+    m = bound.measure(sentinel, num_partitions=2, upstream=BEFORE)
+    assert bound.region(BEFORE).violated(m) == ["sentinel_pack_nan"]
+    assert bound.region(MAIN).contains(bound.measure(sentinel, num_partitions=2, upstream=MAIN))
+    inf = _inf_path_case()
+    m = bound.measure(inf, num_partitions=2, upstream=MAIN)
+    assert bound.region(MAIN).violated(m) == ["inf_path_correction"]
+    assert bound.region(MAIN).margins(m)["inf_path_correction"] < -5000
+    assert bound.region(BEFORE).contains(bound.measure(inf, num_partitions=2, upstream=BEFORE))
+    empty = cases.make([0, 40], num_q_heads=2, block_size=16)
+    assert bound.region(MAIN).violated(bound.measure(empty, num_partitions=2)) == ["empty_context"]
+    assert bound.region(MAIN).contains(bound.measure(empty, num_partitions=1))
+    tail = cases.make([100], num_q_heads=2, block_size=16, tail="nan")
+    assert bound.region(MAIN).violated(bound.measure(tail, num_partitions=1)) == ["stale_v_tail"]
+    full = cases.make([256], num_q_heads=2, block_size=16, tail="nan")  # no tail in the tile
+    assert bound.region(MAIN).contains(bound.measure(full, num_partitions=1))
+
+
+def test_inside_the_region_the_model_is_finite_on_every_row_that_sees_a_token():
+    rng = random.Random(7)
+    for version in (MAIN, BEFORE):
+        for _ in range(4):
+            ql, group, npart = rng.randint(1, 9), rng.randint(1, 3), rng.randint(1, 3)
+            case = cases.make([rng.randint(1, 700)], query_length=ql, num_q_heads=group,
+                              block_size=16, per_token=rng.random() < 0.5,
+                              seed=rng.randint(0, 99))
+            m = bound.measure(case, num_partitions=npart, upstream=version)
+            out = decode.pa_decode_tile(*case.args(), num_partitions=npart, upstream=version)
+            seen = torch.isfinite(cases.reference(case)).all(-1)
+            if bound.region(version).contains(m):
+                assert torch.isfinite(out[seen].float()).all()
+
+
+def test_the_onset_bound_hook_and_bad_versions():
+    from fa_lab.studies import onset
+
+    assert onset.bound("pa_decode").upstream == MAIN
+    assert onset.bound(f"pa_decode:{BEFORE}").upstream == BEFORE
+    never = {h.name for h in onset.bound("pa_decode").hazards if h.never}
+    assert never == {"sentinel_pack_nan"}
+    assert "inf_path_correction" in onset.bound(f"pa_decode:{BEFORE}").describe()
+    with pytest.raises(ValueError, match="upstream"):
+        bound.region("main-00000000")

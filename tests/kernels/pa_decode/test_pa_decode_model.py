@@ -191,3 +191,26 @@ def test_recorder_partitions_and_merge():
     assert float(w[2].abs().max()) == 0.0  # the empty partition
     merged = (rec["pout"][0, 0] * w[..., None]).sum(dim=0)
     assert torch.allclose(merged.reshape(2, 2, -1), out.float(), atol=2e-2)
+
+
+def test_the_inf_path_correction_overflows_on_a_far_negative_first_tile():
+    # main, more than 16 rows (the -inf path): the first tile a row sees in its partition
+    # has max m_new; the correction is exp2(safe_prev - m_new) with safe_prev = 0 while m is
+    # -inf, so m_new <= -128 gives inf, and l = 0 * inf = NaN (l.716-717, l.747-752). Here
+    # c = 258, QL = 9, G = 2 (18 rows), NP = 2: partition 1 is tile 1, where row qi = 7 sees
+    # token 256 alone, whose score is about -5170 log2 units.
+    case = cases.make([258], query_length=9, num_q_heads=2, block_size=16, seed=4)
+    case.query.fill_(1.0)
+    case.key_scale.fill_(1.0)
+    page = int(case.block_tables[0, 256 // 16])
+    case.key_cache.view(torch.uint8)[page, :, :, 0, :] = 0xFE   # e4m3 -448
+    ref = cases.reference(case)
+    assert torch.isfinite(ref).all()
+    out = run(case, num_partitions=2, upstream=MAIN)
+    assert out[7].isnan().all() and not out[:7].isnan().any()
+    # the sentinel path (before the fix; or 16 rows) starts m at -inf: exp2(-inf) = 0
+    assert not run(case, num_partitions=2, upstream=BEFORE).isnan().any()
+    assert not run(case, num_partitions=1, upstream=MAIN).isnan().any()
+    rec = {}
+    run(case, num_partitions=2, upstream=MAIN, recorder=rec)
+    assert float(rec["pmax"][0, 0, 1, 14]) * model.LOG2E < -128 and rec["psum"][0, 0, 1, 14].isnan()

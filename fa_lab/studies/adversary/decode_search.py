@@ -1,0 +1,246 @@
+"""The attack on the paged-attention decode: random draws from ``decode.DECODE_SPACE``, then a
+(1 + lambda) evolution strategy on the decode fitness (``decode.judge``), shrinking of a
+failing call, and the attack record.
+
+    from fa_lab.studies.adversary import decode_search
+    res = decode_search.search("flydsl-985c653a^", budget_s=60, seed=0)
+    res.found, res.shrunk.size, res.repro
+    decode_search.summary(res)      # "... nothing in N runs found a failure" when none
+
+The search knows nothing of the failure it may find: it starts from ``random_starts``
+uniform draws and climbs the space's generic fitness (how close some row comes to a fully
+masked tile); the fields that make a call fail are its coordinates like every other.
+Deterministic for a seed (given ``max_evals``; the wall-clock budget decides how far a
+run gets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from . import decode
+from .decode import DECODE_FIELDS, DECODE_SPACES, DecodeCandidate, DecodeSpace, canonical, judge
+from .optimize import Attack
+
+
+def _clip(sp: DecodeSpace, f, x):
+    kind, r = DECODE_FIELDS[f][0], sp.range(f)
+    if kind == "choice":
+        return x if x in r else r[0]
+    x = min(max(x, r[0]), r[1])
+    return int(round(x)) if kind == "int" else float(x)
+
+
+def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandidate:
+    """A uniform draw from ``sp`` (``outlier_log2`` is 0 half of the time)."""
+    vals = {}
+    for f, (kind, _) in DECODE_FIELDS.items():
+        r = sp.range(f)
+        if kind == "choice":
+            vals[f] = r[rng.integers(len(r))]
+        elif kind == "int":
+            vals[f] = int(rng.integers(r[0], r[1] + 1))
+        else:
+            vals[f] = float(rng.uniform(r[0], r[1]))
+    if rng.random() < 0.5:
+        vals["outlier_log2"] = 0.0
+    return DecodeCandidate(**vals)
+
+
+def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
+           sigma: float) -> DecodeCandidate:
+    """Perturb a few fields: numbers by a Gaussian step of ``sigma`` times their range (ints
+    half the time by a multiplicative step, so small values are reached), choices by a new
+    draw; the seed is redrawn."""
+    vals = c.to_dict()
+    names = [f for f in DECODE_FIELDS if f != "seed"]
+    n = max(1, int(rng.poisson(2.0)))
+    for f in rng.choice(names, size=min(n, len(names)), replace=False):
+        kind, r = DECODE_FIELDS[f][0], sp.range(f)
+        if kind == "choice":
+            vals[f] = r[rng.integers(len(r))]
+        elif r[0] >= 0 and rng.random() < 0.5:
+            vals[f] = _clip(sp, f, max(vals[f], 1) * math.exp(2 * sigma * rng.normal()))
+        else:
+            vals[f] = _clip(sp, f, vals[f] + rng.normal() * sigma * (r[1] - r[0]))
+    vals["seed"] = int(rng.integers(0, 2 ** 31 - 1))
+    return DecodeCandidate(**vals)
+
+
+class DecodeAttack(Attack):
+    """``Attack`` for a decode version: ``policy`` names it (``fa_lab.upstream``);
+    ``repro`` rebuilds the shrunk call (``decode.repro_line``)."""
+
+    @property
+    def repro(self) -> str:
+        c = self.shrunk or self.best
+        return "" if c is None else decode.repro_line(c, self.policy, self.classes)
+
+
+#: Simplifications the shrinker tries, in order: (field, value or a callable of the
+#: current value giving the values to try).
+_SIMPLER = (
+    ("n_seqs", 1), ("empty_seq", "none"), ("num_kv_heads", 1), ("tail", "finite"),
+    ("outlier_log2", 0.0), ("k_log2", 0.0), ("head_dim", 64), ("block_size", 16),
+    ("shuffle", False), ("trans_v", True), ("spare_pages", 0), ("ctx_step", 0),
+    ("num_partitions", lambda v: [1, 2] if v > 2 else [1]),
+    ("tiles", lambda v: list(range(1, v))), ("group", lambda v: list(range(1, v))),
+    ("query_length", lambda v: list(range(2, v))),
+    ("last", lambda v: [x for x in (1, 2, 4, 8, 16, 32, 64, 128) if x < v]),
+)
+
+
+def _blind_rows(c: DecodeCandidate) -> int:
+    """How many rows (per kv head) see no token: a shrunk call keeps no more than it had."""
+    return sum(b <= 0 for ctx in c.contexts
+               for b in decode.model.row_bounds(ctx, c.query_length, c.group))
+
+
+def shrink(c: DecodeCandidate, upstream: str, classes, *, budget_s: float = 20.0):
+    """Greedy passes over ``_SIMPLER``, each change kept only if the call still fails (for
+    one of ``classes``) and has no more rows that see nothing than the call found; until a
+    pass changes nothing or the budget is spent. Returns the shrunk candidate and the
+    model runs spent."""
+    t0, evals, changed = time.perf_counter(), 0, True
+    blind = _blind_rows(c)
+    while changed and time.perf_counter() - t0 < budget_s:
+        changed = False
+        for f, simpler in _SIMPLER:
+            cur = getattr(c, f)
+            tries = simpler(cur) if callable(simpler) else [simpler]
+            for val in tries:
+                if val == cur or time.perf_counter() - t0 >= budget_s:
+                    continue
+                cand = canonical(dataclasses.replace(c, **{f: val}))
+                if _blind_rows(cand) > blind:
+                    continue
+                evals += 1
+                if judge(cand, upstream, classes=classes).failed:
+                    c, changed = cand, True
+                    break
+    return c, evals
+
+
+def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed: int = 0,
+           classes=None, max_evals: int | None = None, random_starts: int = 8, lam: int = 6,
+           shrink_found: bool = True, progress=None) -> DecodeAttack:
+    """Look for a call of ``space`` (a ``decode.DECODE_SPACES`` name) on which the decode version ``upstream``
+    (``fa_lab.upstream.DECODE_VERSIONS``) fails for ``classes`` (``decode.DECODE_CLASSES``;
+    default ``nonfinite``), for at most ``budget_s`` seconds of search: ``random_starts``
+    uniform draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
+    Stops at the first failure and shrinks it (a budget of its own, as much again, at most
+    20 s). Every argument is checked before any work."""
+    if not decode.is_decode_target(upstream):
+        from fa_lab.upstream import DECODE_VERSIONS
+        raise ValueError(f"upstream={upstream!r}: the decode space attacks a decode version, "
+                         f"one of {tuple(DECODE_VERSIONS)}")
+    classes = decode.check_decode_classes(classes)
+    if space not in DECODE_SPACES:
+        raise ValueError(f"space={space!r}; choose one of {tuple(DECODE_SPACES)}")
+    sp = DECODE_SPACES[space]
+    for name, x in (("budget_s", budget_s), ("seed", seed), ("random_starts", random_starts),
+                    ("lam", lam)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
+            raise ValueError(f"{name} must be a number >= 0, got {x!r}")
+    res = DecodeAttack(policy=upstream, space=sp.to_dict(), budget_s=float(budget_s),
+                       seed=int(seed), threshold=None, structured=False, optimizer="es",
+                       classes=classes)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+
+    def out_of_budget():
+        return (time.perf_counter() - t0 >= budget_s
+                or (max_evals is not None and res.evals >= max_evals))
+
+    def evaluate(c):
+        c = canonical(DecodeCandidate(**{f: _clip(sp, f, x) for f, x in c.to_dict().items()}))
+        v = judge(c, upstream, classes=classes)
+        res.evals += 1
+        if v.fitness > res.best_fitness:
+            res.best_fitness, res.best = v.fitness, c
+            res.history.append({"evals": res.evals, "t": time.perf_counter() - t0,
+                                "fitness": v.fitness})
+        return c, v
+
+    found = None
+    for _ in range(random_starts):
+        if out_of_budget():
+            break
+        c, v = evaluate(random_candidate(sp, rng))
+        if v.failed:
+            found = c
+            break
+    parent, pfit, sigma, stall = res.best, res.best_fitness, 0.15, 0
+    while found is None and parent is not None and not out_of_budget():
+        best_child = None
+        for _ in range(lam):
+            c, v = evaluate(mutate(parent, sp, rng, sigma))
+            if v.failed:
+                found = c
+                break
+            if best_child is None or v.fitness > best_child[1]:
+                best_child = (c, v.fitness)
+            if out_of_budget():
+                break
+        if found is not None or best_child is None:
+            break
+        if best_child[1] >= pfit:
+            parent, pfit = best_child
+            sigma, stall = min(0.5, sigma * 1.5), 0
+        else:
+            sigma, stall = max(0.02, sigma * 0.8), stall + 1
+        if stall > 12:  # restart from a fresh draw or from the best so far
+            parent = random_candidate(sp, rng) if rng.random() < 0.5 else res.best
+            pfit, sigma, stall = -math.inf, 0.2, 0
+        if progress is not None:
+            progress(f"{upstream}: {res.evals} evals, best fitness {res.best_fitness:.1f}")
+    res.search_s = time.perf_counter() - t0
+    if found is None:
+        return res
+    res.found, res.first = True, found
+    res.time_to_first_s, res.evals_to_first = res.search_s, res.evals
+    t1 = time.perf_counter()
+    if shrink_found:
+        res.shrunk, res.shrink_evals = shrink(found, upstream, classes,
+                                              budget_s=min(20.0, max(5.0, budget_s)))
+    else:
+        res.shrunk = found
+    res.shrink_s = time.perf_counter() - t1
+    final = judge(res.shrunk, upstream, classes=classes)
+    res.bad_rows, res.found_classes = final.bad_rows, final.classes
+    return res
+
+
+def summary(res: DecodeAttack) -> str:
+    """A few lines: what was found, how fast, how small; or how many runs found nothing."""
+    if res.found:
+        return (f"{res.policy}: FAILS ({', '.join(res.found_classes)}). First failure after "
+                f"{res.time_to_first_s:.1f} s ({res.evals_to_first} model runs) in space "
+                f"{res.space['name']!r}; shrunk in {res.shrink_evals} runs to {res.shrunk.size}; "
+                f"rows [token row, q head] {res.bad_rows}\n  repro: {res.repro_command}")
+    return (f"{res.policy}: nothing in {res.evals} runs found a failure ({res.search_s:.1f} s, "
+            f"budget {res.budget_s:g} s, space {res.space['name']!r}, classes "
+            f"{', '.join(res.classes)}); best fitness {res.best_fitness:.1f} (100 and above: a "
+            "row met a fully masked tile; 129: a failure)")
+
+
+def record(upstream: str, runs, *, params: dict, provenance: dict | None = None) -> dict:
+    """The attack record (``record.RECORD_KEYS``) of one or more runs against the decode
+    version ``upstream``: ``runs`` is a list of ``(DecodeAttack, wall_s)``."""
+    from .record import summary_row
+
+    if not runs:
+        raise ValueError("runs is empty: a record holds at least one attack run")
+    dicts = [{**attack.to_dict(), "wall_s": float(wall)} for attack, wall in runs]
+    first = dicts[0]
+    rec = {"policy": upstream, "found": first["found"], "repro": first["repro"],
+           "size": first["size"], "mods": [], "description": decode.describe(upstream),
+           "user_policy": False, "summary": [summary_row(d) for d in dicts], "runs": dicts,
+           "params": dict(params)}
+    if provenance is not None:
+        rec["provenance"] = provenance
+    return rec

@@ -1,0 +1,98 @@
+"""The paged decode over its own axes (``fa-lab table --which decode``): page size, partition
+count, query length (MTP), scale mode and context length, per upstream version, against the
+fp64 reference, beside what the decode's safe region (``onset.bound("pa_decode:<v>")``)
+predicts for the same call.
+
+    from fa_lab.studies import decode_table
+    t = decode_table.table(contexts=(257, 700), query_lengths=(1, 4), partitions=(1, 2))
+
+Each row is one call (one sequence, ``group`` query heads on one kv head, q, K, V ~ N(0, 1),
+a shuffled page table: ``fa_lab.kernels.pa_decode.cases``): ``nan_rows`` of its ``rows``
+that see a token come out NaN or inf (``undefined``: rows that see none), ``max_err`` the
+largest |out - fp64| over the finite rows that see a token, in units of max |V|, and
+``violated`` the region's hazards for the call (empty: inside the region).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+import torch
+
+from fa_lab import decode
+from fa_lab.kernels import pa_decode
+from fa_lab.upstream import DECODE_VERSIONS
+
+AXES = ("upstream", "page_size", "num_partitions", "query_length", "scales", "context")
+SCALES = ("per_tensor", "per_token")
+DEFAULTS = dict(contexts=(257, 700), query_lengths=(1, 4), partitions=(1, 2), page_sizes=(16,),
+                scales=SCALES, versions=tuple(DECODE_VERSIONS))
+
+
+def _ints(name, xs, lo, hi, allowed=None):
+    xs = tuple(xs)
+    if not xs:
+        raise ValueError(f"{name} is empty")
+    for x in xs:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name} must hold ints, got {x!r}")
+        if not lo <= x <= hi or (allowed is not None and x not in allowed):
+            want = f"one of {allowed}" if allowed is not None else f"in {lo}..{hi}"
+            raise ValueError(f"{name}: {x} is not {want}")
+    return xs
+
+
+def table(contexts=DEFAULTS["contexts"], query_lengths=DEFAULTS["query_lengths"],
+          partitions=DEFAULTS["partitions"], page_sizes=DEFAULTS["page_sizes"],
+          scales=DEFAULTS["scales"], versions=DEFAULTS["versions"], *, group: int = 2,
+          head_dim: int = 64, seed: int = 0) -> pd.DataFrame:
+    """One row per combination of the axes (``AXES``); every argument is checked before any
+    work (ValueError/TypeError naming it)."""
+    contexts = _ints("contexts", contexts, 0, 64 * 1024)
+    query_lengths = _ints("query_lengths", query_lengths, 1, pa_decode.model.MAX_QUERY_LENGTH)
+    partitions = _ints("partitions", partitions, 1, pa_decode.model.MAX_PARTITIONS)
+    page_sizes = _ints("page_sizes", page_sizes, 1, 1024, pa_decode.model.BLOCK_SIZES)
+    _ints("group", (group,), 1, 16)
+    _ints("head_dim", (head_dim,), 64, 256, decode.HEAD_DIMS)
+    scales = tuple(scales)
+    for s in scales:
+        if s not in SCALES:
+            raise ValueError(f"scales: {s!r} is not one of {SCALES}")
+    versions = tuple(versions)
+    for v in versions:
+        if v not in DECODE_VERSIONS:
+            raise ValueError(f"versions: {v!r} is not one of {tuple(DECODE_VERSIONS)}")
+    rows = []
+    for v, bs, npart, ql, sc, ctx in itertools.product(versions, page_sizes, partitions,
+                                                       query_lengths, scales, contexts):
+        case = pa_decode.cases.make([ctx], query_length=ql, num_q_heads=group,
+                                    head_dim=head_dim, block_size=bs,
+                                    per_token=sc == "per_token", seed=seed)
+        out = decode.pa_decode_tile(*case.args(), num_partitions=npart, upstream=v).double()
+        ref = pa_decode.cases.reference(case)
+        seen = torch.isfinite(ref).all(-1)
+        bad = seen & ~torch.isfinite(out).all(-1)
+        ok = seen & ~bad
+        vmax = float(case.value_scale.max()) * pa_decode.model.E4M3_MAX
+        err = float((out[ok] - ref[ok]).abs().max()) / vmax if ok.any() else float("nan")
+        m = pa_decode.bound.measure(case, num_partitions=npart, upstream=v)
+        rows.append({"upstream": v, "page_size": bs, "num_partitions": npart,
+                     "query_length": ql, "scales": sc, "context": ctx,
+                     "rows": int(seen.numel()), "undefined": int((~seen).sum()),
+                     "nan_rows": int(bad.sum()), "max_err": err,
+                     "violated": ",".join(pa_decode.bound.region(v).violated(m))})
+    return pd.DataFrame(rows)
+
+
+def format_table(t: pd.DataFrame) -> str:
+    """The table as text, one line per call."""
+    head = (f"{'upstream':>17} {'page':>4} {'NP':>3} {'QL':>3} {'scales':>10} {'ctx':>6} "
+            f"{'NaN rows':>9} {'max err':>9}  region")
+    lines = [head]
+    for _, r in t.iterrows():
+        err = "—" if pd.isna(r.max_err) else f"{r.max_err:.2e}"
+        lines.append(f"{r.upstream:>17} {r.page_size:>4} {r.num_partitions:>3} "
+                     f"{r.query_length:>3} {r.scales:>10} {r.context:>6} "
+                     f"{f'{r.nan_rows}/{r.rows}':>9} {err:>9}  {r.violated or 'inside'}")
+    return "\n".join(lines)

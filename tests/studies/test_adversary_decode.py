@@ -1,0 +1,107 @@
+"""The attack's decode space (``adversary.decode``, ``adversary.decode_search``): the judge on
+constructed calls (the 985c653a NaN before its fix and not after, the NaN a cache tail
+brings in both versions, an empty context), the geometry its fitness reads, the search
+finding the sentinel failure from the space alone and finding nothing on the fixed
+version, bad input, and the record's schema."""
+
+import dataclasses
+
+import pytest
+
+from fa_lab.studies.adversary import check_record, decode, decode_search
+from fa_lab.studies.adversary.decode import DecodeCandidate
+
+BEFORE, MAIN = "flydsl-985c653a^", "main-11c4174d"
+# 257 tokens, two MTP positions: the last tile holds one token, which row 0 does not see
+SENTINEL = DecodeCandidate(tiles=2, last=1, query_length=2, group=1, per_token=True)
+
+
+def test_the_sentinel_call_fails_before_the_fix_and_not_after():
+    v = decode.judge(SENTINEL, BEFORE)
+    assert v.failed and v.classes == ["nonfinite"] and v.bad_rows == [[1, 0]]
+    assert v.fitness == 129.0
+    after = decode.judge(SENTINEL, MAIN)
+    assert not after.failed and after.max_err < 0.1
+    # per-tensor scales: P * 448 = 448 packs fine in both versions
+    assert not decode.judge(DecodeCandidate(tiles=2, last=1, query_length=2, group=1), BEFORE).failed
+
+
+def test_a_nan_cache_tail_is_its_own_class_in_both_versions():
+    c = DecodeCandidate(tiles=1, last=100, tail="nan", group=2)
+    for version in (BEFORE, MAIN):
+        assert not decode.judge(c, version).failed          # the default class: nonfinite
+        v = decode.judge(c, version, classes="nonfinite,stale_nan")
+        assert v.failed and v.classes == ["stale_nan"] and len(v.bad_rows) == 2
+    # stale finite values past the context, or NaN only in pages never read: nothing
+    assert not decode.judge(DecodeCandidate(tiles=1, last=100, tail="stale"), MAIN,
+                            classes="nonfinite,stale_nan").failed
+    assert not decode.judge(DecodeCandidate(tiles=1, last=256, tail="nan"), MAIN,
+                            classes="nonfinite,stale_nan").failed
+
+
+def test_an_empty_context_is_judged_only_for_the_empty_class():
+    c = DecodeCandidate(n_seqs=2, ctx_step=40, tiles=1, last=0, num_partitions=2, group=2)
+    assert c.contexts == [0, 40]
+    v = decode.judge(c, MAIN)
+    assert not v.failed and v.undefined_rows == [[0, 0], [0, 1]]
+    e = decode.judge(c, MAIN, classes="empty")
+    assert e.failed and e.bad_rows == [[0, 0], [0, 1]]  # the reduce's (-inf) - (-inf)
+
+
+def test_the_fitness_geometry_by_hand():
+    # 257 tokens, QL 2: row 0 sees 256 (tile 1 empty for it), row 1 sees 257
+    assert decode.closest_masked_tile(SENTINEL) == (0, 0.5)
+    # 300 tokens, QL 4: the last tile holds 44, 43, 42, 41 tokens for rows 3..0
+    assert decode.closest_masked_tile(DecodeCandidate(tiles=2, last=44, query_length=4,
+                                                      group=1)) == (41, 0.0)
+    assert decode.closest_masked_tile(DecodeCandidate(tiles=1, last=0)) == (-1, 0.0)
+    assert decode.judge(DecodeCandidate(tiles=2, last=44, query_length=4, group=1),
+                        MAIN).fitness == -41.0
+
+
+@pytest.mark.slow
+def test_the_search_finds_nothing_on_the_fixed_version_in_n_runs():
+    res = decode_search.search(MAIN, budget_s=60, max_evals=30, seed=0)
+    assert not res.found and res.evals == 30 and res.best_fitness < 129
+    assert "nothing in 30 runs found a failure" in decode_search.summary(res)
+
+
+@pytest.mark.slow
+def test_the_search_finds_the_sentinel_failure_from_the_space_alone():
+    res = decode_search.search(BEFORE, budget_s=15, seed=0)
+    assert res.found and res.time_to_first_s < 15
+    s = res.shrunk
+    assert s.per_token and s.query_length >= 2 and len(s.contexts) == 1
+    assert decode.judge(s, BEFORE).failed and not decode.judge(s, MAIN).failed
+    rec = decode_search.record(BEFORE, [(res, res.search_s)], params={"seed": 0},
+                               provenance={"device": "cpu"})
+    rec["name"] = "attack_decode_test"
+    check_record(rec, "the decode record")
+    assert rec["found"] and "decode.DecodeCandidate" in rec["repro"]
+    ns: dict = {}
+    exec(rec["repro"].replace("print(", "ns['out'] = ("), {"ns": ns})
+    assert ns["out"] is True
+
+
+@pytest.mark.parametrize("call, exc, needle", [
+    (lambda: decode_search.search("lazy", budget_s=1), ValueError, "upstream"),
+    (lambda: decode_search.search(MAIN, budget_s=-1), ValueError, "budget_s"),
+    (lambda: decode_search.search(MAIN, classes="silent"), ValueError, "classes"),
+    (lambda: decode.judge(SENTINEL, MAIN, classes=[3]), TypeError, "classes"),
+])
+def test_bad_input_is_refused_naming_the_argument(call, exc, needle):
+    with pytest.raises(exc, match=needle):
+        call()
+
+
+def test_the_attacks_find_on_main_the_inf_path_correction_overflow():
+    # found by a search on main-11c4174d (seed 1), shrunk: 258 tokens, QL 9, G 2 (18 rows,
+    # the -inf path), NP 2; token 256 is a key outlier (x 2^12.9 under a per-tensor scale)
+    # that row qi = 7 sees alone in partition 1, far below zero: exp2(0 - m) = inf, l = 0 * inf
+    c = DecodeCandidate(tiles=2, last=2, query_length=9, group=2, num_partitions=2,
+                        shuffle=False, spare_pages=0, outlier_log2=12.910788992954508,
+                        outlier_at=0.9984808043197476, outlier_in="k", seed=1401260371)
+    v = decode.judge(c, MAIN)
+    assert v.failed and v.bad_rows == [[7, 0], [7, 1]]
+    assert not decode.judge(c, BEFORE).failed
+    assert not decode.judge(dataclasses.replace(c, num_partitions=1), MAIN).failed

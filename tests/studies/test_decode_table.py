@@ -1,0 +1,65 @@
+"""The paged decode's table over its axes (``fa_lab.studies.decode_table``, ``fa-lab table
+--which decode``): each row against a run of its own, the region's verdict beside the NaN
+rows it bounds, bad axes refused before any work."""
+
+import pytest
+import torch
+
+from fa_lab import decode
+from fa_lab.kernels.pa_decode import bound, cases
+from fa_lab.studies import decode_table as dt
+
+MAIN, BEFORE = "main-11c4174d", "flydsl-985c653a^"
+
+
+def test_each_row_is_its_call():
+    t = dt.table(contexts=(257,), query_lengths=(4,), partitions=(2,), scales=("per_token",),
+                 versions=(MAIN, BEFORE), seed=11)
+    assert list(t.upstream) == [MAIN, BEFORE] and list(t.rows) == [8, 8]
+    before = t[t.upstream == BEFORE].iloc[0]
+    assert before.nan_rows == 8 and before.violated == "sentinel_pack_nan"
+    main = t[t.upstream == MAIN].iloc[0]
+    assert main.nan_rows == 0 and main.violated == "" and main.max_err < 2 ** -4
+    case = cases.make([257], query_length=4, num_q_heads=2, per_token=True, seed=11)
+    out = decode.pa_decode_tile(*case.args(), num_partitions=2, upstream=MAIN).double()
+    ref = cases.reference(case)
+    vmax = float(case.value_scale.max()) * 448
+    assert main.max_err == pytest.approx(float((out - ref).abs().max()) / vmax)
+    assert bound.region(MAIN).contains(bound.measure(case, num_partitions=2))
+
+
+def test_inside_the_region_no_row_is_nan():
+    t = dt.table(contexts=(0, 1, 300), query_lengths=(1, 3), partitions=(1, 3),
+                 scales=("per_token",), versions=(BEFORE,))
+    assert (t[t.violated == ""].nan_rows == 0).all()
+    assert t.undefined[t.context == 0].gt(0).all()
+
+
+@pytest.mark.parametrize("kw, err, words", [
+    (dict(contexts=()), ValueError, "contexts"),
+    (dict(query_lengths=(17,)), ValueError, "query_lengths"),
+    (dict(page_sizes=(32,)), ValueError, "page_sizes"),
+    (dict(partitions=(True,)), TypeError, "partitions"),
+    (dict(scales=("fp8",)), ValueError, "scales"),
+    (dict(versions=("fixed",)), ValueError, "versions"),
+])
+def test_bad_axes_are_refused(kw, err, words):
+    with pytest.raises(err, match=words):
+        dt.table(**kw)
+
+
+def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
+    from fa_lab import results
+    from fa_lab.cli import main
+
+    assert main(["table", "--which", "decode", "--contexts", "257", "--query-lens", "2",
+                 "--partitions", "2", "--scales", "per_token", "--out-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "sentinel_pack_nan" in printed and "inside" in printed
+    saved = results.load("table_decode_cpu", root=tmp_path)
+    assert len(saved["rows"]) == 2 and saved["params"]["contexts"] == [257]
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "decode", "--causal", "--no-save"])
+    assert "--causal" in capsys.readouterr().err
+    assert torch.isfinite(torch.tensor([r["max_err"] for r in saved["rows"]
+                                        if r["nan_rows"] == 0])).all()
