@@ -203,6 +203,23 @@ def test_cast_bound_check():
             lambda t, h=0.0: sol.largest_p(t, h) > 448)
     rejects(ex.check_cast_bound, sol.largest_p, "past 464",
             lambda t, h=0.0: t > 9)
+    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448(.|\n)*not >= 464",
+            lambda t, h=0.0: 2 ** (t + h) >= 464)
+    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448",
+            lambda t, h=0.0: sol.largest_p(t, h) >= 464)
+
+
+def test_the_cast_bound_check_puts_p_exactly_on_464():
+    """No float threshold gives 2^t == 464; the check's stand-in does, and only with 0 added."""
+    import torch
+
+    from fa_lab.numerics import e4m3
+
+    at = ex._ExactLog2(464.0)
+    assert 2 ** at == 464 and 2.0 ** (at + 0.0) == 464 and 2 ** (0.0 + at) == 464
+    assert float(at) == math.log2(464) and 2.0 ** float(at) != 464   # a plain float misses it
+    assert 2 ** (at + 1.0) == pytest.approx(928) and 3 ** at == pytest.approx(3 ** math.log2(464))
+    assert e4m3(torch.tensor([464.0]), saturate=False).item() == 448    # the tie goes to 448
 
 
 def test_cast_bound_check_against_the_kernels_table():
