@@ -324,6 +324,36 @@ def test_zoo_policy_check():
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")
 
 
+def test_zoo_policy_try_this():
+    """Lesson 07's Try-this, on the reference answer: threshold 1 makes P saturation live,
+    headroom 4 (threshold 4) keeps it out at a sixteenth of the safe length, and reopening the
+    empty-tile guards brings back exactly the six entries whose inputs hold rows that see nothing."""
+    import dataclasses
+
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES
+
+    def hazard(policy, name):
+        return next(h for h in onset.bound(policy).hazards if h.name == name)
+
+    def safe_keys(policy):
+        one = torch.ones(1, 1, 1, 8)
+        margins = onset.bound(policy).margins(onset.measure(one, one, one, policy=policy))
+        return 2 ** margins["silent mass loss (rounding and flushed tails)"]
+
+    answer = sol.zoo_policy()
+    assert hazard(answer, "P saturation").never
+    assert not hazard(dataclasses.replace(answer, threshold=1.0), "P saturation").never
+    low = dataclasses.replace(answer, p_headroom=4.0, threshold=4.0)
+    assert hazard(low, "P saturation").never and safe_keys(answer) == 16 * safe_keys(low)
+    open_ = dataclasses.replace(answer, semantics=dataclasses.replace(
+        answer.semantics, tile_max_floor="causal", empty_row_guard="none", clamp_exp_diff=False))
+    assert not any(e.shows(answer) for e in ENTRIES.values())
+    assert {n for n, e in ENTRIES.items() if e.shows(open_)} == {
+        "flydsl_fp8_empty_tile", "sdpa_masked_row", "pytorch_cpu_masked_block", "te_cp_empty_band",
+        "flashinfer_merge_empty", "pytorch_mha_masked_row"}
+
+
 # ---- lesson 09 ---------------------------------------------------------------------------
 
 def test_lse2_floored_check():
