@@ -274,6 +274,26 @@ def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
 
 # ---- lesson 03: the saturation bound --------------------------------------------------------
 
+class _ExactLog2(float):
+    """log2 ``p``, exactly: a threshold at which ``2 ** (threshold + 0)`` is ``p`` itself.
+    log2 464 is irrational, so 2 to no float is exactly 464 and a ``>= 464`` answer agrees
+    with ``> 464`` on every float threshold; this stand-in puts P on the boundary. Adding 0
+    keeps it exact; anything else, and other bases, fall back to plain floats."""
+
+    def __new__(cls, p):
+        self = super().__new__(cls, math.log2(p))
+        self.p = p
+        return self
+
+    def __add__(self, other):
+        return self if other == 0 else float(self) + other
+
+    __radd__ = __add__
+
+    def __rpow__(self, base):
+        return self.p if base == 2 else base ** float(self)
+
+
 def check_cast_bound(largest_p, casts_can_differ, casts: pd.DataFrame | None = None):
     """Lesson 03's exercise: ``largest_p(threshold, headroom)`` and
     ``casts_can_differ(threshold, headroom)``, on hand-picked values and, given ``casts`` (one
@@ -289,6 +309,11 @@ def check_cast_bound(largest_p, casts_can_differ, casts: pd.DataFrame | None = N
         "P past 464 rounds past e4m3's last code: the casts can differ"
     assert not casts_can_differ(8.0, math.log2(448) - 8.0), \
         "PR #1020's headroom: P reaches 448, no more"
+    at_464 = _ExactLog2(464.0)
+    if largest_p(at_464) == 464:
+        assert not casts_can_differ(at_464), \
+            "a P of exactly 464 ties to 448 (to nearest, ties to even): the casts differ only for " \
+            "a P strictly above 464 (> 464, not >= 464)"
     if casts is not None:
         for (thr, head), r in casts.iterrows():
             assert r["NaN rows, saturating"] == 0, "a saturating cast made NaN"

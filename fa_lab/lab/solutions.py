@@ -113,15 +113,24 @@ def guaranteed_safe(threshold, n_keys, v_max):
 # ---- lesson 07 ---------------------------------------------------------------------------
 
 def zoo_policy():
-    """One policy that survives the zoo (lesson 07 prints it after the exercise): each field
-    closes one entry's mechanism."""
+    """One policy that survives the zoo (lesson 07's exercise). It is not the only answer, nor
+    the smallest: ``epilogue_guard="zero"`` and ``v_tail="zero"`` are the defaults, and some
+    guards overlap. Each field closes one section's mechanism."""
     from fa_lab import Policy
     from fa_lab.semantics import Semantics
 
-    return Policy(vote="row", rebase="max", threshold=0.75, p_headroom=8.0, name="answer",
-                  semantics=Semantics(p_cast="e4m3", block_n=128, tile_max_floor="always",
-                                      empty_row_guard="zero_base", clamp_exp_diff=True,
-                                      epilogue_guard="zero", o_gate="row", v_tail="zero"))
+    return Policy(
+        vote="row", rebase="max",         # each row for itself, never downward: no drag
+        threshold=0.75, p_headroom=8.0,   # 8 + 0.75 <= log2 448: no P can saturate
+        name="answer",
+        semantics=Semantics(
+            p_cast="e4m3", block_n=128,
+            tile_max_floor="always",      # a tile with nothing visible has a finite max
+            empty_row_guard="zero_base",  # ... and an empty max exponentiates against 0
+            clamp_exp_diff=True,          # a NaN difference becomes -inf, its exp2 0
+            epilogue_guard="zero",        # a row that sees nothing gives 0
+            o_gate="row",                 # a NaN factor is never applied by a vote
+            v_tail="zero"))               # the cache past the sequence is never read
 
 
 # ---- lesson 09 ---------------------------------------------------------------------------

@@ -203,6 +203,23 @@ def test_cast_bound_check():
             lambda t, h=0.0: sol.largest_p(t, h) > 448)
     rejects(ex.check_cast_bound, sol.largest_p, "past 464",
             lambda t, h=0.0: t > 9)
+    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448(.|\n)*not >= 464",
+            lambda t, h=0.0: 2 ** (t + h) >= 464)
+    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448",
+            lambda t, h=0.0: sol.largest_p(t, h) >= 464)
+
+
+def test_the_cast_bound_check_puts_p_exactly_on_464():
+    """No float threshold gives 2^t == 464; the check's stand-in does, and only with 0 added."""
+    import torch
+
+    from fa_lab.numerics import e4m3
+
+    at = ex._ExactLog2(464.0)
+    assert 2 ** at == 464 and 2.0 ** (at + 0.0) == 464 and 2 ** (0.0 + at) == 464
+    assert float(at) == math.log2(464) and 2.0 ** float(at) != 464   # a plain float misses it
+    assert 2 ** (at + 1.0) == pytest.approx(928) and 3 ** at == pytest.approx(3 ** math.log2(464))
+    assert e4m3(torch.tensor([464.0]), saturate=False).item() == 448    # the tie goes to 448
 
 
 def test_cast_bound_check_against_the_kernels_table():
@@ -305,6 +322,36 @@ def test_zoo_policy_check():
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, semantics=dataclasses.replace(
         answer.semantics, p_cast="input")), "e4m3 P cast")
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")
+
+
+def test_zoo_policy_try_this():
+    """Lesson 07's Try-this, on the reference answer: threshold 1 makes P saturation live,
+    headroom 4 (threshold 4) keeps it out at a sixteenth of the safe length, and reopening the
+    empty-tile guards brings back exactly the six entries whose inputs hold rows that see nothing."""
+    import dataclasses
+
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES
+
+    def hazard(policy, name):
+        return next(h for h in onset.bound(policy).hazards if h.name == name)
+
+    def safe_keys(policy):
+        one = torch.ones(1, 1, 1, 8)
+        margins = onset.bound(policy).margins(onset.measure(one, one, one, policy=policy))
+        return 2 ** margins["silent mass loss (rounding and flushed tails)"]
+
+    answer = sol.zoo_policy()
+    assert hazard(answer, "P saturation").never
+    assert not hazard(dataclasses.replace(answer, threshold=1.0), "P saturation").never
+    low = dataclasses.replace(answer, p_headroom=4.0, threshold=4.0)
+    assert hazard(low, "P saturation").never and safe_keys(answer) == 16 * safe_keys(low)
+    open_ = dataclasses.replace(answer, semantics=dataclasses.replace(
+        answer.semantics, tile_max_floor="causal", empty_row_guard="none", clamp_exp_diff=False))
+    assert not any(e.shows(answer) for e in ENTRIES.values())
+    assert {n for n, e in ENTRIES.items() if e.shows(open_)} == {
+        "flydsl_fp8_empty_tile", "sdpa_masked_row", "pytorch_cpu_masked_block", "te_cp_empty_band",
+        "flashinfer_merge_empty", "pytorch_mha_masked_row"}
 
 
 # ---- lesson 09 ---------------------------------------------------------------------------
