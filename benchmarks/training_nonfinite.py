@@ -1,16 +1,22 @@
 """Train fa_lab's small transformer (``fa_lab.studies.training``) under each policy with a
 growing logit scale, and record when and where each first produces a non-finite value.
 
-Writes the runs' first events and losses as JSON with provenance, and the figure of the
-first non-finite step per policy against the logit scale as a PNG::
+Writes the runs' first events, losses and per-step score statistics as JSON with
+provenance, and two figures: the first non-finite step per policy against the logit scale
+(``--png``) and the largest log2 score each run meets, step by step, against the fixed
+max's overflow edge (``--png-scores``)::
 
     OMP_NUM_THREADS=1 python benchmarks/training_nonfinite.py \\
-        --out data/results/training_nonfinite.json --png docs/img/training_nonfinite.png
+        --out data/results/training_nonfinite.json --png docs/img/training_nonfinite.png \\
+        --png-scores docs/img/training_scores.png
+
+``--replot`` redraws the figures from an existing ``--out`` without training.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import warnings
 
@@ -19,16 +25,34 @@ import torch
 from fa_lab.results import atomic_write_json, provenance
 from fa_lab.studies import training
 
+POLICIES = ["lazy", "lazy_unfixed", "primus-a6a16cdc"]
+
+
+def plot(doc: dict, png: str | None, png_scores: str | None) -> None:
+    from fa_lab.lab.viz import first_nonfinite_steps, score_growth, to_png
+    if png:
+        to_png(first_nonfinite_steps(doc["table"]), png)
+    if png_scores:
+        to_png(score_growth(doc["runs"], scale=doc["params"]["scores_at_scale"]), png_scores)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--png", default=None)
-    ap.add_argument("--policies", nargs="+", default=["lazy", "lazy_unfixed"])
-    ap.add_argument("--scales", nargs="+", type=float, default=[16, 32, 64, 128, 256])
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--png-scores", default=None)
+    ap.add_argument("--policies", nargs="+", default=POLICIES)
+    ap.add_argument("--scales", nargs="+", type=float, default=[8, 16, 32, 64, 128, 256])
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scores-at-scale", type=float, default=256,
+                    help="the scale whose runs the score figure draws")
+    ap.add_argument("--replot", action="store_true")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.out) as f:
+            plot(json.load(f), args.png, args.png_scores)
+        return
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the routing notes repeat on every call
     runs, t0 = [], time.perf_counter()
@@ -45,17 +69,20 @@ def main():
     table = training.first_nonfinite_table(runs)
     cfg0 = training.Config(steps=args.steps, seed=args.seed)
     params = {k: v for k, v in cfg0.__dict__.items() if k not in ("policy", "scale")}
-    atomic_write_json(args.out, {
+    doc = {
         "name": "training_nonfinite", "provenance": provenance(threads=1),
         "params": {**params, "policies": args.policies, "scales": args.scales,
-                   "kernel": "swp_bf16", "backend": "emulator",
-                   "note": "fixed-max forward (primus-a6a16cdc) not run: no such policy on this branch"},
+                   "kernels": {p: training.kernel_for(p) for p in args.policies},
+                   "backend": "emulator", "scores_at_scale": args.scores_at_scale,
+                   "scores_note": "per step and layer: score_stats of the step's forward "
+                                  "(log2 units, fp32 from the bf16 q and k)"},
         "seconds": time.perf_counter() - t0, "table": table,
-        "runs": [{k: r[k] for k in ("config", "steps_run", "step_s", "losses", "first",
-                                    "first_forward", "first_backward")} for r in runs]})
-    if args.png:
-        from fa_lab.lab.viz import first_nonfinite_steps, to_png
-        to_png(first_nonfinite_steps(table), args.png)
+        "runs": [{**{k: r[k] for k in ("config", "kernel", "steps_run", "step_s", "losses",
+                                       "first", "first_forward", "first_backward")},
+                  "scores": [[{k: round(v, 4) for k, v in d.items()} for d in step]
+                             for step in r["scores"]]} for r in runs]}
+    atomic_write_json(args.out, doc)
+    plot(doc, args.png, args.png_scores)
 
 
 if __name__ == "__main__":
