@@ -7,7 +7,8 @@ bug report's tables as curves, and PNG export.
 - ``lanes``: one lane's running max, tile max, l and events over the steps; lanes compared.
 - ``outputs``: what became of each row (NaN, inf, LSE) and outputs against a reference.
 - ``tables``: the bug report's bf16 and fp8 tables as curves.
-- ``training``: a training run's first non-finite step per policy and logit scale.
+- ``training``: a training run's first non-finite step per policy and logit scale; the
+  scores a run meets against the fixed max's edges.
 - ``zoo``: the failure zoo's mechanism strips and a hazard's boundary against its formula.
 - ``export``: static PNG export (kaleido).
 """
@@ -21,7 +22,7 @@ from .outputs import (ROW_STATES, ROW_FATES, row_fates, nonfinite_map, lse_rows,
                       output_difference_rows)
 from .tables import bf16_table_curves, fp8_table_curves
 from .zoo import CELL_KINDS, QUANTITIES, boundary_curves, mechanism_strip
-from .training import first_nonfinite_steps
+from .training import first_nonfinite_steps, score_growth
 from .export import to_png
 
 __all__ = ["TRACE_VALUES", "fmt_number", "LABEL_COLORS", "OTHER_COLOR", "IMPL_COLORS", "POLICY_SYMBOLS", "NONFINITE_COLOR", "FIXED_RANGES",
@@ -30,4 +31,4 @@ __all__ = ["TRACE_VALUES", "fmt_number", "LABEL_COLORS", "OTHER_COLOR", "IMPL_CO
            "wave_ballot", "break_window", "lane_lines", "row_compare", "ROW_STATES", "ROW_FATES",
            "row_fates", "nonfinite_map", "lse_rows", "output_difference_rows", "bf16_table_curves",
            "fp8_table_curves", "CELL_KINDS", "QUANTITIES", "boundary_curves", "mechanism_strip",
-           "first_nonfinite_steps", "to_png"]
+           "first_nonfinite_steps", "score_growth", "to_png"]

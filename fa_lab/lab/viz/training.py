@@ -44,3 +44,56 @@ def first_nonfinite_steps(rows: list[dict], *, title: str | None = None) -> go.F
                       template="plotly_white", width=900, height=480,
                       legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+#: the fixed max's edges in log2 units: a P of 2^128 overflows; below -126 every P flushes
+FIXED_MAX_OVERFLOW, FIXED_MAX_FLUSH = 128.0, -126.0
+
+
+def score_growth(runs: list[dict], *, scale: float, title: str | None = None) -> go.Figure:
+    """The scores a training run meets, step by step, for each policy's run at logit
+    ``scale`` (``fa_lab.studies.training.train``'s runs): the largest log2 score of any
+    layer (solid) and the smallest row maximum (dotted), with the fixed max's overflow edge
+    (128) and zero-row edge (-126) as lines, and a cross at the step where the run first
+    produced a non-finite value (its module and tensor on hover). A layer's statistics
+    that are NaN (it read a failed layer's output) are left out."""
+    chosen = [r for r in runs if r["config"]["scale"] == scale]
+    if not chosen:
+        raise ValueError(f"no run at scale={scale!r}; scales: "
+                         f"{sorted({r['config']['scale'] for r in runs})}")
+    fig = go.Figure()
+
+    def finite(xs):
+        xs = [x for x in xs if x == x and abs(x) != float("inf")]
+        return xs
+
+    for r in chosen:
+        pol = r["config"]["policy"]
+        steps = list(range(len(r["scores"])))
+        top = [max(finite([d["s_max"] for d in s]), default=None) for s in r["scores"]]
+        low = [min(finite([d["best_min"] for d in s]), default=None) for s in r["scores"]]
+        color = policy_color(pol)
+        fig.add_trace(go.Scatter(x=steps, y=top, mode="lines", name=f"{pol}: largest score",
+                                 line=dict(color=color)))
+        fig.add_trace(go.Scatter(x=steps, y=low, mode="lines", name=f"{pol}: lowest row max",
+                                 line=dict(color=color, dash="dot")))
+        f = r["first"]
+        if f is not None:
+            fig.add_trace(go.Scatter(
+                x=[f["step"]], y=[top[f["step"]]], mode="markers",
+                name=f"{pol}: first non-finite (step {f['step']})",
+                marker=dict(symbol="x", size=14, color=color, line=dict(width=1)),
+                text=[f"{f['module']} {f['phase']} {f['tensor']} {f['kind']}, "
+                      f"{f['n_rows']} rows"],
+                hovertemplate="step %{x}<br>%{text}<extra></extra>"))
+    for y, label in ((FIXED_MAX_OVERFLOW, "fixed max overflows (128)"),
+                     (FIXED_MAX_FLUSH, "fixed max: zero row (-126)")):
+        fig.add_hline(y=y, line=dict(color="#444", dash="dash", width=1),
+                      annotation_text=label, annotation_position="top left")
+    fig.update_layout(title=title or f"Attention scores met in training (log2 units), logit "
+                                     f"scale rising to {scale:g}",
+                      xaxis=dict(title="training step"),
+                      yaxis=dict(title="score, log2 units (q.k / sqrt(D) * log2 e)"),
+                      template="plotly_white", width=900, height=520,
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
