@@ -10,7 +10,9 @@ max's overflow edge (``--png-scores``)::
         --out data/results/training_nonfinite.json --png docs/img/training_nonfinite.png \\
         --png-scores docs/img/training_scores.png
 
-``--replot`` redraws the figures from an existing ``--out`` without training.
+``--replot`` redraws the figures from an existing ``--out`` without training. To use
+several processes, run one per policy (``--policies lazy --out part-lazy.json``, ...) and
+join the parts with ``--merge part-*.json --out ...`` (each part keeps its provenance).
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ def plot(doc: dict, png: str | None, png_scores: str | None) -> None:
         to_png(score_growth(doc["runs"], scale=doc["params"]["scores_at_scale"]), png_scores)
 
 
+def merge(args) -> None:
+    parts = []
+    for path in args.merge:
+        with open(path) as f:
+            parts.append(json.load(f))
+    runs = [r for p in parts for r in p["runs"]]
+    params = dict(parts[0]["params"])
+    params["policies"] = [pol for p in parts for pol in p["params"]["policies"]]
+    params["kernels"] = {k: v for p in parts for k, v in p["params"]["kernels"].items()}
+    for key in ("steps", "scales", "seed"):
+        if any(p["params"][key] != params[key] for p in parts):
+            raise ValueError(f"the parts differ in {key}")
+    doc = {"name": "training_nonfinite",
+           "provenance": {**provenance(threads=1), "parts": [p["provenance"] for p in parts]},
+           "params": params, "seconds": max(p["seconds"] for p in parts),
+           "table": [row for p in parts for row in p["table"]], "runs": runs}
+    atomic_write_json(args.out, doc)
+    plot(doc, args.png, args.png_scores)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -48,7 +70,12 @@ def main():
     ap.add_argument("--scores-at-scale", type=float, default=256,
                     help="the scale whose runs the score figure draws")
     ap.add_argument("--replot", action="store_true")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="PART",
+                    help="join these parts' runs into --out (and draw the figures)")
     args = ap.parse_args()
+    if args.merge:
+        merge(args)
+        return
     if args.replot:
         with open(args.out) as f:
             plot(json.load(f), args.png, args.png_scores)
