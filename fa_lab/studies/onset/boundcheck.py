@@ -551,11 +551,19 @@ def fixed_max_atlas_onset(policy="primus-a6a16cdc", *, atlas: str = "fixed_max_c
             m = measure(q, k, v, policy=pol, causal=causal)
             safe, margin = zip(*(h.check(m) for h in hazards))
             outside = np.zeros(m.defined.shape, dtype=bool)
-            for i in np.flatnonzero(m.defined):
-                one = np.zeros_like(m.defined)
-                one[i] = True
-                mi = dataclasses.replace(m, defined=one)
-                outside[i] = not all(h.check(mi)[0] for h in hazards)
+
+            def split(idx):  # a group whose rows all pass is inside; else halve it
+                sub = np.zeros_like(m.defined)
+                sub[idx] = True
+                if all(h.check(dataclasses.replace(m, defined=sub))[0] for h in hazards):
+                    return
+                if len(idx) == 1:
+                    outside[idx[0]] = True
+                    return
+                split(idx[:len(idx) // 2])
+                split(idx[len(idx) // 2:])
+
+            split(np.flatnonzero(m.defined))
             bad = nonfinite | zero
             out.append({"k_scale": K, "atlas_bad_rows": int(row["bad_rows"]),
                         "bad_rows": int(nonfinite.sum()), "zero_rows": int(zero.sum()),
