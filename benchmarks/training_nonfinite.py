@@ -12,7 +12,8 @@ max's overflow edge (``--png-scores``)::
 
 ``--replot`` redraws the figures from an existing ``--out`` without training. To use
 several processes, run one per policy (``--policies lazy --out part-lazy.json``, ...) and
-join the parts with ``--merge part-*.json --out ...`` (each part keeps its provenance).
+join the parts with ``--merge part-*.json --out ...`` (each part keeps its provenance);
+a part may also hold one policy at one scale (``--scales 64``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ def merge(args) -> None:
     runs = [r for p in parts for r in p["runs"]]
     params = dict(parts[0]["params"])
     params["policies"] = [pol for p in parts for pol in p["params"]["policies"]]
+    params["policies"] = list(dict.fromkeys(params["policies"]))
+    params["scales"] = sorted({x for p in parts for x in p["params"]["scales"]})
     params["kernels"] = {k: v for p in parts for k, v in p["params"]["kernels"].items()}
-    for key in ("steps", "scales", "seed"):
+    for key in ("steps", "seed", "scores_at_scale"):
         if any(p["params"][key] != params[key] for p in parts):
             raise ValueError(f"the parts differ in {key}")
     doc = {"name": "training_nonfinite",
