@@ -44,6 +44,9 @@ def test_score_growth_draws_the_chosen_scale_and_marks_the_first_failure():
     fig = viz.score_growth(runs, scale=64)
     by = {t.name: t for t in fig.data}
     assert list(by["lazy: largest score"].y) == [1.0, 2.0, 4.0]        # NaN layer left out
+    assert fig.layout.yaxis.range == (-384.0, 640.0)
+    far = viz.score_growth([run("lazy", 64, [1.0, 900.0])], scale=64)
+    assert far.data[0].name == "lazy: largest score (peak 900)"
     assert list(by["primus-a6a16cdc: lowest row max"].y) == [-1.0, -50.0, -130.0]
     mark = by["primus-a6a16cdc: first non-finite (step 2)"]
     assert list(mark.x) == [2] and list(mark.y) == [130.0] and "blocks.0.attn" in mark.text[0]

@@ -50,13 +50,15 @@ def first_nonfinite_steps(rows: list[dict], *, title: str | None = None) -> go.F
 FIXED_MAX_OVERFLOW, FIXED_MAX_FLUSH = 128.0, -126.0
 
 
-def score_growth(runs: list[dict], *, scale: float, title: str | None = None) -> go.Figure:
+def score_growth(runs: list[dict], *, scale: float, title: str | None = None,
+                 y_range: tuple | None = (-384.0, 640.0)) -> go.Figure:
     """The scores a training run meets, step by step, for each policy's run at logit
     ``scale`` (``fa_lab.studies.training.train``'s runs): the largest log2 score of any
     layer (solid) and the smallest row maximum (dotted), with the fixed max's overflow edge
     (128) and zero-row edge (-126) as lines, and a cross at the step where the run first
     produced a non-finite value (its module and tensor on hover). A layer's statistics
-    that are NaN (it read a failed layer's output) are left out."""
+    that are NaN (it read a failed layer's output) are left out. ``y_range`` keeps the
+    edges readable (None: autoscale); a curve that leaves it names its peak in the legend."""
     chosen = [r for r in runs if r["config"]["scale"] == scale]
     if not chosen:
         raise ValueError(f"no run at scale={scale!r}; scales: "
@@ -73,7 +75,10 @@ def score_growth(runs: list[dict], *, scale: float, title: str | None = None) ->
         top = [max(finite([d["s_max"] for d in s]), default=None) for s in r["scores"]]
         low = [min(finite([d["best_min"] for d in s]), default=None) for s in r["scores"]]
         color = policy_color(pol)
-        fig.add_trace(go.Scatter(x=steps, y=top, mode="lines", name=f"{pol}: largest score",
+        peak = max((t for t in top if t is not None), default=None)
+        off = y_range is not None and peak is not None and peak > y_range[1]
+        fig.add_trace(go.Scatter(x=steps, y=top, mode="lines",
+                                 name=f"{pol}: largest score" + (f" (peak {peak:.0f})" if off else ""),
                                  line=dict(color=color)))
         fig.add_trace(go.Scatter(x=steps, y=low, mode="lines", name=f"{pol}: lowest row max",
                                  line=dict(color=color, dash="dot")))
@@ -86,14 +91,15 @@ def score_growth(runs: list[dict], *, scale: float, title: str | None = None) ->
                 text=[f"{f['module']} {f['phase']} {f['tensor']} {f['kind']}, "
                       f"{f['n_rows']} rows"],
                 hovertemplate="step %{x}<br>%{text}<extra></extra>"))
-    for y, label in ((FIXED_MAX_OVERFLOW, "fixed max overflows (128)"),
-                     (FIXED_MAX_FLUSH, "fixed max: zero row (-126)")):
+    for y, label, where in ((FIXED_MAX_OVERFLOW, "fixed max overflows (128)", "top left"),
+                            (FIXED_MAX_FLUSH, "fixed max: zero row (-126)", "bottom left")):
         fig.add_hline(y=y, line=dict(color="#444", dash="dash", width=1),
-                      annotation_text=label, annotation_position="top left")
+                      annotation_text=label, annotation_position=where)
     fig.update_layout(title=title or f"Attention scores met in training (log2 units), logit "
                                      f"scale rising to {scale:g}",
                       xaxis=dict(title="training step"),
-                      yaxis=dict(title="score, log2 units (q.k / sqrt(D) * log2 e)"),
+                      yaxis=dict(title="score, log2 units (q.k / sqrt(D) * log2 e)",
+                                 range=list(y_range) if y_range is not None else None),
                       template="plotly_white", width=900, height=520,
                       legend=dict(orientation="h", y=-0.2))
     return fig
