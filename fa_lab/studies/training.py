@@ -14,6 +14,11 @@ own. ``train`` raises it geometrically from 1 to ``Config.scale`` over the run, 
 for the attention-logit growth that training meets (a temperature, or q/k norms that
 grow), and records every non-finite event of the patched attention per step.
 
+FlyDSL's policies (``lazy``, ``lazy_unfixed``, ...) run on the DUALWAVE_SWP model
+(``kernel="swp_bf16"``); a copy's policy that no FlyDSL family runs (``primus-a6a16cdc``,
+Primus-Turbo's fixed-max training forward) runs on the online-softmax model
+(``kernel="online"``), the family that executes it (``kernel_for``).
+
 The task is synthetic: a random token sequence of half the length, repeated; the loss is
 next-token cross-entropy on the repeated half (a copy task an induction head solves).
 """
@@ -28,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fa_lab import sdpa
+from fa_lab import sdpa, upstream
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,26 @@ class Config:
         return self.scale ** (step / max(1, self.steps - 1))
 
 
+LOG2E = 1.0 / math.log(2.0)
+
+
+@torch.no_grad()
+def score_stats(q: torch.Tensor, k: torch.Tensor) -> dict:
+    """What one causal attention call's scores span, in log2 units (the kernel's:
+    ``q.k / sqrt(D) * log2 e``, from the bf16 q and k in fp32; the kernel's own pre-scaled
+    rounding is not applied): ``s_max`` the largest score of any row (the fixed max
+    overflows once it reaches 128), ``best_min`` the smallest row maximum (a row whose
+    maximum lies below -126 is a zero row under the fixed max), ``spread`` the largest
+    row's max minus min over its visible keys. q, k: [B, H, S, D]."""
+    S, D = q.shape[-2], q.shape[-1]
+    s = (q.float() @ k.float().transpose(-1, -2)) * (LOG2E / math.sqrt(D))
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    hi = s.masked_fill(~causal, -math.inf).amax(-1)
+    lo = s.masked_fill(~causal, math.inf).amin(-1)
+    return {"s_max": float(hi.max()), "best_min": float(hi.min()),
+            "spread": float((hi - lo).max())}
+
+
 class Attention(nn.Module):
     """Causal self-attention through SDPA in bf16; q is multiplied by ``temperature``."""
 
@@ -76,13 +101,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.register_buffer("temperature", torch.tensor(1.0))
+        self.scores = None  # score_stats of the last forward
 
     def forward(self, x):
         B, S, C = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         q = q * self.temperature
-        o = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(),
-                                           is_causal=True)
+        qb, kb = q.bfloat16(), k.bfloat16()
+        self.scores = score_stats(qb, kb)
+        o = F.scaled_dot_product_attention(qb, kb, v.bfloat16(), is_causal=True)
         return self.out(o.float().transpose(1, 2).reshape(B, S, C))
 
 
@@ -125,6 +152,12 @@ class TinyTransformer(nn.Module):
         return self.ln(x) @ self.tok.weight.T
 
 
+def kernel_for(policy: str) -> str:
+    """The family a run under ``policy`` uses: the online-softmax model for a copy's
+    policy (``upstream.COPY_POLICIES``), else DUALWAVE_SWP, the kernel FlyDSL trains with."""
+    return "online" if policy in {p.name for p in upstream.COPY_POLICIES} else "swp_bf16"
+
+
 def batch(cfg: Config, step: int) -> torch.Tensor:
     """The copy task's tokens for ``step``: [batch, seq], a random half repeated."""
     g = torch.Generator().manual_seed(cfg.seed * 100003 + step)
@@ -148,9 +181,11 @@ def _event(e: sdpa.Event, cfg: Config) -> dict:
 
 
 def train(cfg: Config, *, backend: str = "emulator", capture: bool = False) -> dict:
-    """Train ``cfg``'s model under ``sdpa.patched(rescale=cfg.policy, kernel="swp_bf16")``.
+    """Train ``cfg``'s model under ``sdpa.patched(rescale=cfg.policy,
+    kernel=kernel_for(cfg.policy))``.
 
-    Returns the run: its config; ``losses`` per step; ``first`` (the first non-finite
+    Returns the run: its config and kernel; ``losses`` per step; ``scores`` per step, one
+    ``score_stats`` dict per layer (its forward's scores); ``first`` (the first non-finite
     event as a dict: step, call, module, phase, tensor, kind, rows, temperature; None if
     none), ``first_forward`` and ``first_backward``; ``events`` (all of them, rows cut at
     64 per event); ``step_s`` (mean seconds per step); with ``capture``, ``inputs``: each
@@ -159,8 +194,8 @@ def train(cfg: Config, *, backend: str = "emulator", capture: bool = False) -> d
     weights are poisoned from there)."""
     model = TinyTransformer(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    losses, t0 = [], time.perf_counter()
-    with sdpa.patched(rescale=cfg.policy, kernel="swp_bf16", backend=backend, model=model,
+    losses, scores, t0 = [], [], time.perf_counter()
+    with sdpa.patched(rescale=cfg.policy, kernel=kernel_for(cfg.policy), backend=backend, model=model,
                       capture=capture) as rec:
         for step in range(cfg.steps):
             rec.step = step
@@ -170,10 +205,12 @@ def train(cfg: Config, *, backend: str = "emulator", capture: bool = False) -> d
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
+            scores.append([b.attn.scores for b in model.blocks])
             if cfg.stop_at_nonfinite and rec.events:
                 break
     steps_run = len(losses)
-    out = {"config": asdict(cfg), "backend": backend, "steps_run": steps_run, "losses": losses,
+    out = {"config": asdict(cfg), "backend": backend, "kernel": kernel_for(cfg.policy),
+           "steps_run": steps_run, "losses": losses, "scores": scores,
            "step_s": (time.perf_counter() - t0) / steps_run,
            "first": None, "first_forward": None, "first_backward": None,
            "events": [_event(e, cfg) for e in rec.events]}
@@ -185,9 +222,18 @@ def train(cfg: Config, *, backend: str = "emulator", capture: bool = False) -> d
     return out
 
 
+def _finite_max(layers: list[dict]) -> float | None:
+    """The largest finite ``s_max`` of a step's layers (a layer after a failing one reads
+    NaN inputs), or None."""
+    xs = [x["s_max"] for x in layers if math.isfinite(x["s_max"])]
+    return max(xs) if xs else None
+
+
 def first_nonfinite_table(runs: list[dict]) -> list[dict]:
     """One row per run: policy, scale, the first non-finite step (None if none), where
-    (module, phase, tensor, kind, number of rows) and the temperature it was reached at."""
+    (module, phase, tensor, kind, number of rows), the temperature it was reached at, the
+    largest log2 score of any layer at that step (``s_max_at_first``) and at the last step
+    run (``s_max_last``)."""
     rows = []
     for r in runs:
         f = r["first"]
@@ -200,5 +246,7 @@ def first_nonfinite_table(runs: list[dict]) -> list[dict]:
                      "kind": None if f is None else f["kind"],
                      "n_rows": None if f is None else f["n_rows"],
                      "temperature": None if f is None else f["temperature"],
+                     "s_max_at_first": None if f is None else _finite_max(r["scores"][f["step"]]),
+                     "s_max_last": _finite_max(r["scores"][-1]),
                      "final_loss": r["losses"][-1] if r["losses"] else math.nan})
     return rows

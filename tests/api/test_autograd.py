@@ -112,3 +112,22 @@ def test_triton_backend_gradients_agree_with_fp64_autograd(causal):
     for a, r in zip(got, ref):
         assert a.is_cuda and torch.isfinite(a).all()
         assert (a.double().cpu() - r).abs().max() <= 2.0 ** -6 * r.abs().max()
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_requires_grad_on_any_fp8_input_is_refused(which):
+    """Upstream has no fp8 backward: k or v alone requiring grad is refused as q is."""
+    q, k, v, _ = inputs(1, 16, 16, 1, 1, 128)
+    t = {n: x.to(torch.float8_e4m3fn) for n, x in zip("qkv", (q, k, v))}
+    t[which].requires_grad_()
+    with pytest.raises(ValueError, match="requires_grad on float8_e4m3fn"):
+        fa_lab.flash_attn_func(t["q"], t["k"], t["v"], q_descale=1.0, k_descale=1.0,
+                               v_descale=1.0, backend="emulator")
+
+
+def test_dropout_p_is_not_an_argument_of_flash_attn_func():
+    """flash_attn_func has no dropout (upstream's forward takes none): a caller coming from
+    flash-attn who passes dropout_p gets a TypeError that names it."""
+    q, k, v, _ = inputs(1, 16, 16, 1, 1, 64)
+    with pytest.raises(TypeError, match="dropout_p"):
+        fa_lab.flash_attn_func(q.requires_grad_(), k, v, dropout_p=0.1, backend="emulator")

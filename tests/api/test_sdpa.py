@@ -72,11 +72,17 @@ def test_gradients_equal_sdpa_in_fp64():
 
 @pytest.mark.parametrize("change, match", [
     (dict(dropout_p=0.1), "dropout_p"),
+    (dict(dropout_p=-0.1), "dropout_p=-0.1"),
+    (dict(dropout_p=float("nan")), "dropout_p=nan"),
+    (dict(dropout_p=True), "dropout_p=True"),
     (dict(scale=0.5), "scale"),
     (dict(is_causal=True, attn_mask=torch.ones(16, 16, dtype=torch.bool)), "attn_mask together"),
     (dict(attn_mask=torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
           .logical_or(torch.arange(2).view(2, 1, 1, 1).bool())), "differs between batch"),
     (dict(attn_mask=torch.ones(3, 16, 16, dtype=torch.bool)), "does not broadcast"),
+    (dict(attn_mask=torch.ones(16, 15, dtype=torch.bool)), r"\[16, 15\] does not broadcast"),
+    (dict(attn_mask=torch.zeros(2, 3, 16, 16)), r"\[2, 3, 16, 16\] does not broadcast"),
+    (dict(attn_mask=torch.ones(1, 2, 2, 16, 16, dtype=torch.bool)), "does not broadcast"),
     (dict(attn_mask=torch.full((16, 16), 0.1)), "cannot represent exactly"),
     (dict(attn_mask=torch.zeros(16, 16).requires_grad_()), "attn_mask requires grad"),
     (dict(attn_mask=torch.zeros(16, 16, dtype=torch.int32)), "attn_mask must be bool"),

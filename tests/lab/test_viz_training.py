@@ -26,3 +26,31 @@ def test_failed_runs_are_a_curve_and_finite_runs_hollow_at_their_last_step():
     assert fig.layout.xaxis.type == "log"
     with pytest.raises(ValueError, match="rows is empty"):
         viz.training.first_nonfinite_steps([])
+
+
+def run(policy, scale, tops, first=None):
+    return {"config": {"policy": policy, "scale": scale},
+            "scores": [[{"s_max": t, "best_min": -t, "spread": 2 * t},
+                        {"s_max": float("nan"), "best_min": float("nan"), "spread": 0.0}]
+                       for t in tops],
+            "first": None if first is None else {"step": first, "module": "blocks.0.attn",
+                                                 "phase": "forward", "tensor": "out",
+                                                 "kind": "nonfinite", "n_rows": 3}}
+
+
+def test_score_growth_draws_the_chosen_scale_and_marks_the_first_failure():
+    runs = [run("lazy", 64, [1.0, 2.0, 4.0]), run("primus-a6a16cdc", 64, [1.0, 50.0, 130.0], 2),
+            run("lazy", 16, [9.0, 9.0, 9.0])]
+    fig = viz.training.score_growth(runs, scale=64)
+    by = {t.name: t for t in fig.data}
+    assert list(by["lazy: largest score"].y) == [1.0, 2.0, 4.0]        # NaN layer left out
+    assert fig.layout.yaxis.range == (-384.0, 640.0)
+    far = viz.training.score_growth([run("lazy", 64, [1.0, 900.0])], scale=64)
+    assert far.data[0].name == "lazy: largest score (peak 900)"
+    assert list(by["primus-a6a16cdc: lowest row max"].y) == [-1.0, -50.0, -130.0]
+    mark = by["primus-a6a16cdc: first non-finite (step 2)"]
+    assert list(mark.x) == [2] and list(mark.y) == [130.0] and "blocks.0.attn" in mark.text[0]
+    assert "lazy: first non-finite" not in " ".join(by)
+    assert sorted(s.y0 for s in fig.layout.shapes) == [-126.0, 128.0]
+    with pytest.raises(ValueError, match="scale=32"):
+        viz.training.score_growth(runs, scale=32)

@@ -103,3 +103,40 @@ def test_the_measure_reads_the_prescaled_scores_of_bf16_inputs():
         assert inside == (out == 1.0) and (inside or math.isnan(out)), (kv, score, out)
         seen.add(inside)
     assert seen == {True, False}
+
+
+@pytest.mark.slow
+def test_the_atlas_is_reproduced_and_no_failing_row_lies_inside_the_region():
+    """data/atlas/fixed_max_cpu (the seed's inputs, causal, over K scale): at K x16 every
+    row lies inside and none fails; at K x18 the first row fails, and it lies outside. The
+    model run here reproduces the atlas's counts, and the region's margin crosses 0
+    between the two K scales."""
+    from fa_lab.studies.onset import boundcheck
+
+    r = boundcheck.fixed_max_atlas_onset(POL, k_scales=[16, 18])
+    assert r["reproduced"] and r["sound"]
+    k16, k18 = r["per_k"]
+    assert k16["inside"] and k16["bad_rows"] == 0 and k16["s_max"] < 127.997179
+    assert not k18["inside"] and k18["bad_rows"] >= 1 and k18["bad_rows_inside"] == 0
+    assert k18["outside_rows"] >= k18["bad_rows"] and k18["s_max"] >= 127.997179
+    assert 16 < r["k_formula"] < 18 and r["first_failing_k"] == 18
+
+
+def test_the_atlas_check_refuses_what_it_cannot_check():
+    from fa_lab.studies.onset import boundcheck
+
+    with pytest.raises(ValueError, match="no fixed max"):
+        boundcheck.fixed_max_atlas_onset("lazy")
+    with pytest.raises(ValueError, match=r"k_scales \[17.0\]"):
+        boundcheck.fixed_max_atlas_onset(POL, k_scales=[16, 17])
+    with pytest.raises(ValueError, match="no rows for policy"):
+        boundcheck.fixed_max_atlas_onset(POL, atlas="bf16_thresholds_cpu")
+
+
+@pytest.mark.slow
+def test_no_attack_run_inside_the_region_fails():
+    """The attack with the region as its filter, every class of failure: nothing found."""
+    from fa_lab.studies.onset import boundcheck
+
+    r = boundcheck.attack_inside(POL, budget_s=8, seed=1)
+    assert r["runs_inside"] > 0 and not r["found"], r["summary"]

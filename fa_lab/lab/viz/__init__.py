@@ -7,7 +7,8 @@ bug report's tables as curves, and PNG export.
 - ``lanes``: one lane's running max, tile max, l and events over the steps; lanes compared.
 - ``outputs``: what became of each row (NaN, inf, LSE) and outputs against a reference.
 - ``tables``: the bug report's bf16 and fp8 tables as curves.
-- ``training``: a training run's first non-finite step per policy and logit scale.
+- ``training``: a training run's first non-finite step per policy and logit scale; the
+  scores a run meets against the fixed max's edges.
 - ``zoo``: the failure zoo's mechanism strips and a hazard's boundary against its formula.
 - ``decode``: the paged decode's partitions, their (max, sum) and the merge's weights.
 - ``export``: static PNG export (kaleido).

@@ -495,3 +495,93 @@ def fp8_floor_sweep(policy, *, steps: int = 41) -> dict:
             "within_one_binade_or_tile": (onset is not None and first_out is not None
                                           and onset["ls"] == first_out["ls"]),
             "steps": len(rows)}
+
+
+def fixed_max_atlas_onset(policy="primus-a6a16cdc", *, atlas: str = "fixed_max_cpu",
+                          k_scales=None) -> dict:
+    """A fixed max's region (``bound``'s "overflow at the fixed max" and "underflow at the
+    fixed max") against a measured atlas of the seed's inputs over K scale
+    (``data/atlas/<atlas>``, e.g. ``fixed_max_cpu``), row by row.
+
+    Per K scale (``k_scales``: a subset of the atlas's, default all) the inputs are rebuilt
+    (``experiments.bf16_inputs`` at the atlas's sizes and seed), the model is run once more
+    (its non-finite rows must be the atlas's count: the atlas is reproduced) and each row
+    is measured: a row lies outside the region when a hazard of the region fails on that
+    row alone. Sound: every non-finite (or silently zero) row lies outside, and no K whose
+    rows all lie inside has one. ``k_formula``: the K at which the region's margin reaches
+    0 (linear between the grid's K scales); ``first_failing_k``: the atlas's first K with a
+    non-finite row. ``outside_rows`` over ``bad_rows`` says how far the sufficient formula
+    (log2 n + log2 max|V| on top of the row's best score) overcounts."""
+    import dataclasses
+    import warnings
+
+    import numpy as np
+    from fa_lab import api, policies
+    from fa_lab.studies import experiments as ex
+    from fa_lab.studies.sweep.store import reference
+
+    pol = policies.as_policy(policy)
+    if pol.semantics.fixed_max is None:
+        raise ValueError(f"policy {pol.name!r} has no fixed max (Semantics.fixed_max)")
+    table = reference(atlas)
+    table = table[table.policy == pol.name].sort_values("k_scale")
+    if table.empty:
+        raise ValueError(f"atlas {atlas!r} has no rows for policy {pol.name!r}")
+    if k_scales is not None:
+        missing = sorted(set(map(float, k_scales)) - set(table.k_scale.astype(float)))
+        if missing:
+            raise ValueError(f"k_scales {missing} are not in atlas {atlas!r}")
+        table = table[table.k_scale.isin([float(k) for k in k_scales])]
+    first = table.iloc[0]
+    B, S, H, D = (int(first[a]) for a in ("B", "S", "H", "D"))
+    causal, seed = bool(first["causal"]), int(first["seed"])
+    region = bound(pol, dtype="bf16")
+    hazards = [h for h in region.hazards if not h.never]
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _, row in table.iterrows():
+            K = float(row["k_scale"])
+            q, k, v = ex.bf16_inputs(B, S, H, D, K, seed=seed)
+            o, lse = api.flash_attn_func(q, k, v, causal=causal, rescale=pol,
+                                         backend="emulator", return_lse=True)
+            nonfinite = (~torch.isfinite(o.float()).all(-1)).permute(0, 2, 1).flatten().numpy()
+            zero = ((o.float() == 0).all(-1).permute(0, 2, 1).flatten()
+                    & (lse.flatten() == -math.inf)).numpy()
+            m = measure(q, k, v, policy=pol, causal=causal)
+            safe, margin = zip(*(h.check(m) for h in hazards))
+            outside = np.zeros(m.defined.shape, dtype=bool)
+
+            def split(idx):  # a group whose rows all pass is inside; else halve it
+                sub = np.zeros_like(m.defined)
+                sub[idx] = True
+                if all(h.check(dataclasses.replace(m, defined=sub))[0] for h in hazards):
+                    return
+                if len(idx) == 1:
+                    outside[idx[0]] = True
+                    return
+                split(idx[:len(idx) // 2])
+                split(idx[len(idx) // 2:])
+
+            split(np.flatnonzero(m.defined))
+            bad = nonfinite | zero
+            out.append({"k_scale": K, "atlas_bad_rows": int(row["bad_rows"]),
+                        "bad_rows": int(nonfinite.sum()), "zero_rows": int(zero.sum()),
+                        "outside_rows": int(outside.sum()),
+                        "bad_rows_inside": int((bad & ~outside).sum()),
+                        "inside": bool(all(safe)), "margin": float(min(margin)),
+                        "s_max": float(m.s_max[m.defined].max())})
+    first_failing = next((r["k_scale"] for r in out if r["atlas_bad_rows"] > 0), None)
+    k_formula = None
+    for a, b in zip(out, out[1:]):
+        if a["margin"] > 0 >= b["margin"]:
+            k_formula = a["k_scale"] + (b["k_scale"] - a["k_scale"]) * a["margin"] / (
+                a["margin"] - b["margin"])
+    return {"policy": pol.name, "atlas": atlas, "sizes": {"B": B, "S": S, "H": H, "D": D},
+            "causal": causal, "seed": seed, "formulas": [h.formula for h in hazards],
+            "reproduced": all(r["atlas_bad_rows"] == r["bad_rows"] for r in out),
+            "sound": all(r["bad_rows_inside"] == 0 and not (r["inside"] and r["bad_rows"])
+                         for r in out),
+            "k_formula": k_formula, "first_failing_k": first_failing,
+            "largest_k_inside": max((r["k_scale"] for r in out if r["inside"]), default=None),
+            "per_k": out}

@@ -117,6 +117,9 @@ def test_prescaled_q_costs_accuracy_at_a_large_scale():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(dropout_p=1.0), "dropout_p must be in"),
+    (dict(dropout_p=-0.1), "dropout_p must be in"),
+    (dict(dropout_p=float("nan")), "dropout_p must be in"),
+    (dict(dropout_p=True), "dropout_p must be a float"),
     (dict(dropout_p=0.1), "needs keep"),
     (dict(keep=torch.ones(1, 1, 8, 8, dtype=torch.bool)), "applies only with dropout_p"),
     (dict(bias=torch.zeros(3, 8).bfloat16()), "does not broadcast"),
