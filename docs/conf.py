@@ -10,6 +10,7 @@ and MathJax are served from _static.
 
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import os
 import re
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import anywidget
 import plotly
+from sphinx.ext.napoleon import Config as NapoleonConfig
+from sphinx.ext.napoleon.docstring import NumpyDocstring
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -78,12 +81,23 @@ autosummary_generate = True
 # undoc-members: autosummary's class pages list every attribute; each needs a target (-n)
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
 autodoc_typehints = "description"
-# No napoleon: the docstrings are prose with ``literals``, no Parameters/Returns sections.
+# Docstrings are prose with ``literals``; the main entry points add NumPy-style sections
+# (Parameters, Returns, Examples), which _numpy_sections turns into fields. napoleon is not
+# loaded as an extension: it would also read every constant's docstring "X: ..." as a type.
+# A callable whose docstring has no Parameters section gets one from its signature
+# (_parameters_from_signature).
+# One field per entry ("q, k, v : torch.Tensor" stays one), as the docstring groups them.
+_NAPOLEON = NapoleonConfig(napoleon_google_docstring=False, napoleon_use_param=False,
+                           napoleon_use_rtype=False)
 # -n (nitpicky): every cross-reference must resolve. intersphinx would need the network at
 # build time, so types from other packages stay unlinked and are not reported.
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|pandas|pd|plotly|go|ipywidgets|dask|distributed)(\..*)?"),
     (r"py:.*", r"(pathlib|os|collections|typing|datetime|contextlib)\..*"),   # the stdlib
+    # fa_lab.studies.onset.bound is both a submodule and the function the package exports,
+    # so autodoc cannot document names under the submodule's path; annotations there name
+    # that path. The classes are documented as fa_lab.studies.onset.Region and .Measure.
+    (r"py:class", r"fa_lab\.studies\.onset\.bound\.(Region|Measure|Hazard)"),
 ]
 
 
@@ -91,6 +105,46 @@ nitpick_ignore_regex = [
 # an absolute value), never the start of an RST substitution, which the project never
 # defines. Escaped here, outside literals, rather than in every docstring.
 _LITERAL = re.compile(r"(``.+?``)")
+
+
+def _numpy_sections(app, what, name, obj, options, lines):
+    """A callable's NumPy-style sections (a heading over a line of dashes) as fields."""
+    if what in ("function", "method", "class", "exception") and any(
+            lines[i].strip() in ("Parameters", "Returns", "Examples")
+            and set(lines[i + 1].strip()) == {"-"} for i in range(len(lines) - 1)):
+        lines[:] = NumpyDocstring(lines, _NAPOLEON, app, what, name, obj, options).lines()
+
+
+def _parameters_from_signature(app, what, name, obj, options, lines):
+    """A Parameters section for a callable whose docstring has none: one field per
+    parameter of its signature, its default, and the docstring's first sentence that names
+    it in ``literals`` (a warning class takes its message)."""
+    if what not in ("function", "method", "class", "exception"):
+        return
+    if any(line.lstrip().startswith((":param ", ":parameter ", ":Parameters:"))
+           for line in lines):
+        return
+    if isinstance(obj, type) and issubclass(obj, BaseException):
+        lines += ["", ":param message: what happened, and what to do about it.", ""]
+        return
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if params and params[0].name in ("self", "cls") and what == "method":
+        params = params[1:]
+    if not params:
+        return
+    text = " ".join(line.strip() for line in lines)
+    sentences = re.split(r"(?<=[.;])\s+(?=[A-Z`(])", text)
+    fields = [""]
+    for p in params:
+        star = {p.VAR_POSITIONAL: r"\*", p.VAR_KEYWORD: r"\*\*"}.get(p.kind, "")
+        desc = next((s for s in sentences if f"``{p.name}``" in s), "")
+        if p.default is not p.empty:
+            desc = f"{desc} Default ``{p.default!r}``." if desc else f"Default ``{p.default!r}``."
+        fields.append(f":param {star}{p.name}: {desc or 'see above.'}".rstrip())
+    lines += fields + [""]
 
 
 def _escape_bars(app, what, name, obj, options, lines):
@@ -200,6 +254,8 @@ def _copy_js(app, exc):
 
 def setup(app):
     app.connect("autodoc-process-docstring", _escape_bars)
+    app.connect("autodoc-process-docstring", _numpy_sections, priority=550)
+    app.connect("autodoc-process-docstring", _parameters_from_signature, priority=600)
     app.connect("html-page-context", _plotly_js_on_figure_pages)
     # before MyST-NB's own handler (priority 500) puts the page's widget state on it
     app.connect("html-page-context", _share_plotly_widget_bundle, priority=400)
