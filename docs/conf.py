@@ -188,9 +188,32 @@ _PLOTLY_WIDGET_STUB = (
     "export default m.default;\n")
 
 
+#: A page's plain figures (plotly-graph-div) draw from a queue once plotly.js is there: at
+#: once where plotly.min.js loaded, or after the dashboards' widget bundle (plotly.js inside;
+#: importing it sets window.Plotly) loaded, on pages that have one. So plotly.js loads once.
+_FIGURE_QUEUE = "(window.faLabFigures = window.faLabFigures || []).push(function () {%s});"
+_DRAW_QUEUED = (
+    "const here = document.querySelector('script[src*=\"jupyter-widgets-offline.js\"]').src;\n"
+    "await import(new URL('jupyter-widgets/plotly-widgetbundle.js', here).href);\n"
+    "const queued = window.faLabFigures || [];\n"
+    "window.faLabFigures = {push: (draw) => draw()};\n"
+    "for (const draw of queued) draw();\n")
+_FIGURE_SCRIPT = re.compile(r"(<script[^>]*>)(\s*window\.PLOTLYENV.*?)(</script>)", re.S)
+
+
 def _plotly_js_on_figure_pages(app, pagename, templatename, context, doctree):
-    if "plotly-graph-div" in context.get("body", ""):
+    body = context.get("body", "")
+    if "plotly-graph-div" not in body:
+        return
+    if pagename in _PAGES_WITH_PLOTLY_WIDGETS:
+        context["body"] = _FIGURE_SCRIPT.sub(lambda m: m[1] + _FIGURE_QUEUE % m[2] + m[3], body)
+        app.add_js_file(None, body=_DRAW_QUEUED, type="module", priority=900)
+    else:
         app.add_js_file("plotly.min.js", priority=400)
+
+
+#: Pages whose saved widget state holds plotly's widget bundle (filled while writing them).
+_PAGES_WITH_PLOTLY_WIDGETS: set[str] = set()
 
 
 #: Above every dashboard on the site: its figures were drawn when the site was built.
@@ -236,6 +259,7 @@ def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
     for model in state.get("state", {}).values():
         if model.get("state", {}).get("_esm") == bundle:
             model["state"]["_esm"] = _PLOTLY_WIDGET_STUB
+            _PAGES_WITH_PLOTLY_WIDGETS.add(pagename)
     _fit_dashboard(state.get("state", {}))
     # each saved widget view on the page is a dashboard (or part of one): a notice above it
     context["body"] = re.sub(r'(<script type="application/vnd\.jupyter\.widget-view\+json">)',
@@ -256,7 +280,8 @@ def setup(app):
     app.connect("autodoc-process-docstring", _escape_bars)
     app.connect("autodoc-process-docstring", _numpy_sections, priority=550)
     app.connect("autodoc-process-docstring", _parameters_from_signature, priority=600)
-    app.connect("html-page-context", _plotly_js_on_figure_pages)
     # before MyST-NB's own handler (priority 500) puts the page's widget state on it
     app.connect("html-page-context", _share_plotly_widget_bundle, priority=400)
+    # after it: a page with the widget bundle draws its plain figures with that plotly.js
+    app.connect("html-page-context", _plotly_js_on_figure_pages, priority=450)
     app.connect("build-finished", _copy_js)
