@@ -49,9 +49,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-#: The folder whose data/ holds the lab's reference data and whose notebooks/ the lessons: the
-#: checkout, or, for a package installed from a wheel (no checkout around it), the copy of
-#: both that the wheel carries (``fa_lab/_course``, setup.py).
+# The folder whose data/ holds the lab's reference data and whose notebooks/ the lessons: the
+# checkout, or, for a package installed from a wheel (no checkout around it), the copy of
+# both that the wheel carries (fa_lab/_course, setup.py).
 ROOT = next((d for d in (Path(__file__).resolve().parent.parent,
                          Path(__file__).resolve().parent / "_course")
              if (d / "data" / "results").is_dir()), Path(__file__).resolve().parent.parent)
