@@ -294,3 +294,59 @@ def test_04_the_combine_case_has_a_dead_part():
 
     combined = exercises.check_combine(sol.combine, exercises.combine_cases(device="cpu"))
     assert combined.loc["lazy_unfixed", "rows with a part's LSE NaN"] > 0
+
+
+# ---- lesson 06, sections 1 and 2: the deficits, the atlas and the bound -------------------
+
+@pytest.mark.slow
+def test_06_the_deficits_of_one_block():
+    import numpy as np
+
+    q, k, v = experiments.bf16_inputs(1, 2048, 1, 128, 64)
+    q = q[:, :256].contiguous()
+    largest, lost = {}, {}
+    for pol in ("lazy_unfixed", "lazy_capped", "lazy", "fa4_row", "eager"):
+        s = lessons.with_deficit(fa_lab.trace(q, k, v, rows=range(256), causal=False, rescale=pol))
+        largest[pol] = s.deficit[np.isfinite(s.deficit)].max()
+        lost[pol] = int((~torch.isfinite(fa_lab.flash_attn_func(q, k, v, causal=False,
+                                                                rescale=pol)).all(-1)).sum())
+    assert largest["eager"] == 0 and largest["lazy_capped"] > 8
+    assert largest["lazy"] <= 8 and largest["fa4_row"] <= 8
+    assert largest["lazy_unfixed"] > 128 and lost["lazy_unfixed"] > 0
+    assert all(lost[p] == 0 for p in ("eager", "lazy", "fa4_row", "lazy_capped"))
+
+
+@pytest.fixture(scope="module")
+def atlas_nan():
+    from fa_lab.studies import sweep
+
+    atlas = sweep.reference("bf16_thresholds_cpu")
+    nan = atlas[atlas.policy != "eager"].pivot_table(index=["policy", "k_scale"],
+                                                     columns="threshold", values="nan_frac")
+    thresholds = sorted(atlas.threshold.dropna().unique())
+    first_bad = {p: min((t for t in thresholds if (nan.loc[p][t] > 0).any()), default=None)
+                 for p in ("lazy_unfixed", "lazy_capped", "lazy", "fa4_row")}
+    return atlas, nan, thresholds, first_bad
+
+
+def test_06_reading_the_atlas(atlas_nan):
+    atlas, nan, thresholds, first_bad = atlas_nan
+    u = nan.loc["lazy_unfixed"]
+    assert (atlas[atlas.policy == "eager"].nan == 0).all()                   # eager makes none
+    assert first_bad["lazy"] == first_bad["fa4_row"] == 128                   # none up to 120
+    assert first_bad["lazy_capped"] == 112 and (nan.loc["lazy_capped"][8] == 0).all()
+    assert u.loc[24].max() > 0 and u.loc[16].max() == 0                      # from K x24
+    assert thresholds[0] == 8 and thresholds[-1] == 160
+    assert (u[8] == u[32]).loc[48:].all()             # 8 and 32 coincide from K x48 on
+    assert (u.loc[48, [8, 64, 96, 112, 120]].diff().dropna() < 0).all()   # higher: less NaN
+    assert u[8].is_monotonic_increasing
+
+
+def test_06_the_bound_is_safe_and_cautious(atlas_nan):
+    _, nan, _, first_bad = atlas_nan
+    _, _, v_atlas = experiments.bf16_inputs(1, 2048, 2, 128, 16)
+    v_max = float(v_atlas.abs().max())
+    limit = 128 - math.log2(2048) - math.log2(v_max)        # THR + log2 n + log2 max|v| < 128
+    assert sol.guaranteed_safe(limit - 0.01, 2048, v_max) and not sol.guaranteed_safe(limit + 0.01, 2048, v_max)
+    assert limit < 120 < first_bad["lazy"] and first_bad["lazy"] - limit > 3   # "several binades"
+    assert first_bad["lazy_unfixed"] < limit and first_bad["lazy_capped"] < limit
