@@ -350,3 +350,44 @@ def test_06_the_bound_is_safe_and_cautious(atlas_nan):
     assert sol.guaranteed_safe(limit - 0.01, 2048, v_max) and not sol.guaranteed_safe(limit + 0.01, 2048, v_max)
     assert limit < 120 < first_bad["lazy"] and first_bad["lazy"] - limit > 3   # "several binades"
     assert first_bad["lazy_unfixed"] < limit and first_bad["lazy_capped"] < limit
+
+
+# ---- lesson 01, sections 1, 2 and 4: memory, the naive softmax, fp32's range, split-K ------
+
+def test_01_the_scores_do_not_fit_and_a_block_needs_kib():
+    sizes = experiments.SEED_SIZES["bf16"]
+    def all_scores(s):
+        return sizes["B"] * sizes["H"] * s * s * 4
+    tile_scores, state = 256 * 64 * 4, 256 * (2 + sizes["D"]) * 4
+    assert all_scores(8 * sizes["S"]) > 141e9 > all_scores(sizes["S"]) > 2 ** 30   # H200: 141 GB
+    assert all_scores(8 * sizes["S"]) >= 2 ** 40 and tile_scores + state < 2 ** 20
+
+
+def test_01_the_naive_softmax_fails_and_the_shifted_one_does_not():
+    for s in (torch.tensor([100.0, 90.0, 80.0]), torch.tensor([-120.0, -125.0, -130.0])):
+        naive = torch.exp(s) / torch.exp(s).sum()
+        shifted = torch.exp(s - s.max())
+        assert torch.isnan(naive).any()                    # inf/inf or 0/0
+        assert shifted.max().item() == 1.0                 # the largest term is exactly 1
+        assert torch.allclose(shifted / shifted.sum(), torch.softmax(s, 0))
+    assert 88 < math.log(torch.finfo(torch.float32).max) < 89
+
+
+def test_01_log2_units_overflow_at_128_and_16():
+    x = torch.tensor([127.99, 128.0])
+    assert torch.isfinite(torch.exp2(x[0])) and torch.isinf(torch.exp2(x[1]))
+    for dt, top in ((torch.float32, 128), (torch.bfloat16, 128), (torch.float16, 16)):
+        assert top - 0.1 < math.log2(torch.finfo(dt).max) <= top
+    r = torch.linspace(-50, 50, 101, dtype=torch.float64)
+    assert torch.allclose(torch.exp2(r * math.log2(math.e)), torch.exp(r), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_01_more_splits_the_same_accuracy():
+    from fa_lab import metrics, reference
+
+    qs, ks, vs = experiments.bf16_inputs(1, 2048, 2, 128, 4)
+    ref, ref_lse = reference.attention(qs, ks, vs, causal=False)
+    for n in (1, 2, 4):
+        o, lse = fa_lab.flash_attn_func(qs, ks, vs, causal=False, num_kv_splits=n, return_lse=True)
+        assert metrics.rel_l2(o, ref) < 1e-2 and (lse - ref_lse).abs().max() < 5e-2, n
