@@ -10,6 +10,7 @@ and MathJax are served from _static.
 
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import os
 import re
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import anywidget
 import plotly
+from sphinx.ext.napoleon import Config as NapoleonConfig
+from sphinx.ext.napoleon.docstring import NumpyDocstring
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -78,12 +81,23 @@ autosummary_generate = True
 # undoc-members: autosummary's class pages list every attribute; each needs a target (-n)
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
 autodoc_typehints = "description"
-# No napoleon: the docstrings are prose with ``literals``, no Parameters/Returns sections.
+# Docstrings are prose with ``literals``; the main entry points add NumPy-style sections
+# (Parameters, Returns, Examples), which _numpy_sections turns into fields. napoleon is not
+# loaded as an extension: it would also read every constant's docstring "X: ..." as a type.
+# A callable whose docstring has no Parameters section gets one from its signature
+# (_parameters_from_signature).
+# One field per entry ("q, k, v : torch.Tensor" stays one), as the docstring groups them.
+_NAPOLEON = NapoleonConfig(napoleon_google_docstring=False, napoleon_use_param=False,
+                           napoleon_use_rtype=False)
 # -n (nitpicky): every cross-reference must resolve. intersphinx would need the network at
 # build time, so types from other packages stay unlinked and are not reported.
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|pandas|pd|plotly|go|ipywidgets|dask|distributed)(\..*)?"),
     (r"py:.*", r"(pathlib|os|collections|typing|datetime|contextlib)\..*"),   # the stdlib
+    # fa_lab.studies.onset.bound is both a submodule and the function the package exports,
+    # so autodoc cannot document names under the submodule's path; annotations there name
+    # that path. The classes are documented as fa_lab.studies.onset.Region and .Measure.
+    (r"py:class", r"fa_lab\.studies\.onset\.bound\.(Region|Measure|Hazard)"),
 ]
 
 
@@ -91,6 +105,46 @@ nitpick_ignore_regex = [
 # an absolute value), never the start of an RST substitution, which the project never
 # defines. Escaped here, outside literals, rather than in every docstring.
 _LITERAL = re.compile(r"(``.+?``)")
+
+
+def _numpy_sections(app, what, name, obj, options, lines):
+    """A callable's NumPy-style sections (a heading over a line of dashes) as fields."""
+    if what in ("function", "method", "class", "exception") and any(
+            lines[i].strip() in ("Parameters", "Returns", "Examples")
+            and set(lines[i + 1].strip()) == {"-"} for i in range(len(lines) - 1)):
+        lines[:] = NumpyDocstring(lines, _NAPOLEON, app, what, name, obj, options).lines()
+
+
+def _parameters_from_signature(app, what, name, obj, options, lines):
+    """A Parameters section for a callable whose docstring has none: one field per
+    parameter of its signature, its default, and the docstring's first sentence that names
+    it in ``literals`` (a warning class takes its message)."""
+    if what not in ("function", "method", "class", "exception"):
+        return
+    if any(line.lstrip().startswith((":param ", ":parameter ", ":Parameters:"))
+           for line in lines):
+        return
+    if isinstance(obj, type) and issubclass(obj, BaseException):
+        lines += ["", ":param message: what happened, and what to do about it.", ""]
+        return
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if params and params[0].name in ("self", "cls") and what == "method":
+        params = params[1:]
+    if not params:
+        return
+    text = " ".join(line.strip() for line in lines)
+    sentences = re.split(r"(?<=[.;])\s+(?=[A-Z`(])", text)
+    fields = [""]
+    for p in params:
+        star = {p.VAR_POSITIONAL: r"\*", p.VAR_KEYWORD: r"\*\*"}.get(p.kind, "")
+        desc = next((s for s in sentences if f"``{p.name}``" in s), "")
+        if p.default is not p.empty:
+            desc = f"{desc} Default ``{p.default!r}``." if desc else f"Default ``{p.default!r}``."
+        fields.append(f":param {star}{p.name}: {desc or 'see above.'}".rstrip())
+    lines += fields + [""]
 
 
 def _escape_bars(app, what, name, obj, options, lines):
@@ -134,9 +188,32 @@ _PLOTLY_WIDGET_STUB = (
     "export default m.default;\n")
 
 
+#: A page's plain figures (plotly-graph-div) draw from a queue once plotly.js is there: at
+#: once where plotly.min.js loaded, or after the dashboards' widget bundle (plotly.js inside;
+#: importing it sets window.Plotly) loaded, on pages that have one. So plotly.js loads once.
+_FIGURE_QUEUE = "(window.faLabFigures = window.faLabFigures || []).push(function () {%s});"
+_DRAW_QUEUED = (
+    "const here = document.querySelector('script[src*=\"jupyter-widgets-offline.js\"]').src;\n"
+    "await import(new URL('jupyter-widgets/plotly-widgetbundle.js', here).href);\n"
+    "const queued = window.faLabFigures || [];\n"
+    "window.faLabFigures = {push: (draw) => draw()};\n"
+    "for (const draw of queued) draw();\n")
+_FIGURE_SCRIPT = re.compile(r"(<script[^>]*>)(\s*window\.PLOTLYENV.*?)(</script>)", re.S)
+
+
 def _plotly_js_on_figure_pages(app, pagename, templatename, context, doctree):
-    if "plotly-graph-div" in context.get("body", ""):
+    body = context.get("body", "")
+    if "plotly-graph-div" not in body:
+        return
+    if pagename in _PAGES_WITH_PLOTLY_WIDGETS:
+        context["body"] = _FIGURE_SCRIPT.sub(lambda m: m[1] + _FIGURE_QUEUE % m[2] + m[3], body)
+        app.add_js_file(None, body=_DRAW_QUEUED, type="module", priority=900)
+    else:
         app.add_js_file("plotly.min.js", priority=400)
+
+
+#: Pages whose saved widget state holds plotly's widget bundle (filled while writing them).
+_PAGES_WITH_PLOTLY_WIDGETS: set[str] = set()
 
 
 #: Above every dashboard on the site: its figures were drawn when the site was built.
@@ -182,6 +259,7 @@ def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
     for model in state.get("state", {}).values():
         if model.get("state", {}).get("_esm") == bundle:
             model["state"]["_esm"] = _PLOTLY_WIDGET_STUB
+            _PAGES_WITH_PLOTLY_WIDGETS.add(pagename)
     _fit_dashboard(state.get("state", {}))
     # each saved widget view on the page is a dashboard (or part of one): a notice above it
     context["body"] = re.sub(r'(<script type="application/vnd\.jupyter\.widget-view\+json">)',
@@ -200,7 +278,10 @@ def _copy_js(app, exc):
 
 def setup(app):
     app.connect("autodoc-process-docstring", _escape_bars)
-    app.connect("html-page-context", _plotly_js_on_figure_pages)
+    app.connect("autodoc-process-docstring", _numpy_sections, priority=550)
+    app.connect("autodoc-process-docstring", _parameters_from_signature, priority=600)
     # before MyST-NB's own handler (priority 500) puts the page's widget state on it
     app.connect("html-page-context", _share_plotly_widget_bundle, priority=400)
+    # after it: a page with the widget bundle draws its plain figures with that plotly.js
+    app.connect("html-page-context", _plotly_js_on_figure_pages, priority=450)
     app.connect("build-finished", _copy_js)

@@ -302,50 +302,107 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
                     fp8_saturate=None, backend="auto", kernel=None, upstream=None):
     """Forward attention with the gfx950 kernels' semantics.
 
-    q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; bf16/f16, or float8_e4m3fn with per-tensor
-    ``q_descale``, ``k_descale``, ``v_descale``. Shapes that look like another layout
-    (SDPA's [B, H, S, D]: ``checks.layout_problem``) run as given, with a UserWarning.
+    Upstream FlyDSL's signature and names (``causal`` through ``sink``, ``return_lse``), then
+    fa_lab's own arguments (``rescale`` on). Every argument is checked before any work: a bad
+    one raises ValueError or TypeError naming it.
 
-    Upstream FlyDSL's arguments, with its names: ``causal`` (default True; the causal
-    diagonal is bottom-right aligned); ``num_kv_heads`` (checked against k's heads);
-    ``dualwave_swp_lazy_rescale`` (None: the upstream version's default, lazy; an explicit
-    True/False is honoured); ``bias`` [Sq, Skv], ``alibi_slopes`` [H] or [B, H] and ``sink``
-    [H] (bf16/f16) modify the scores as upstream's DUALWAVE_SWP path does (natural-log
-    units); ``num_kv_splits`` > 1 runs split-K with its combine pass. Varlen:
-    ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 [B+1]) with packed q [total_q, H, D], k and
-    v [total_kv, Hkv, D], ``max_seqlen_q`` (and ``max_seqlen_kv`` when lengths differ); a
-    bias is then [total_q, max_seqlen_kv] and the LSE [B, H, max_seqlen_q]. Paged KV
-    (``fa_lab.paged``): ``block_table`` (int32 [B, max_pages]) and ``seqlen_k`` (int32 [B])
-    with k and v the page cache in ``kv_cache_layout`` ``"linear"`` [NumBlocks, 64, Hkv, D]
-    or ``"vectorized"`` (aiter's 5-D), pages of 64 (bf16/f16, dense q; the kernel runs
-    every sequence to max(seqlen_k), and reads whole pages: ``docs/semantics.md`` §15).
-    fp8 (FlyDSL #1097) also takes D = 192 and v with a head dim Dv of its own (the output
-    has Dv), split-K and varlen (``docs/semantics.md`` §16).
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        q [B, Sq, H, D], k and v [B, Skv, Hkv, D] (H a multiple of Hkv); bf16/f16, or
+        float8_e4m3fn with per-tensor descales. fp8 (FlyDSL #1097) also takes D = 192 and a
+        v head dim Dv of its own (the output has Dv; ``docs/semantics.md`` §16). Shapes that
+        look like another layout (SDPA's [B, H, S, D]: ``checks.layout_problem``) run as
+        given, with a UserWarning.
+    causal : bool
+        Causal mask, default True; the causal diagonal is bottom-right aligned.
+    num_kv_heads : int or None
+        Checked against k's heads when given.
+    cu_seqlens_q, cu_seqlens_kv : torch.Tensor or None
+        Varlen: int32 [B+1] offsets of packed q [total_q, H, D] and k, v [total_kv, Hkv, D].
+    max_seqlen_q, max_seqlen_kv : int or None
+        Varlen: the longest sequence (``max_seqlen_kv`` when the kv lengths differ from q's).
+    block_table, seqlen_k : torch.Tensor or None
+        Paged KV (``fa_lab.paged``; bf16/f16, dense q): int32 [B, max_pages] page ids and
+        int32 [B] key counts, with k and v the page cache (pages of 64). The kernel runs
+        every sequence to max(seqlen_k) and reads whole pages (``docs/semantics.md`` §15).
+    kv_cache_layout : str
+        The page cache's layout: ``"linear"`` (default) [NumBlocks, 64, Hkv, D] or
+        ``"vectorized"`` (aiter's 5-D).
+    num_kv_splits : int
+        Split-K: > 1 splits each row's keys into that many partials and runs the combine
+        pass (needs Sq >= 384); default 1.
+    dualwave_swp_lazy_rescale : bool or None
+        None takes the upstream version's default (lazy); an explicit True/False is honoured.
+    q_descale, k_descale, v_descale : float or None
+        fp8 only: the per-tensor descales of float8_e4m3fn q, k and v.
+    bias : torch.Tensor or None
+        An additive score bias [Sq, Skv] (varlen: [total_q, max_seqlen_kv]) in q's dtype,
+        natural-log units, applied as upstream's DUALWAVE_SWP path does
+        (``docs/semantics.md`` §2.6).
+    alibi_slopes : torch.Tensor or None
+        ALiBi slopes [H] or [B, H], fp32.
+    sink : torch.Tensor or None
+        Attention-sink logits [H], fp32: one extra logit per head with no value row.
+    return_lse : bool
+        Also return the log-sum-exp; default False.
+    rescale : str, fa_lab.Policy or None
+        The rescale policy: a name (``fa_lab.policies.names()``: eager, lazy, lazy_unfixed,
+        lazy_capped, fa4_row, the zoo's presets and any registered) or a ``fa_lab.Policy``;
+        None takes the upstream version's default. A policy the routed kernel cannot run is
+        not applied: the call warns once (``fa_lab.RoutingWarning``) and says which
+        ``kernel=`` applies it. A policy that sets ``fa_lab.semantics`` fields (such as
+        ``"fa4_fp8_saturation:before"``) runs on the online-softmax family.
+    rescale_threshold : float, str or None
+        Replaces the policy's threshold (log2 units; fp8 also ``"by_kv_len"``).
+    rebase_bound : float or None
+        The bound of a capped policy's rebase.
+    p_headroom : bool, float or None
+        fp8: True for PR #1020's lift of P, or a number (log2 units).
+    fp8_saturate : bool or None
+        fp8: the P cast clamps to 448 (True, the default) or gives NaN (False).
+    backend : str
+        ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the faithful Triton
+        ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors through Triton's
+        interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so NaN onset can
+        differ from the faithful path; GPU, or interpreted on CPU); ``"flydsl"`` upstream's
+        kernel on an MI355X; ``"auto"`` (default) the faithful ports for GPU tensors and the
+        model for CPU tensors.
+    kernel : str or None
+        A routed family's name instead of upstream's routing (``fa_lab.dispatch.ROUTED``:
+        the bf16/f16 and fp8 DUALWAVE_SWP kernels, the generic kernel, the online-softmax
+        model).
+    upstream : str or None
+        The FlyDSL version whose defaults a bare call takes (``fa_lab.upstream.VERSIONS``);
+        None: ``"fixed"``, or what ``fa_lab.set_upstream`` chose.
 
-    fa_lab's own: ``rescale``: a policy name (``fa_lab.policies.names()``: eager, lazy,
-    lazy_unfixed, lazy_capped, fa4_row, and any registered) or a ``fa_lab.Policy``; None
-    takes the upstream version's default. ``rescale_threshold`` (log2 units; fp8 also
-    ``"by_kv_len"``), ``rebase_bound`` (capped policies) and ``p_headroom`` (fp8: True for
-    PR #1020's lift, or a number) tune it. A policy the routed kernel cannot run is not
-    applied: the call warns once and says which ``kernel=`` applies it. ``fp8_saturate``
-    (fp8; default True) picks the P cast: clamp to 448 or NaN. ``upstream``: the FlyDSL
-    version whose defaults a bare call takes (``fa_lab.upstream``; default ``"fixed"``, or
-    what ``fa_lab.set_upstream`` chose). ``kernel``: a routed family's name instead of
-    upstream's routing (``fa_lab.dispatch.ROUTED``: the bf16/f16 and fp8 DUALWAVE_SWP
-    kernels, the generic kernel, the online-softmax model).
-    A policy that sets ``fa_lab.semantics`` fields (the failure zoo's presets, such as
-    ``rescale="fa4_fp8_saturation:before"``) runs on the online-softmax family, the one
-    that implements them (asked for by name, it runs any declarative policy).
-    ``backend``: ``"emulator"`` the exact model (CPU or GPU tensors); ``"triton"`` the
-    faithful Triton ports (GPU tensors); ``"interpret"`` the same ports on CPU tensors
-    through Triton's interpreter; ``"fast"`` the fast Triton kernels (their own tiling, so
-    NaN onset can differ from the faithful path; GPU, or interpreted on CPU); ``"flydsl"``
-    upstream's kernel on an MI355X; ``"auto"`` (default) the faithful ports for GPU tensors
-    and the model for CPU tensors.
+    Returns
+    -------
+    out : torch.Tensor
+        [B, Sq, H, D] in q's dtype (bf16 for fp8 inputs). In grad mode, when q, k or v
+        requires grad, it carries gradients: FlyDSL's backward kernels on the forward's
+        backend (``fa_lab.autograd``).
+    lse : torch.Tensor
+        Only if ``return_lse``: [B, H, Sq] fp32, natural log; it carries no gradient.
 
-    Returns out [B, Sq, H, D], and lse [B, H, Sq] fp32 (natural log) if ``return_lse``.
-    In grad mode, when q, k or v requires grad, out carries gradients: FlyDSL's backward
-    kernels on the forward's backend (``fa_lab.autograd``; the LSE carries none).
+    Examples
+    --------
+    The bug report's inputs (k = N(0, 1) x 48) at a CPU size: the unfixed rebase gives NaN,
+    the fix does not.
+
+    >>> import fa_lab
+    >>> from fa_lab.studies.experiments import bf16_inputs
+    >>> q, k, v = bf16_inputs(1, 1024, 1, 64, k_scale=48)
+    >>> out = fa_lab.flash_attn_func(q, k, v, causal=False, rescale="lazy_unfixed")
+    >>> out.shape, out.dtype
+    (torch.Size([1, 1024, 1, 64]), torch.bfloat16)
+    >>> bool(out.isnan().any())
+    True
+    >>> bool(fa_lab.flash_attn_func(q, k, v, causal=False).isnan().any())   # the fix
+    False
+    >>> out, lse = fa_lab.flash_attn_func(q, k, v, causal=False, return_lse=True)
+    >>> lse.shape, lse.dtype
+    (torch.Size([1, 1, 1024]), torch.float32)
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
@@ -368,9 +425,39 @@ def count_rescales(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None
                    rebase_bound=None, p_headroom=None, fp8_saturate=None, backend="emulator",
                    kernel=None, upstream=None) -> dict:
     """Run the call as ``flash_attn_func`` (same arguments) through the model and count its
-    rescale work over the main loop (see ``fa_lab.counters``); returns the counts and the
-    output. The counts come from the model of a dense bf16/f16 call: ``backend`` is
-    "emulator" (or "auto"), and any other is refused, as are fp8 inputs."""
+    rescale work over the main loop (see ``fa_lab.counters``). The counts come from the
+    model of a dense bf16/f16 call: any backend other than "emulator" (or "auto") is
+    refused, as are fp8 inputs.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        As ``flash_attn_func``: bf16/f16 q [B, Sq, H, D], k and v [B, Skv, Hkv, D].
+    causal, num_kv_heads, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, num_kv_splits, dualwave_swp_lazy_rescale, q_descale, k_descale, v_descale, bias, alibi_slopes, sink, rescale, rescale_threshold, rebase_bound, p_headroom, fp8_saturate, kernel, upstream
+        As ``flash_attn_func``.
+    backend : str
+        ``"emulator"`` (the default) or ``"auto"``; any other is refused.
+
+    Returns
+    -------
+    dict
+        ``row_steps`` (rows times loop steps), ``loop_wave_steps``, ``o_multiplies`` (wave
+        steps that multiplied O), ``o_rescale_skip_frac``, ``rows_swept`` (row-steps whose
+        wave fired while the row's tile max sat below its base), ``rows_scaled_up``
+        (row-steps whose base moved down: the unfixed rebase's drag), and ``out``, ``lse``.
+
+    Examples
+    --------
+    >>> import fa_lab
+    >>> from fa_lab.studies.experiments import bf16_inputs
+    >>> q, k, v = bf16_inputs(1, 1024, 1, 64, k_scale=48)
+    >>> fixed = fa_lab.count_rescales(q[:, :256], k, v, causal=False, rescale="lazy")
+    >>> unfixed = fa_lab.count_rescales(q[:, :256], k, v, causal=False, rescale="lazy_unfixed")
+    >>> fixed["rows_scaled_up"], unfixed["rows_scaled_up"] > 0    # only the bug drags
+    (0, True)
+    >>> fixed["o_multiplies"] < fixed["loop_wave_steps"]            # lazy skips some
+    True
+    """
     from fa_lab.counters import RescaleCounter
 
     opts = {**_options(locals()), "backend": "emulator"}
@@ -394,11 +481,40 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
           rescale_threshold=None, rebase_bound=None, p_headroom=None, fp8_saturate=None,
           backend="auto", kernel=None, upstream=None) -> Trace:
     """Run the call as ``flash_attn_func`` (same arguments; dense calls) and record, for the
-    chosen lanes, every step's running max, tile max, vote, wave decision, drag,
-    correction, l and finiteness (see ``fa_lab.trace.Trace``).
+    chosen lanes, every step's running max, tile max, vote, wave decision, whether the row
+    was swept, correction, l and finiteness (see ``fa_lab.trace.Trace``).
 
-    ``rows`` (see ``fa_lab.trace.normalize_rows``): query rows of (``batch``, ``head``), as
-    an int, a range or a list of ints; or a list of (batch, head, row) tuples, one lane each.
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        As ``flash_attn_func``; dense calls only (a varlen call is refused).
+    rows : int, range or list
+        The lanes to record (``fa_lab.trace.normalize_rows``): query rows of (``batch``,
+        ``head``) as an int, a range or a list of ints, or a list of (batch, head, row)
+        tuples, one lane each.
+    batch, head : int
+        The batch and head of ``rows`` given as row numbers; default 0.
+    causal, num_kv_heads, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, num_kv_splits, dualwave_swp_lazy_rescale, q_descale, k_descale, v_descale, bias, alibi_slopes, sink, rescale, rescale_threshold, rebase_bound, p_headroom, fp8_saturate, backend, kernel, upstream
+        As ``flash_attn_func``.
+
+    Returns
+    -------
+    fa_lab.Trace
+        ``steps``: one row per (lane, step); ``lanes``: one row per lane.
+
+    Examples
+    --------
+    Four rows of the bug report's inputs under the unfixed rebase:
+
+    >>> import fa_lab
+    >>> from fa_lab.studies.experiments import bf16_inputs
+    >>> q, k, v = bf16_inputs(1, 1024, 1, 64, k_scale=48)
+    >>> t = fa_lab.trace(q[:, :256], k, v, rows=range(4), causal=False,
+    ...                  rescale="lazy_unfixed")
+    >>> len(t.lanes), t.steps["step"].nunique()          # 4 lanes, 1024 / 64 tiles
+    (4, 16)
+    >>> list(t.steps.columns[4:13])
+    ['m', 'mt', 'vote', 'fire', 'swept', 'corr', 'l', 'o_finite', 'l_finite']
     """
     call = check_call(q, k, v, **_options(locals()))
     if call.packing is not None:

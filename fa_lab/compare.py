@@ -153,10 +153,41 @@ def default_b(device, a: str = "emulator") -> str:
 def compare(q, k, v, *, a: str = "emulator", b: str | None = None, lse: bool = True,
             **kwargs) -> Comparison:
     """Run ``flash_attn_func(q, k, v, backend=a, **kwargs)`` and the same with
-    ``backend=b``; compare out (and LSE when ``lse``). ``b=None``: the other backend these
-    tensors run on here (``default_b``; on CPU tensors with Triton installed, the
-    interpreted Triton ports). Whether both backends can run here is checked before
-    either runs, so a missing FlyDSL or GPU costs no model time."""
+    ``backend=b``; compare out (and LSE when ``lse``). Whether both backends can run here is
+    checked before either runs, so a missing FlyDSL or GPU costs no model time.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        As ``flash_attn_func``.
+    a : str
+        The first backend (``fa_lab.api.BACKENDS``); default ``"emulator"``.
+    b : str or None
+        The second backend, not ``a``; None: the other backend these tensors run on here
+        (``default_b``; on CPU tensors with Triton installed, the interpreted Triton ports).
+    lse : bool
+        Compare the LSE too; default True.
+    **kwargs
+        Any other ``flash_attn_func`` argument but ``backend`` and ``return_lse``.
+
+    Returns
+    -------
+    Comparison
+        Per tensor, where each is NaN, +inf and -inf on either side and where the masks
+        differ, and rel-L2 and max |a - b| where both are finite; ``same_masks``.
+
+    Examples
+    --------
+    >>> import fa_lab
+    >>> from fa_lab.studies.experiments import bf16_inputs
+    >>> q, k, v = bf16_inputs(1, 1024, 1, 64, k_scale=48)
+    >>> c = fa_lab.compare(q[:, :256], k, v, a="emulator", b="interpret", causal=False,
+    ...                    rescale="lazy_unfixed")
+    >>> c.same_masks                       # the port's NaN and inf masks are the model's
+    True
+    >>> c.out.masks[0].kind, c.out.masks[0].in_a > 0
+    ('nan', True)
+    """
     from fa_lab.api import BACKENDS, flash_attn_func
 
     if not isinstance(a, str) or a not in BACKENDS:

@@ -217,9 +217,10 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
 
 def mla_decode(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
                num_kv_splits: int = 1, backend: str = "auto", p_headroom: float = 0.0):
-    """fa_lab's one call: sequence b's KV positions are ``kv_indptr[b] .. kv_indptr[b+1]`` of
-    kv_page_indices. Schedules (``model.schedule``), runs the kernel and merges; returns
-    (out [S, 128, 512] bf16, split_lse [N, 1, 128, 1]). A sequence with one split gets
+    """fa_lab's one call: sequence b's KV positions are the entries ``kv_indptr[b]`` up to
+    ``kv_indptr[b+1]`` (excluded) of kv_page_indices. Schedules (``model.schedule``), runs
+    the kernel and merges; returns (out [S, 128, 512] bf16, split_lse [N, 1, 128, 1]). A
+    sequence with one split gets
     bf16 of its partial (upstream's reduce skips it; the HIP kernel writes it directly)."""
     _tensor("query", query, (_FP8,), 3)
     _tensor("kv_indptr", kv_indptr, (torch.int32, torch.int64), 1)

@@ -49,7 +49,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The folder whose data/ holds the lab's reference data and whose notebooks/ the lessons: the
+# checkout, or, for a package installed from a wheel (no checkout around it), the copy of
+# both that the wheel carries (fa_lab/_course, setup.py).
+ROOT = next((d for d in (Path(__file__).resolve().parent.parent,
+                         Path(__file__).resolve().parent / "_course")
+             if (d / "data" / "results").is_dir()), Path(__file__).resolve().parent.parent)
 #: The lab's reference results (read by the lessons; written only when asked for by path).
 REFERENCE_DIR = ROOT / "data" / "results"
 #: Environment variable that chooses the results folder.

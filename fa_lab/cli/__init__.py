@@ -16,12 +16,13 @@ from .args import INTERRUPTED, UsageError
 
 PROG = "fa-lab"
 #: The commands, in the order ``fa-lab --help`` lists them: one module each.
-COMMANDS = ("table", "sweep", "attack", "bench", "lab")
+COMMANDS = ("table", "sweep", "attack", "bench", "show", "lab")
 USAGE = """\
     fa-lab table  [--which bf16|fp8|both] [--full] [--device cuda] [--B .. --S .. --H ..]
     fa-lab sweep  GRID.yaml [--workers 2] [--import FILE]
     fa-lab attack POLICY [--budget 60] [--mods bias,alibi,sink] [--import FILE]
     fa-lab bench  [--suite dense,splitk,varlen] [--shapes 0,1,..] [--impls a,b,..]
+    fa-lab show   [NAME] [--reference] [--columns a,b,..]  list the results, or print one
     fa-lab lab    [--port N] [--no-browser]  JupyterLab on notebooks/ (pip install 'fa_lab[lab]')
 
 Results go to the results folder: --out-dir DIR, else $FA_LAB_RESULTS, else

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 
 import numpy as np
@@ -32,9 +33,16 @@ import torch
 def setup(full: bool = False, *, device: str | None = None, precision: int = 4):
     """(device, big): the device the lesson runs on (a GPU when there is one) and whether
     the full, bug-report-sized run applies (``full`` and a CUDA GPU). Warns when ``full`` is
-    asked for without a GPU. Sets pandas' display precision."""
+    asked for without a GPU. Sets pandas' display precision.
+
+    On the CPU, torch computes on one thread unless ``OMP_NUM_THREADS`` says otherwise, as
+    ``make lab`` runs it, whatever started the kernel (``jupyter nbconvert --execute``,
+    nbval, the docs build): the lessons' tensors are small, and on a machine whose cores are
+    busy, threads that wait for each other spin and cost many times the work."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
     if full and device != "cuda":
         warnings.warn("FULL = True needs a GPU (DEVICE = 'cuda'); this run keeps the default "
                       "CPU sizes", stacklevel=2)

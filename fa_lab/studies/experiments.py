@@ -80,7 +80,34 @@ def _generator(device, seed: int) -> torch.Generator:
 
 
 def bf16_inputs(B, S, H, D, k_scale, *, seed=0, device="cpu", dtype=torch.bfloat16):
-    """The seed's repro inputs: q, v ~ N(0,1), k = round(N(0,1) * K)."""
+    """The seed's repro inputs: q, v ~ N(0,1), k = round(N(0,1) * K).
+
+    Parameters
+    ----------
+    B, S, H, D : int
+        Batch, sequence length, heads and head dim: each tensor is [B, S, H, D].
+    k_scale : float
+        K, the keys' scale (the bug report's K-scale table: x1 ... x64).
+    seed : int
+        The generator's seed; default 0.
+    device : str or torch.device
+        Default ``"cpu"``.
+    dtype : torch.dtype
+        Default bf16: q, k and v are rounded to it (k after the scaling).
+
+    Returns
+    -------
+    q, k, v : torch.Tensor
+
+    Examples
+    --------
+    >>> from fa_lab.studies.experiments import bf16_inputs
+    >>> q, k, v = bf16_inputs(1, 256, 2, 64, k_scale=32)
+    >>> q.shape, k.dtype
+    (torch.Size([1, 256, 2, 64]), torch.bfloat16)
+    >>> bool(k.float().std() > 16 * q.float().std())
+    True
+    """
     g = _generator(device, seed)
     shape = (B, S, H, D)
     q = torch.randn(shape, generator=g, device=device).to(dtype)

@@ -330,7 +330,26 @@ PRESETS: dict[str, Policy] = {p.name: p for e in ENTRIES.values() for p in e.pol
 
 
 def get(name: str) -> Entry:
-    """The entry ``name``; ValueError listing the entries."""
+    """The entry ``name``; ValueError listing the entries.
+
+    Parameters
+    ----------
+    name : str
+        An entry's name (``ENTRIES``' keys).
+
+    Returns
+    -------
+    Entry
+
+    Examples
+    --------
+    >>> from fa_lab import zoo
+    >>> e = zoo.get("sdpa_masked_row")           # PyTorch SDPA: a fully masked row
+    >>> e.failure, e.before.name, e.after.name    # its class of failure and its presets
+    (('empty',), 'sdpa_masked_row:before', 'sdpa_masked_row:after')
+    >>> e.shows("before"), e.shows("after")      # the symptom, then fixed
+    (True, False)
+    """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     if name not in ENTRIES:

@@ -81,11 +81,13 @@ def new_page():
 
         context.route("**/*", offline)
 
-        def make(path: str):
+        def make(path: str, on_response=None):
             page = context.new_page()
             page.external, page.errors, page.missing = [], [], []
             page.on("pageerror", lambda exc: page.errors.append(str(exc)))
             page.on("response", lambda r: r.status >= 400 and page.missing.append(r.url))
+            if on_response is not None:
+                page.on("response", on_response)
             page.goto(f"{base}/{path}", wait_until="load")
             return page
 
@@ -262,3 +264,35 @@ def test_landing_page_has_a_pitch_a_quick_start_and_the_lessons(new_page):
     assert page.locator("button.copybtn").count() >= 1
     import importlib.metadata
     assert importlib.metadata.version("fa_lab") in page.title()
+
+
+#: The most a lesson page may download, all its files together (bytes).
+LESSON_PAGE_LIMIT = 6_000_000
+
+
+def test_every_lesson_loads_plotly_once_and_weighs_under_6_mb(new_page):
+    """plotly.js comes once per page (plotly.min.js for plain figures, or the dashboards'
+    widget bundle, which holds it and draws the plain figures too), and a lesson page with
+    everything it loads is under 6 MB."""
+    heavy, twice = {}, {}
+    for path in _lesson_pages():
+        sizes: dict[str, int] = {}     # url -> bytes, for every file the page fetched
+
+        def record(response, sizes=sizes):
+            with contextlib.suppress(Exception):    # a body the browser has already dropped
+                sizes[response.url] = len(response.body()) if response.ok else 0
+
+        page = new_page(path, on_response=record)
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_load_state("networkidle", timeout=10_000)
+        page.wait_for_timeout(500)
+        plotly = [u for u in sizes if u.endswith(("plotly.min.js", "plotly-widgetbundle.js"))]
+        if len(plotly) > 1:
+            twice[path] = plotly
+        if sum(sizes.values()) > LESSON_PAGE_LIMIT:
+            heavy[path] = sum(sizes.values())
+        if "plotly-graph-div" in page.content() or "widget-view" in page.content():
+            assert plotly, f"{path}: figures, but no plotly.js loaded"
+        page.close()
+    assert not twice, twice
+    assert not heavy, heavy

@@ -243,6 +243,9 @@ def test_shell_lines_run(line, tmp_path):
         assert "found a failure" in out and "FAILS" not in out, out
     elif argv[:2] == ["fa-lab", "bench"]:
         assert "TFLOP" in out or "tflops" in out.lower(), out
+    elif argv[:2] == ["fa-lab", "show"]:
+        named = len(argv) > 2 and not argv[2].startswith("-")
+        assert ("rows (" in out) if named else re.search(r"^\S.*: \d+ result\(s\)$", out, re.M), out
     else:
         pytest.fail(f"no check for the README command {line!r}: add one here")
 

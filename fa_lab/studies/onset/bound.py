@@ -188,13 +188,45 @@ DECODE_FAMILIES = ("pa_decode", "mla_decode")
 
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
           seqlen_kv: int = 4096) -> Region:
-    """The safe region of ``policy`` (a name or a Policy) on the kernel it runs on (the
-    online-softmax family for a policy with semantics of its own, else DUALWAVE_SWP, or the
-    fp8 kernel for ``dtype="fp8"``), for inputs of ``dtype`` ("bf16", "f16", "fp8",
-    "fp32"); ``tolerance``: the silent hazards' error, as a fraction of max|V|;
-    ``seqlen_kv`` resolves an fp8 threshold rule ("by_kv_len"). A decode family's name
-    (``DECODE_FAMILIES``, with ``:<upstream version>`` for ``pa_decode``) gives that
-    family's own region (``kernels/<family>/bound.py``'s ``region``)."""
+    """The safe region of ``policy`` on the kernel it runs on: the online-softmax family for
+    a policy with semantics of its own, else DUALWAVE_SWP, or the fp8 kernel for
+    ``dtype="fp8"``. An input is inside when no hazard applies (``Region.violated``). A
+    decode family's name (``DECODE_FAMILIES``, with ``:<upstream version>`` for
+    ``pa_decode``) gives that family's own region (``kernels/<family>/bound.py``'s
+    ``region``).
+
+    Parameters
+    ----------
+    policy : str or fa_lab.Policy
+        A registered policy's name (the zoo's presets included), a Policy, or a decode
+        family's name (``"pa_decode:main-11c4174d"``, ``"mla_decode"``).
+    dtype : str
+        The inputs' type: ``"bf16"`` (default), ``"f16"``, ``"fp8"`` or ``"fp32"``.
+    tolerance : float
+        The silent hazards' error, as a fraction of max|V|, in (0, 1).
+    seqlen_kv : int
+        Resolves an fp8 threshold rule (``"by_kv_len"``); default 4096.
+
+    Returns
+    -------
+    fa_lab.studies.onset.Region
+        The policy's hazards, each with its formula, whether the formula is exact, and a
+        check of a measured input.
+
+    Examples
+    --------
+    >>> from fa_lab.studies import onset
+    >>> def live(policy):                  # the hazards that some input can reach
+    ...     return [h.name for h in onset.bound(policy).hazards if not h.never]
+    >>> live("sdpa_masked_row:before")
+    ['accumulator overflow', 'NaN from a first tile with nothing visible', 'a row that sees nothing gives 0']
+    >>> live("sdpa_masked_row:after")     # the fix rules the empty row out
+    ['accumulator overflow']
+    >>> "drag onto a tile with nothing visible" in live("lazy_unfixed")
+    True
+    >>> onset.bound("lazy").kernel, onset.bound("sdpa_masked_row:after").kernel
+    ('swp_bf16', 'online')
+    """
     if isinstance(policy, str) and policy.partition(":")[0] in DECODE_FAMILIES:
         import importlib
         family, _, version = policy.partition(":")
