@@ -92,7 +92,8 @@ def first_use(text: str, heading: str) -> re.Match | None:
     pat = pattern(heading)
     if pat is None:
         return None
-    for start, end in _free(text, code_ok=pat.pattern.find("`") >= 0):
+    form = FORMS.get(heading, re.escape(heading) if heading.startswith("`") else "")
+    for start, end in _free(text, code_ok="`" in (form or "")):
         m = pat.search(text, start, end)
         if m:
             return m
@@ -145,6 +146,10 @@ def test_the_finder_skips_code_links_and_math():
     assert m and m[0] == "deficits" and m.start() == text.index("deficits")
     assert first_use("the tile max moved", "tile") is None       # "tile max" is its own term
     assert first_use("the tile max moved", "tile max `mt`")[0] == "tile max"
+    # a prose term inside inline code is code (a link there would print as text)
+    text = "`max(m, tile max)` and the tile max"
+    assert first_use(text, "tile max `mt`").start() == text.rindex("tile max")
+    assert first_use("`fmax(m, x)` and `fmax`", "fmax").start() == 1     # a code form: code too
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
