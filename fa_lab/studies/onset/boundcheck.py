@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from .bound import _drags, bound, measure
+from .bound import _drags, bound
+from .measure import measure
 
 #: The sweeps ``sweep`` runs, by hazard name (``bound``'s).
 SWEPT = ("accumulator overflow", "P saturation", "silent mass loss (rounding and flushed tails)",
@@ -402,7 +403,7 @@ def atlas_onset(policy, *, atlas: str = "bf16_seed_h200", threshold: float = 8.0
     from fa_lab import policies
     from fa_lab.studies import experiments as ex
     from fa_lab.studies.sweep.grid import ATLAS_DIR
-    from .bound import Measure
+    from .measure import Measure
 
     pol = policies.as_policy(policy)
     table = pd.read_parquet(ATLAS_DIR / atlas / "part-all.parquet")
