@@ -44,7 +44,7 @@ from . import semantic_hazards as SH
 from .measure import Measure, block_n as _block_n, resolve as _resolve
 
 #: log2 of the fp32 overflow boundary.
-OVERFLOW = 128.0
+OVERFLOW = SH.OVERFLOW_LOG2
 #: Each P format: (largest finite value, log2 of half its smallest subnormal (a P below it
 #: rounds to 0), its unit roundoff 2^-(mantissa bits + 1)).
 FORMATS = {"e4m3": (E4M3_MAX, -10.0, 2.0 ** -4), "e5m2": (57344.0, -17.0, 2.0 ** -3),
@@ -214,12 +214,17 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     #    l = sum P <= n 2^(H + excess)
     log_fmax = math.log2(fmax)
 
+    up = math.log2(1 + unit)   # a P's cast rounds up by at most its unit roundoff
+
     def overflow(m):
         ok = m.defined
         e = H + excess(m)
         log_n = np.log2(np.maximum(m.n, 1))
-        o = np.minimum(e, log_fmax) + log_n + math.log2(max(m.v_max, 2.0 ** -149))
-        top = np.maximum(o, e + log_n)
+        # O's and l's fp32 sums round up by at most 2^-24 per operation (4 T + 3 of them)
+        tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
+        acc = math.log2(1 + (4 * tiles + 3) * 2.0 ** -24)
+        o = np.minimum(e + up, log_fmax) + log_n + math.log2(max(m.v_max, 2.0 ** -149)) + acc
+        top = np.maximum(o, e + log_n + acc)
         margin = OVERFLOW - float(top[ok].max()) if ok.any() else math.inf
         return margin > 0, margin
 
@@ -227,13 +232,16 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         "Jup" if lag else "min(THR, Jup)")
     hz.append(Hazard(
         "accumulator overflow", "overflow",
-        f"min(H + {dev}, log2 Fmax) + log2 n + log2 max|V| < 128 and H + {dev} + log2 n < 128 "
-        f"(H = {H:g}, THR = {tau:g}, Fmax = {fmax:g}, the largest {fmt} P)", overflow,
+        f"min(H + {dev} + log2(1 + u_P), log2 Fmax) + log2 n + log2 max|V| + a < 128 and "
+        f"H + {dev} + log2 n + a < 128 (H = {H:g}, THR = {tau:g}, Fmax = {fmax:g}, the largest "
+        f"{fmt} P, u_P its unit roundoff; a = log2(1 + (4 T + 3) 2^-24), fp32's roundings "
+        "over T tiles)", overflow,
         exact=not drags,
         note=("a dragged row's deficit reaches at most R, but whether a ballot drags it that far "
               "depends on the other rows of its wave: sufficient, the exact onset is the "
               "recurrence (onset.predict)") if drags else
-             "tight when n keys all sit at the stale base's full excess"))
+             "tight when n keys all sit at the stale base's full excess and their P casts "
+             "round up"))
 
     # 2. saturation of the P cast
     never_sat = not math.isfinite(fmax) or (not drags and not lag and H + tau <= log_fmax)
@@ -304,11 +312,15 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         bad = m.hollow_first & m.defined
         return (causal_floor and m.causal) or not bool(bad.any()), None
 
+    one_tile = sem.kv_split == 1   # a one-tile partial sees a key at its first tile or none
     hz.append(Hazard(
         "NaN from a first tile with nothing visible", "nan",
         f"every row sees a key in the first {_block_n(pol, family)}-column tile it visits"
         + (" (or the call is causal: its tile max is floored)" if causal_floor else ""), hollow,
-        never=guard, note=("a floor, an empty-row guard, a clamp, a finite sentinel, an exp "
+        never=guard or one_tile, note=(
+            "each split-KV partial is one tile: a partial with nothing visible is an empty "
+            "partial (its own hazard)" if one_tile and not guard else
+            "a floor, an empty-row guard, a clamp, a finite sentinel, an exp "
                            "floor (maxNum takes the NaN to the floor) or a late mask (the max "
                            "sees every score) keeps the exponent from NaN" if guard else
                            "(-inf) - (-inf) = NaN in the factor and in P; no magnitude is "
@@ -318,11 +330,15 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         def drag_hollow(m):
             return not bool((m.hollow_after & m.defined).any()), None
 
+        capped = math.isfinite(cap)
         hz.append(Hazard(
             "drag onto a tile with nothing visible", "nan",
             "no row sees an all-masked tile after its first visible key", drag_hollow,
-            note="a firing wave rebases a row to that tile's max, -inf or the floor; the "
-                 "next exponent against it is NaN or inf. Structural, no magnitude"))
+            never=capped,
+            note=("a capped rebase skips a drop past its bound, and -inf (or the floor) lies "
+                  "past every bound: the row keeps its max" if capped else
+                  "a firing wave rebases a row to that tile's max, -inf or the floor; the "
+                  "next exponent against it is NaN or inf. Structural, no magnitude")))
 
     # 5. rows that see nothing: l stays 0 where P of a masked column is 0 (a guard against
     #    -inf - -inf, and no exp floor); the epilogue (or a split's merge) then gives 0
@@ -345,7 +361,7 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
               "the mean of V (a finite sentinel or an exp floor weighs every masked column): "
               "structural")))
     if split:
-        hz.append(SH.empty_partial(pol, l_zero, l_zero_causal))
+        hz.append(SH.empty_partial(pol, l_zero, l_zero_causal, Hazard))
 
     # 6. finite sentinels: masked columns weigh 2^(sigma - s_max); a base held above the
     #    row's scores pushes every P down towards the format's flush point
@@ -370,7 +386,7 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                   "reciprocal overflows past 2^128 (0 * inf = NaN), and the tails flush (the "
                   "mass-loss formula with H lowered by the lift); sufficient")))
 
-    hz.extend(SH.hazards(pol, tolerance=tolerance, budget=tolerance - unit - out_unit, H=H,
+    hz.extend(SH.hazards(pol, Hazard=Hazard, tolerance=tolerance, budget=tolerance - unit - out_unit, H=H,
                          tau=tau, flush=flush, excess=excess, v_error=_v_scale_error))
 
     # 7. the V tail past the sequence inside its last tile
@@ -497,8 +513,8 @@ def _v_scale_error(m: Measure, H: float, lift: float) -> float:
         return math.inf
     tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
     fl = OUTPUTS[m.out_fmt][0]
-    return ((4 * tiles + 3) * 2.0 ** (F32_FLUSH - H + lift) / m.v_max
-            + 2.0 ** fl / (m.v_max * m.v_descale))
+    e = F32_FLUSH - H + lift + math.log2(4 * tiles + 3) - math.log2(m.v_max)
+    return (2.0 ** e if e < 1000 else math.inf) + 2.0 ** fl / (m.v_max * m.v_descale)
 
 
 def _sentinel_margin(m: Measure, pol, tol: float, H: float, flush: float, unit: float):

@@ -37,6 +37,9 @@ import torch
 
 from fa_lab.numerics import LOG2E
 
+#: log2 of the fp32 overflow boundary (``bound.OVERFLOW``).
+OVERFLOW_LOG2 = 128.0
+
 
 @functools.lru_cache(maxsize=1)
 def softcap_edge() -> float:
@@ -82,14 +85,13 @@ def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
 
 
-def hazards(pol, *, tolerance: float, budget: float, H: float, tau: float, flush: float,
-            excess, v_error) -> list:
-    """The later fields' hazards of ``pol`` (``bound``'s ``Hazard``s). ``budget``: the
-    silent error left once the P and output casts' unit roundoffs are charged;
-    ``excess(m)``: the largest exponent a P reaches over 2^H, per row; ``v_error(m, H,
-    lift)``: V's scale's share (``bound._v_scale_error``)."""
-    from .bound import OVERFLOW, Hazard
-
+def hazards(pol, *, Hazard, tolerance: float, budget: float, H: float, tau: float,
+            flush: float, excess, v_error) -> list:
+    """The later fields' hazards of ``pol``, each a ``Hazard`` (``bound``'s class, handed
+    in: ``bound`` imports this module). ``budget``: the silent error left once the P and
+    output casts' unit roundoffs are charged; ``excess(m)``: the largest exponent a P
+    reaches over 2^H, per row; ``v_error(m, H, lift)``: V's scale's share
+    (``bound._v_scale_error``)."""
     sem = pol.semantics
     out = []
     if sem.softcap and sem.softcap_form == "exp_ratio":
@@ -131,7 +133,7 @@ def hazards(pol, *, tolerance: float, budget: float, H: float, tau: float, flush
             if not ok.any():
                 return True, math.inf
             lift = m.lift
-            margins = [float((OVERFLOW + H - lift)[ok].min())]
+            margins = [float((OVERFLOW_LOG2 + H - lift)[ok].min())]
             room = budget - v_error(m, H, _defined_max(m, lift))
             top = np.log2(np.maximum(m.n, 1)) + flush - H + lift
             margins.append(float((_log2(room) - top)[ok].min()))
@@ -184,10 +186,9 @@ def hazards(pol, *, tolerance: float, budget: float, H: float, tau: float, flush
     return out
 
 
-def empty_partial(pol, l_zero: bool, l_zero_causal: bool):
-    """The split-KV hazard: a row that sees keys with a partial that sees none."""
-    from .bound import Hazard
-
+def empty_partial(pol, l_zero: bool, l_zero_causal: bool, Hazard):
+    """The split-KV hazard (a ``Hazard``, ``bound``'s class): a row that sees keys with a
+    partial that sees none."""
     guarded = pol.semantics.epilogue_guard != "none"
     never = l_zero and guarded
 
