@@ -7,9 +7,10 @@ on which no overflow, NaN, saturation or silent mass loss can happen.
     m = onset.measure(q, k, v, policy="fa4_fp8_saturation:before", causal=False)
     region.contains(m), region.violated(m)
 
-``docs/semantics.md`` §11 derives every formula. The quantities they read (``Measure``)
-are taken per row, in log2 units, on the tiles the policy's kernel visits (``block_n``
-columns, in its ``kv_order``):
+``docs/semantics.md`` §11 derives every formula. The quantities they read (``Measure``,
+``measure.py``) are taken per row, in log2 units, on the tiles the policy's kernel visits
+(``block_n`` columns, in its ``kv_order``), from the scores as that kernel computes them
+(every cast on the path):
 
 * ``R``, the row's **score spread**: its best visible score minus the lowest maximum of a
   visited tile that has a visible key; ``Jup``: its best score minus the maximum of the first
@@ -22,7 +23,16 @@ columns, in its ``kv_order``):
 * ``c``, the log2 units of one raw logit unit (a raw-domain sentinel is ``value * c``);
   whether the call is causal (the FlyDSL kernels floor a causal row's tile max); fp8 (the
   swp_fp8 kernel): ``ls``, its log2 scale of a raw fp8 product, and whether a causal call
-  has more queries than keys.
+  has more queries than keys; the output's format and ``v_descale``;
+* for the later Semantics fields (``semantic_hazards.py``): a late mask's lift, a
+  softcap's largest argument, split-KV partials that see nothing and the gap between
+  partials' masses.
+
+Every silent hazard charges the P cast's and the output cast's unit roundoffs and V's
+scale (O's fp32 sums below the subnormals, the output's flush): small V is a hazard of
+every policy. ``bound`` refuses what it cannot analyse (a Python rule; the field
+combinations ``semantic_hazards.refusal`` names) with a ValueError saying why; another
+kernel family registers its own bound (``register_family``, ``FAMILY_BOUNDS``).
 
 A ``Hazard`` is one way to fail, with the formula of its safe side, whether that formula is
 the exact boundary or only sufficient, and ``never`` where the policy's own fields rule it
