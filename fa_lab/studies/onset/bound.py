@@ -437,7 +437,16 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                          f"not causal with Sq > Skv, or ls < {floor_ls:.8g}", floor_overflow,
                          note="f32(ls * -3e38) = -inf: the addend is +inf at a row that sees "
                               "no key"))
+    hz.append(_v_nonfinite())
     return Region(pol, family, dtype, float(tolerance), tuple(hz))
+
+
+def _v_nonfinite() -> Hazard:
+    """A non-finite V row among the valid keys: 0 * inf = NaN in every row's PV product,
+    a row that sees nothing included (every region has it)."""
+    return Hazard("non-finite V", "nan", "every V row of a valid key is finite",
+                  lambda m: (math.isfinite(m.v_max), None),
+                  note="P = 0 does not mask it: 0 * inf and 0 * NaN are NaN. Structural")
 
 
 def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
@@ -488,6 +497,28 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
               "sums l = 0 and gives a zero row, silently" if sem.ftz else
               "subnormal P: below F - 128 the row's l is under 2^-128 and rcp(l) overflows, "
               "or l rounds to 0 (a zero row): sufficient")))
+    # the silent side: the row's largest P is 2^(s_max - F + H), not 2^H; against it the
+    # cast's rounding, the flushed tails (the format's, or 2^-126 under ftz), V's scale
+    # and the output's cast
+    _, flush, unit = FORMATS[fmt]
+    flush = max(flush, -126.0) if sem.ftz else flush
+    out_unit = OUTPUTS["bf16" if dtype == "fp8" else {"fp32": "none"}.get(dtype, dtype)][1]
+
+    def silent(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        hf = (m.s_max - F + H)[ok]
+        need = tolerance - unit - out_unit - _v_scale_error(m, float(hf.min()), 0.0)
+        top = float((np.log2(np.maximum(m.n, 1))[ok] + flush - hf).max())
+        margin = (math.log2(need) if need > 0 else -math.inf) - top
+        return margin >= 0, margin
+
+    hz.append(Hazard(
+        "silent mass loss (rounding and flushed tails)", "mass_loss",
+        f"u_P + u_out + n 2^({flush:g} - (s_max - F + H)) + e_V <= {tolerance:g} (e_V: V's "
+        "scale against the row's largest P, 2^(s_max - F + H))", silent, exact=False,
+        note="sufficient: §11.3's formula with the row's largest P at 2^(s_max - F + H)"))
     hz.append(Hazard(
         "NaN from a first tile with nothing visible", "nan", "none: the max never moves",
         lambda m: (True, None), never=True,
@@ -497,6 +528,7 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
         "a row that sees nothing gives 0", "nan", "every row sees a key",
         lambda m: (zero_empty or not m.empty_rows, None), never=zero_empty,
         note="l = 0, and the epilogue's guard gives 0" if zero_empty else "1/l with l = 0"))
+    hz.append(_v_nonfinite())
     return Region(pol, family, dtype, tolerance, tuple(hz))
 
 

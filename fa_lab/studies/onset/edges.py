@@ -415,6 +415,17 @@ def _base2(pol, kind):
     return "the partials' mass gap (log2)", case, 0.0, 8.0, ("silent",), 0.7
 
 
+def _v_inf(pol, kind):
+    def case(t):  # one of two keys' V is 1 or inf; the row sees only the other
+        vals = [1.0, math.inf if t >= 0.5 else 1.0]
+        if kind == "swp":
+            mask = torch.ones(32, 256, dtype=torch.bool)
+            mask[:, 255] = False
+            return _swp([[1.0] * 256], values=[1.0] * 255 + vals[1:], mask=mask.tolist())
+        return _online_row([0.0, 0.0], vals, [True, False])
+    return "the masked key's V is inf", case, 0.0, 1.0, ("nonfinite",), 0.0
+
+
 def _sentinel(pol, kind):
     sem = pol.semantics
     _, flush, unit = FORMATS[_fmt(pol, "fp32", "online")]
@@ -450,6 +461,7 @@ BUILDERS = {
     "late mask lifts the max": _late_lift, "late mask over a non-finite score": _late_nan,
     "softcap's exp ratio overflows": _softcap, "P before the vote drops a kept jump": _kept_jump,
     "base-2 LSE merged as natural": _base2, "finite sentinel": _sentinel,
+    "non-finite V": _v_inf,
 }
 
 #: A tolerance other than the attack's 0.25 where a hazard's failure stays below it: two

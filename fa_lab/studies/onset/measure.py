@@ -263,7 +263,7 @@ def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal
     w_max = walk.amax(-1)
     lift = torch.where(defined, (w_max - s_max).clamp(min=0), torch.zeros_like(s_max))
     n_vis = vis[:, :n_kv].sum(-1).expand(B, H, Sq)
-    vv = v[:, :n_kv].float().abs().nan_to_num(math.inf)   # a non-finite V row: no bound holds
+    vv = v[:, :n_kv].float().abs().nan_to_num(nan=math.inf, posinf=math.inf)   # no bound holds
     v_max = float(vv.max()) if vv.numel() else 0.0
     tail = v[:, n_kv:min(Skv, width)].float()
     ls = c if family == "swp_fp8" else None
