@@ -510,13 +510,15 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
             return True, math.inf
         hf = (m.s_max - F + H)[ok]
         need = tolerance - unit - out_unit - _v_scale_error(m, float(hf.min()), 0.0)
-        top = float((np.log2(np.maximum(m.n, 1))[ok] + flush - hf).max())
+        # the row's largest P is not a tail: n - 1 keys can flush
+        tails = np.log2(np.maximum(m.n - 1, 2.0 ** -1074))
+        top = float((tails[ok] + flush - hf).max())
         margin = (math.log2(need) if need > 0 else -math.inf) - top
         return margin >= 0, margin
 
     hz.append(Hazard(
         "silent mass loss (rounding and flushed tails)", "mass_loss",
-        f"u_P + u_out + n 2^({flush:g} - (s_max - F + H)) + e_V <= {tolerance:g} (e_V: V's "
+        f"u_P + u_out + (n - 1) 2^({flush:g} - (s_max - F + H)) + e_V <= {tolerance:g} (e_V: V's "
         "scale against the row's largest P, 2^(s_max - F + H))", silent, exact=False,
         note="sufficient: §11.3's formula with the row's largest P at 2^(s_max - F + H)"))
     hz.append(Hazard(
