@@ -284,10 +284,10 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
 
     hz.append(Hazard(
         "silent mass loss (rounding and flushed tails)", "mass_loss",
-        f"u_P + u_out + n 2^({flush:g} - H) "
-        f"+ (4 T + 3) 2^({F32_FLUSH:g} - H) / max|V| + 2^({out_flush:g}) / (max|V| v_descale) "
-        f"<= {tolerance:g} ({fmt} P: u_P = 2^{math.log2(unit):g}; output u_out = "
-        f"2^{math.log2(out_unit):g}; T tiles)", mass_loss, exact=False,
+        f"2^-{-math.log2(unit):g} + n 2^({flush:g} - H) + u_out + (4 T + 3) 2^({F32_FLUSH:g} - H)"
+        f" / max|V| + 2^({out_flush:g}) / (max|V| v_descale) <= {tolerance:g} ({fmt} P; the "
+        f"output's unit roundoff u_out = 2^{math.log2(out_unit):g}; T tiles)", mass_loss,
+        exact=False,
         note="sufficient: every key's P is off by at most its unit roundoff or the flushed "
              "2^flush, against a largest P of at least 2^H; each of O's fp32 roundings "
              "(the PV sums, the rescale, the add, the epilogue's product) is off by at most "
@@ -444,7 +444,7 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
 def _v_nonfinite() -> Hazard:
     """A non-finite V row among the valid keys: 0 * inf = NaN in every row's PV product,
     a row that sees nothing included (every region has it)."""
-    return Hazard("non-finite V", "nan", "every V row of a valid key is finite",
+    return Hazard("non-finite V", "input", "every V row of a valid key is finite",
                   lambda m: (math.isfinite(m.v_max), None),
                   note="P = 0 does not mask it: 0 * inf and 0 * NaN are NaN. Structural")
 
