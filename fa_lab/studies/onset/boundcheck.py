@@ -412,7 +412,7 @@ def atlas_onset(policy, *, atlas: str = "bf16_seed_h200", threshold: float = 8.0
     import pandas as pd
     from fa_lab import policies
     from fa_lab.studies import experiments as ex
-    from fa_lab.studies.sweep.grid import ATLAS_DIR
+    from fa_lab.studies.sweep.grid import REFERENCE_ATLAS_DIR as ATLAS_DIR
     from .measure import Measure
 
     pol = policies.as_policy(policy)
