@@ -6,19 +6,23 @@ own class of failure, budget 60 s, seeds 0-2, from the zoo's starting points and
 random starts only), the shrunk input's symptom, and the search against the fix (budget
 30 s): what it found, or "nothing in N runs found a failure".
 
-``bounds``: every built-in policy's and preset's region (``onset.bound``), checked two ways:
-an attack inside the region (``boundcheck.attack_inside``: every class, budget 15 s), and
-each hazard's measured boundary against its formula (``boundcheck.sweep`` /
-``builtin_sweep`` / ``fp8_floor_sweep``, and the atlas data/atlas/bf16_seed_h200 for the
-DUALWAVE_SWP policies' overflow over K scale).
+``bounds``: every built-in policy's and preset's region (``onset.bound``), checked four ways:
+an attack inside the region (``boundcheck.attack_inside``: every class, ``--budget`` s); a
+search that walks random inputs to the region's edge and judges them there
+(``boundcheck.boundary_search``, ``--budget`` s); each hazard's edge built from its
+mechanism, +eps inside and -eps outside (``onset.edges.edge``); and the built-in policies'
+measured boundary against its formula (``boundcheck.builtin_sweep`` / ``fp8_floor_sweep``,
+and the atlas data/atlas/bf16_seed_h200 for their overflow over K scale; the presets'
+one-binade sweeps, ``boundcheck.sweep``, are left to the edges, which are stricter).
 
     OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py attack
-    OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py bounds
+    OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py bounds [--budget 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 import warnings
@@ -29,6 +33,7 @@ from fa_lab import policies, results
 from fa_lab.studies import adversary as A
 from fa_lab.studies import onset
 from fa_lab.studies.onset import boundcheck as BC
+from fa_lab.studies.onset import edges
 from fa_lab.zoo import ENTRIES
 
 
@@ -100,10 +105,32 @@ def bounds(budget: float) -> dict:
         r = BC.attack_inside(n, budget_s=budget)
         print(r["summary"], flush=True)
         inside.append(r)
-    sweeps = []
+    walks = []
     for n in names:
+        r = BC.boundary_search(n, budget_s=budget)
+        print(n, "edge walk:", r["runs_at_edge"], "runs,", r["failures_inside"], "failures",
+              flush=True)
+        walks.append(r)
+    edge_rows = []
+    for n in names:
+        dt = "bf16" if n in policies.BUILTIN_NAMES else "fp32"
+        for h in onset.bound(n, dtype=dt).hazards:
+            if h.never:
+                continue
+            e = edges.edge(n, h.name)
+            if e is None:
+                edge_rows.append({"policy": n, "hazard": h.name,
+                                  "skipped": edges.skipped(n, h.name)})
+                continue
+            row = dataclasses.asdict(e)
+            row["held"] = (not e.inside_fails and not e.inside_violates and bool(
+                e.outside_fails if e.exact else (e.outside_fails or e.beyond_fails)))
+            print(n, h.name, "edge held" if row["held"] else "EDGE FAILED", flush=True)
+            edge_rows.append(row)
+    sweeps = []   # the built-ins' (the presets' edges above check every hazard at +-eps)
+    for n in [n for n in names if n in policies.BUILTIN_NAMES]:
         for hz in BC.SWEPT:
-            r = (BC.builtin_sweep(n, hz) if n in policies.BUILTIN_NAMES else BC.sweep(n, hz))
+            r = BC.builtin_sweep(n, hz)
             if r is not None:
                 print(n, hz, r["formula_boundary"], r["measured_onset"], r["sound"],
                       r["within_one_binade_or_tile"], flush=True)
@@ -115,9 +142,20 @@ def bounds(budget: float) -> dict:
         print(n, "atlas", r["k_formula"], r["first_failing_k"], r["sound"], r["within_one_binade"],
               flush=True)
         atlas.append(r)
+    checked = [r for r in edge_rows if "skipped" not in r]
     return {"tolerance": onset.bound("eager").tolerance, "regions": regions,
-            "regions_fp8": regions_fp8, "attack_inside": inside, "sweeps": sweeps,
-            "fp8_floor": fp8, "atlas": atlas}
+            "regions_fp8": regions_fp8, "attack_inside": inside, "boundary_search": walks,
+            "edges": edge_rows, "sweeps": sweeps, "fp8_floor": fp8, "atlas": atlas,
+            "summary": {
+                "policies": len(names), "edges_checked": len(checked),
+                "edges_held": sum(r["held"] for r in checked),
+                "edges_skipped": len(edge_rows) - len(checked),
+                "edge_inputs_failing_inside": sum(bool(r["inside_fails"]) for r in checked),
+                "attack_runs_inside": sum(r["runs_inside"] for r in inside),
+                "attack_failures_inside": sum(bool(r["found"]) for r in inside),
+                "walk_runs_at_edge": sum(r["runs_at_edge"] for r in walks),
+                "walk_failures_inside": sum(r["failures_inside"] for r in walks),
+                "sweeps_sound": all(r["sound"] for r in sweeps)}}
 
 
 def main(argv=None) -> int:
@@ -132,7 +170,7 @@ def main(argv=None) -> int:
     if args.what == "attack":
         rec = attack(args.budget or 60.0, 30.0, [int(s) for s in args.seeds.split(",")])
     else:
-        rec = bounds(args.budget or 15.0)
+        rec = bounds(args.budget or 4.0)
     rec["wall_s"] = time.perf_counter() - t0
     path = results.save(args.name or f"zoo_{args.what}", rec,
                         params={"what": args.what, "budget": args.budget, "seeds": args.seeds})

@@ -59,8 +59,10 @@ The sink, split-K and varlen are not modelled here (``predict`` takes no such ar
 from .recurrences import OVERFLOW_LOG2, PACK_LIMIT_LOG2, PACK_FLOOR_LOG2, SCORE_MODS, Tiles
 from .predict import LEVELS, Onset, tile_maxima, predict, KERNELS, CHUNK_ELEMENTS
 from .validate import model_bad_rows, validate, validate_grid, worst_cell
-from .bound import UNBOUNDED, Hazard, Measure, Region, bound, measure
+from .bound import FAMILY_BOUNDS, UNBOUNDED, Hazard, Region, bound, register_family
+from .measure import Measure, measure
 
 __all__ = ["OVERFLOW_LOG2", "PACK_LIMIT_LOG2", "PACK_FLOOR_LOG2", "SCORE_MODS", "Tiles", "LEVELS", "Onset",
            "tile_maxima", "predict", "KERNELS", "CHUNK_ELEMENTS", "model_bad_rows", "validate",
-           "validate_grid", "worst_cell", "Hazard", "Measure", "Region", "bound", "measure", "UNBOUNDED"]
+           "validate_grid", "worst_cell", "Hazard", "Measure", "Region", "bound", "measure", "UNBOUNDED",
+           "FAMILY_BOUNDS", "register_family"]

@@ -7,9 +7,10 @@ on which no overflow, NaN, saturation or silent mass loss can happen.
     m = onset.measure(q, k, v, policy="fa4_fp8_saturation:before", causal=False)
     region.contains(m), region.violated(m)
 
-``docs/semantics.md`` §11 derives every formula. The quantities they read (``Measure``)
-are taken per row, in log2 units, on the tiles the policy's kernel visits (``block_n``
-columns, in its ``kv_order``):
+``docs/semantics.md`` §11 derives every formula. The quantities they read (``Measure``,
+``measure.py``) are taken per row, in log2 units, on the tiles the policy's kernel visits
+(``block_n`` columns, in its ``kv_order``), from the scores as that kernel computes them
+(every cast on the path):
 
 * ``R``, the row's **score spread**: its best visible score minus the lowest maximum of a
   visited tile that has a visible key; ``Jup``: its best score minus the maximum of the first
@@ -22,7 +23,16 @@ columns, in its ``kv_order``):
 * ``c``, the log2 units of one raw logit unit (a raw-domain sentinel is ``value * c``);
   whether the call is causal (the FlyDSL kernels floor a causal row's tile max); fp8 (the
   swp_fp8 kernel): ``ls``, its log2 scale of a raw fp8 product, and whether a causal call
-  has more queries than keys.
+  has more queries than keys; the output's format and ``v_descale``;
+* for the later Semantics fields (``semantic_hazards.py``): a late mask's lift, a
+  softcap's largest argument, split-KV partials that see nothing and the gap between
+  partials' masses.
+
+Every silent hazard charges the P cast's and the output cast's unit roundoffs and V's
+scale (O's fp32 sums below the subnormals, the output's flush): small V is a hazard of
+every policy. ``bound`` refuses what it cannot analyse (a Python rule; the field
+combinations ``semantic_hazards.refusal`` names) with a ValueError saying why; another
+kernel family registers its own bound (``register_family``, ``FAMILY_BOUNDS``).
 
 A ``Hazard`` is one way to fail, with the formula of its safe side, whether that formula is
 the exact boundary or only sufficient, and ``never`` where the policy's own fields rule it
@@ -31,20 +41,20 @@ out for every input. A continuous hazard reports a ``margin`` in log2 units (>= 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import torch
 
 from fa_lab import values
-from fa_lab.checks import check_int
-from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, LOG2E, f32
+from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, f32
+
+from . import semantic_hazards as SH
+from .measure import Measure, block_n as _block_n, resolve as _resolve
 
 #: log2 of the fp32 overflow boundary.
-OVERFLOW = 128.0
+OVERFLOW = SH.OVERFLOW_LOG2
 #: Each P format: (largest finite value, log2 of half its smallest subnormal (a P below it
 #: rounds to 0), its unit roundoff 2^-(mantissa bits + 1)).
 FORMATS = {"e4m3": (E4M3_MAX, -10.0, 2.0 ** -4), "e5m2": (57344.0, -17.0, 2.0 ** -3),
@@ -55,35 +65,12 @@ TOLERANCE = 0.25
 #: The fp8 kernel's addend -ls * m loses the row max once its magnitude passes 2^32.
 FP8_ADDEND_LOG2 = 32.0
 
-_INPUT_FORMAT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "none",
-                 torch.float8_e4m3fn: "e4m3"}
-
-
-@dataclass
-class Measure:
-    """What the formulas read off one input (module docstring). Per-row arrays cover every
-    (batch, head, query row); ``defined`` marks the rows that see a key."""
-
-    defined: np.ndarray
-    hollow_first: np.ndarray
-    hollow_after: np.ndarray
-    R: np.ndarray
-    Jup: np.ndarray
-    steps: np.ndarray
-    n: np.ndarray
-    n_masked: np.ndarray
-    s_max: np.ndarray
-    v_max: float
-    tail_nonfinite: bool
-    causal: bool = False
-    causal_short: bool = False
-    c: float = 1.0
-    ls: float | None = None
-    block_n: int = 64
-
-    @property
-    def empty_rows(self) -> bool:
-        return bool((~self.defined).any())
+#: The output's format per input dtype (an fp8 call writes bf16): (the smallest subnormal's
+#: half, log2, below which an output rounds to 0; its unit roundoff; its largest value).
+OUTPUTS = {"bf16": (-134.0, 2.0 ** -9, 3.3895313892515355e38),
+           "f16": (-25.0, 2.0 ** -11, 65504.0), "none": (-150.0, 2.0 ** -24, math.inf)}
+#: log2 of half fp32's smallest subnormal: an fp32 result below it rounds to 0.
+F32_FLUSH = -150.0
 
 
 @dataclass(frozen=True)
@@ -140,23 +127,6 @@ class Region:
                 "tolerance": self.tolerance, "hazards": [h.to_dict() for h in self.hazards]}
 
 
-def _resolve(policy, dtype: str, seqlen_kv: int):
-    from fa_lab import dispatch, policies
-
-    pol = policies.as_policy(policy)
-    if pol.rule is not None:
-        raise ValueError(f"policy {pol.name!r} decides by a Python rule (Policy.from_rule): "
-                         "onset.bound derives a region from what a policy's vote and rebase "
-                         "values declare (fa_lab.values), and a rule has none; use onset.predict "
-                         "or the attack (fa_lab.studies.adversary) on it")
-    family = dispatch.semantic_family(pol)
-    if family is None:
-        family = "swp_fp8" if dtype == "fp8" else "swp_bf16"
-    any_dtype = dispatch.TABLE[(family, "emulator")].caps.headroom_any_dtype
-    return policies.resolve(fp8=dtype == "fp8", seqlen_kv=seqlen_kv, rescale=pol,
-                            headroom_any_dtype=any_dtype), family
-
-
 def _fmt(pol, dtype: str, family: str) -> str:
     if family == "swp_fp8":
         return "e4m3"
@@ -166,10 +136,6 @@ def _fmt(pol, dtype: str, family: str) -> str:
     return cast
 
 
-def _block_n(pol, family: str) -> int:
-    return 128 if family == "swp_fp8" else (pol.semantics.block_n or 64)
-
-
 def _drags(pol) -> bool:
     """Whether ``pol`` can lower a row's max without that row's own vote: its vote moves
     rows that did not vote and its rebase may go down (``fa_lab.values``' ``drags`` and
@@ -177,23 +143,56 @@ def _drags(pol) -> bool:
     return values.get("vote", pol.vote).drags and values.get("rebase", pol.rebase).lowers
 
 
-#: Semantics fields the bound has no formula for: it refuses a policy that sets one.
-UNBOUNDED = ("softcap", "softcap_form", "exp_floor", "mask_stage", "p_before_vote", "kv_split",
-             "merge_empty", "lse_base")
+#: The later Semantics fields (the zoo's second round), each bounded in
+#: ``semantic_hazards`` where a closed form holds; ``refusal`` says where none does.
+LATER_FIELDS = ("softcap", "softcap_form", "exp_floor", "mask_stage", "p_before_vote",
+                "kv_split", "merge_empty", "lse_base")
+#: Kept for callers that list what the bound refuses: the fields with no closed form in
+#: any combination (none; ``refusal`` names the combinations it refuses).
+UNBOUNDED: tuple = ()
+
+#: Per-family bounds: a kernel family whose walk is not the online softmax's (a decode
+#: kernel's partitions, say) registers ``fn(policy, dtype=, tolerance=, seqlen_kv=) ->
+#: Region`` here (``register_family``), and ``bound(..., kernel=name)`` hands it over.
+FAMILY_BOUNDS: dict[str, Callable] = {}
+#: The families ``bound`` derives itself.
+OWN_FAMILIES = ("swp_bf16", "swp_fp8", "online")
 
 
-#: Decode families whose safe regions live in their own folders (``kernels/<family>/bound.py``).
-DECODE_FAMILIES = ("pa_decode", "mla_decode")
+def register_family(name: str, fn: Callable) -> None:
+    """Make ``bound(policy, kernel=name)`` call ``fn`` (``FAMILY_BOUNDS``)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if name in OWN_FAMILIES:
+        raise ValueError(f"family {name!r} is bounded here; register another family's bound")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    FAMILY_BOUNDS[name] = fn
+
+
+def _decode_family(family: str) -> Callable:
+    """The bound of a decode family (``kernels/<family>/bound.py``'s ``region``): its
+    "policy" is the upstream version (empty: the family's default)."""
+    def region(version, *, dtype, tolerance, seqlen_kv):
+        import importlib
+        return importlib.import_module(f"fa_lab.kernels.{family}").bound.region(version or None)
+    return region
+
+
+for _family in ("pa_decode", "mla_decode"):
+    register_family(_family, _decode_family(_family))
 
 
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
-          seqlen_kv: int = 4096) -> Region:
+          seqlen_kv: int | list = 4096, kernel: str | None = None) -> Region:
     """The safe region of ``policy`` on the kernel it runs on: the online-softmax family for
     a policy with semantics of its own, else DUALWAVE_SWP, or the fp8 kernel for
     ``dtype="fp8"``. An input is inside when no hazard applies (``Region.violated``). A
-    decode family's name (``DECODE_FAMILIES``, with ``:<upstream version>`` for
-    ``pa_decode``) gives that family's own region (``kernels/<family>/bound.py``'s
-    ``region``).
+    family registered in ``FAMILY_BOUNDS`` (the decode families: ``kernels/<family>/bound.py``)
+    answers for itself: ``bound("pa_decode:main-11c4174d")`` is
+    ``bound("main-11c4174d", kernel="pa_decode")``. A policy the formulas cannot analyse (a
+    Python rule, a combination of fields ``semantic_hazards.refusal`` names) is refused,
+    ValueError naming why.
 
     Parameters
     ----------
@@ -204,8 +203,12 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         The inputs' type: ``"bf16"`` (default), ``"f16"``, ``"fp8"`` or ``"fp32"``.
     tolerance : float
         The silent hazards' error, as a fraction of max|V|, in (0, 1).
-    seqlen_kv : int
-        Resolves an fp8 threshold rule (``"by_kv_len"``); default 4096.
+    seqlen_kv : int or list of int
+        Resolves an fp8 threshold rule (``"by_kv_len"``; over one length per sequence, the
+        largest threshold they give); default 4096.
+    kernel : str or None
+        A family registered in ``FAMILY_BOUNDS``, whose own bound answers; or one of
+        ``OWN_FAMILIES``, which must be the family the policy runs on.
 
     Returns
     -------
@@ -227,21 +230,28 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     >>> onset.bound("lazy").kernel, onset.bound("sdpa_masked_row:after").kernel
     ('swp_bf16', 'online')
     """
-    if isinstance(policy, str) and policy.partition(":")[0] in DECODE_FAMILIES:
-        import importlib
-        family, _, version = policy.partition(":")
-        return importlib.import_module(f"fa_lab.kernels.{family}").bound.region(version or None)
+    if kernel is None and isinstance(policy, str) and policy.partition(":")[0] in FAMILY_BOUNDS:
+        kernel, _, policy = policy.partition(":")
     if dtype not in ("bf16", "f16", "fp8", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'f16', 'fp8' or 'fp32', got {dtype!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be a number in (0, 1), got {tolerance!r}")
+    if kernel is not None:
+        if kernel in FAMILY_BOUNDS:
+            return FAMILY_BOUNDS[kernel](policy, dtype=dtype, tolerance=float(tolerance),
+                                         seqlen_kv=seqlen_kv)
+        if kernel not in OWN_FAMILIES:
+            raise ValueError(f"kernel {kernel!r} has no bound: onset.bound derives "
+                             f"{', '.join(OWN_FAMILIES)}, and {sorted(FAMILY_BOUNDS)} are "
+                             "registered (register_family)")
     pol, family = _resolve(policy, dtype, seqlen_kv)
+    if kernel is not None and kernel != family:
+        raise ValueError(f"policy {pol.name!r} with dtype {dtype!r} runs on {family!r}, "
+                         f"not kernel={kernel!r}")
     sem = pol.semantics
-    unbounded = [f for f in UNBOUNDED if f in pol.semantic_fields]
-    if unbounded:
-        raise ValueError(f"onset.bound cannot bound policy {pol.name!r}: its semantics field(s) "
-                         f"{', '.join(unbounded)} (a softcap, an exp floor, a late mask, P before "
-                         "the vote, a merge of partials) have no hazard formula here")
+    why = SH.refusal(pol, _drags(pol))
+    if why:
+        raise ValueError(f"onset.bound cannot bound policy {pol.name!r}: {why}")
     if sem.fixed_max is not None:
         return _fixed_max_region(pol, family, dtype, float(tolerance))
     tau = float(pol.threshold) if pol.lazy else 0.0
@@ -265,12 +275,17 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     #    l = sum P <= n 2^(H + excess)
     log_fmax = math.log2(fmax)
 
+    up = math.log2(1 + unit)   # a P's cast rounds up by at most its unit roundoff
+
     def overflow(m):
         ok = m.defined
         e = H + excess(m)
         log_n = np.log2(np.maximum(m.n, 1))
-        o = np.minimum(e, log_fmax) + log_n + math.log2(max(m.v_max, 2.0 ** -149))
-        top = np.maximum(o, e + log_n)
+        # O's and l's fp32 sums round up by at most 2^-24 per operation (4 T + 3 of them)
+        tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
+        acc = math.log2(1 + (4 * tiles + 3) * 2.0 ** -24)
+        o = np.minimum(e + up, log_fmax) + log_n + math.log2(max(m.v_max, 2.0 ** -149)) + acc
+        top = np.maximum(o, e + log_n + acc)
         margin = OVERFLOW - float(top[ok].max()) if ok.any() else math.inf
         return margin > 0, margin
 
@@ -278,13 +293,16 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         "Jup" if lag else "min(THR, Jup)")
     hz.append(Hazard(
         "accumulator overflow", "overflow",
-        f"min(H + {dev}, log2 Fmax) + log2 n + log2 max|V| < 128 and H + {dev} + log2 n < 128 "
-        f"(H = {H:g}, THR = {tau:g}, Fmax = {fmax:g}, the largest {fmt} P)", overflow,
+        f"min(H + {dev} + log2(1 + u_P), log2 Fmax) + log2 n + log2 max|V| + a < 128 and "
+        f"H + {dev} + log2 n + a < 128 (H = {H:g}, THR = {tau:g}, Fmax = {fmax:g}, the largest "
+        f"{fmt} P, u_P its unit roundoff; a = log2(1 + (4 T + 3) 2^-24), fp32's roundings "
+        "over T tiles)", overflow,
         exact=not drags,
         note=("a dragged row's deficit reaches at most R, but whether a ballot drags it that far "
               "depends on the other rows of its wave: sufficient, the exact onset is the "
               "recurrence (onset.predict)") if drags else
-             "tight when n keys all sit at the stale base's full excess"))
+             "tight when n keys all sit at the stale base's full excess and their P casts "
+             "round up"))
 
     # 2. saturation of the P cast
     never_sat = not math.isfinite(fmax) or (not drags and not lag and H + tau <= log_fmax)
@@ -301,38 +319,71 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         note=(f"H + THR = {H + tau:g} <= {log_fmax:.4f}: no P can pass the format" if never_sat
               else "the clipped P keeps its full weight in l: the row loses mass silently")))
 
-    # 3. P values below half the format's smallest subnormal round to 0
+    # 3. P values below half the format's smallest subnormal round to 0; O's fp32 sums
+    #    and the output's cast lose what falls below their own subnormals (V's scale)
+    out_flush, out_unit, _ = OUTPUTS["bf16" if dtype == "fp8" else
+                                     {"fp32": "none"}.get(dtype, dtype)]
+
     def mass_loss(m):
         ok = m.defined
         if not ok.any():
             return True, math.inf
-        need = math.log2(tolerance - unit) if tolerance > unit else -math.inf
+        need = tolerance - unit - out_unit - _v_scale_error(m, H, 0.0)
+        need = math.log2(need) if need > 0 else -math.inf
         margin = need - float((np.log2(np.maximum(m.n, 1)) + flush - H)[ok].max())
         return margin >= 0, margin
 
-    tiny = tolerance > unit and math.log2(tolerance - unit) - (flush - H) >= 64
     hz.append(Hazard(
         "silent mass loss (rounding and flushed tails)", "mass_loss",
-        f"2^-{-math.log2(unit):g} + n 2^({flush:g} - H) <= {tolerance:g} ({fmt} P)", mass_loss,
-        exact=False, never=tiny,
+        f"2^-{-math.log2(unit):g} + n 2^({flush:g} - H) + u_out + (4 T + 3) 2^({F32_FLUSH:g} - H)"
+        f" / max|V| + 2^({out_flush:g}) / (max|V| v_descale) <= {tolerance:g} ({fmt} P; the "
+        f"output's unit roundoff u_out = 2^{math.log2(out_unit):g}; T tiles)", mass_loss,
+        exact=False,
         note="sufficient: every key's P is off by at most its unit roundoff or the flushed "
-             "2^flush, against a largest P of at least 2^H"))
+             "2^flush, against a largest P of at least 2^H; each of O's fp32 roundings "
+             "(the PV sums, the rescale, the add, the epilogue's product) is off by at most "
+             "2^-150 absolute, which matters once max|V| is small; the output's own cast "
+             "rounds below its subnormals to 0"))
+
+    # the output's cast: |out| <= (1 + u_P) max|V| v_descale must stay below its format's
+    # largest value (fp32's 2^128 for an fp32 output)
+    out_top = OUTPUTS["bf16" if dtype == "fp8" else {"fp32": "none"}.get(dtype, dtype)][2]
+    out_edge = min(math.log2(out_top), OVERFLOW)
+
+    def out_overflow(m):
+        if m.v_max <= 0:
+            return True, math.inf
+        margin = out_edge - math.log2(m.v_max * (1 + unit) * m.v_descale)
+        return margin > 0, margin
+
+    hz.append(Hazard(
+        "output overflow", "overflow",
+        f"(1 + u_P) max|V| v_descale < {out_top:g} (the output's largest value)",
+        out_overflow, exact=False,
+        note="the output is a weighted mean of V, each weight's cast off by at most u_P, "
+             "times the V descale: sufficient"))
 
     # 4. structural NaN: a row's max is -inf after a tile with nothing visible
     guard = (sem.tile_max_floor == "always" or sem.empty_row_guard != "none" or sem.clamp_exp_diff
-             or sem.mask_value != -math.inf or sem.m_init != -math.inf)
+             or sem.mask_value != -math.inf or sem.m_init != -math.inf
+             or sem.exp_floor is not None or sem.mask_stage == "p")
     causal_floor = sem.tile_max_floor == "causal" and not guard
 
     def hollow(m):
         bad = m.hollow_first & m.defined
         return (causal_floor and m.causal) or not bool(bad.any()), None
 
+    one_tile = sem.kv_split == 1   # a one-tile partial sees a key at its first tile or none
     hz.append(Hazard(
         "NaN from a first tile with nothing visible", "nan",
         f"every row sees a key in the first {_block_n(pol, family)}-column tile it visits"
         + (" (or the call is causal: its tile max is floored)" if causal_floor else ""), hollow,
-        never=guard, note=("a floor, an empty-row guard, a clamp or a finite sentinel keeps "
-                           "the max finite" if guard else
+        never=guard or one_tile, note=(
+            "each split-KV partial is one tile: a partial with nothing visible is an empty "
+            "partial (its own hazard)" if one_tile and not guard else
+            "a floor, an empty-row guard, a clamp, a finite sentinel, an exp "
+                           "floor (maxNum takes the NaN to the floor) or a late mask (the max "
+                           "sees every score) keeps the exponent from NaN" if guard else
                            "(-inf) - (-inf) = NaN in the factor and in P; no magnitude is "
                            "involved, so the boundary is one tile: the first visible key's "
                            "column against block_n")))
@@ -340,25 +391,38 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         def drag_hollow(m):
             return not bool((m.hollow_after & m.defined).any()), None
 
+        capped = math.isfinite(cap)
         hz.append(Hazard(
             "drag onto a tile with nothing visible", "nan",
             "no row sees an all-masked tile after its first visible key", drag_hollow,
-            note="a firing wave rebases a row to that tile's max, -inf or the floor; the "
-                 "next exponent against it is NaN or inf. Structural, no magnitude"))
+            never=capped,
+            note=("a capped rebase skips a drop past its bound, and -inf (or the floor) lies "
+                  "past every bound: the row keeps its max" if capped else
+                  "a firing wave rebases a row to that tile's max, -inf or the floor; the "
+                  "next exponent against it is NaN or inf. Structural, no magnitude")))
 
-    # 5. rows that see nothing
+    # 5. rows that see nothing: l stays 0 where P of a masked column is 0 (a guard against
+    #    -inf - -inf, and no exp floor); the epilogue (or a split's merge) then gives 0
+    l_zero = sem.exp_floor is None and (sem.mask_stage == "p" or (guard and (
+        sem.mask_value == -math.inf or sem.empty_row_guard == "zero_base")))
+    l_zero_causal = sem.exp_floor is None and causal_floor
+    split = sem.kv_split is not None
+    gives_zero = (sem.merge_empty == "empty") if split else sem.epilogue_guard != "none"
+
     def empty(m):
-        floored = causal_floor and m.causal and sem.epilogue_guard != "none"
-        return floored or not m.empty_rows, None
+        return (l_zero_causal and m.causal and gives_zero) or not m.empty_rows, None
 
-    zero_empty = guard and sem.epilogue_guard != "none" and (
-        sem.mask_value == -math.inf or sem.empty_row_guard == "zero_base")
+    zero_empty = l_zero and gives_zero
     hz.append(Hazard(
         "a row that sees nothing gives 0", "nan",
         "every row sees a key", empty, never=zero_empty,
-        note=("the guard keeps P at 0 and the epilogue gives 0" if zero_empty else
-              "NaN (no guard, or 1/l with l = 0) or the mean of V (a finite sentinel weighs "
-              "every masked column 1): structural")))
+        note=("the guard keeps P at 0, l = 0, and the " + ("merge" if split else "epilogue")
+              + " gives 0" if zero_empty else
+              "NaN (no guard, 1/l with l = 0, or a merge of empty partials that gives NaN) or "
+              "the mean of V (a finite sentinel or an exp floor weighs every masked column): "
+              "structural")))
+    if split:
+        hz.append(SH.empty_partial(pol, l_zero, l_zero_causal, Hazard))
 
     # 6. finite sentinels: masked columns weigh 2^(sigma - s_max); a base held above the
     #    row's scores pushes every P down towards the format's flush point
@@ -369,7 +433,7 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                   for x in (sem.mask_value, sem.m_init))
 
         def near_sentinel(m):
-            return _sentinel_margin(m, pol, tolerance, H, flush, unit)
+            return _sentinel_margin(m, pol, tolerance, H, flush, unit + out_unit)
 
         hz.append(Hazard(
             "finite sentinel", "mass_loss",
@@ -382,6 +446,9 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                   "holds the base above the row's scores, l falls to 2^(H - lift), whose "
                   "reciprocal overflows past 2^128 (0 * inf = NaN), and the tails flush (the "
                   "mass-loss formula with H lowered by the lift); sufficient")))
+
+    hz.extend(SH.hazards(pol, Hazard=Hazard, tolerance=tolerance, budget=tolerance - unit - out_unit, H=H,
+                         tau=tau, flush=flush, excess=excess, v_error=_v_scale_error))
 
     # 7. the V tail past the sequence inside its last tile
     if sem.v_tail == "cache":
@@ -421,7 +488,16 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
                          f"not causal with Sq > Skv, or ls < {floor_ls:.8g}", floor_overflow,
                          note="f32(ls * -3e38) = -inf: the addend is +inf at a row that sees "
                               "no key"))
+    hz.append(_v_nonfinite())
     return Region(pol, family, dtype, float(tolerance), tuple(hz))
+
+
+def _v_nonfinite() -> Hazard:
+    """A non-finite V row among the valid keys: 0 * inf = NaN in every row's PV product,
+    a row that sees nothing included (every region has it)."""
+    return Hazard("non-finite V", "input", "every V row of a valid key is finite",
+                  lambda m: (math.isfinite(m.v_max), None),
+                  note="P = 0 does not mask it: 0 * inf and 0 * NaN are NaN. Structural")
 
 
 def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
@@ -472,6 +548,30 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
               "sums l = 0 and gives a zero row, silently" if sem.ftz else
               "subnormal P: below F - 128 the row's l is under 2^-128 and rcp(l) overflows, "
               "or l rounds to 0 (a zero row): sufficient")))
+    # the silent side: the row's largest P is 2^(s_max - F + H), not 2^H; against it the
+    # cast's rounding, the flushed tails (the format's, or 2^-126 under ftz), V's scale
+    # and the output's cast
+    _, flush, unit = FORMATS[fmt]
+    flush = max(flush, -126.0) if sem.ftz else flush
+    out_unit = OUTPUTS["bf16" if dtype == "fp8" else {"fp32": "none"}.get(dtype, dtype)][1]
+
+    def silent(m):
+        ok = m.defined
+        if not ok.any():
+            return True, math.inf
+        hf = (m.s_max - F + H)[ok]
+        need = tolerance - unit - out_unit - _v_scale_error(m, float(hf.min()), 0.0)
+        # the row's largest P is not a tail: n - 1 keys can flush
+        tails = np.log2(np.maximum(m.n - 1, 2.0 ** -1074))
+        top = float((tails[ok] + flush - hf).max())
+        margin = (math.log2(need) if need > 0 else -math.inf) - top
+        return margin >= 0, margin
+
+    hz.append(Hazard(
+        "silent mass loss (rounding and flushed tails)", "mass_loss",
+        f"u_P + u_out + (n - 1) 2^({flush:g} - (s_max - F + H)) + e_V <= {tolerance:g} (e_V: V's "
+        "scale against the row's largest P, 2^(s_max - F + H))", silent, exact=False,
+        note="sufficient: §11.3's formula with the row's largest P at 2^(s_max - F + H)"))
     hz.append(Hazard(
         "NaN from a first tile with nothing visible", "nan", "none: the max never moves",
         lambda m: (True, None), never=True,
@@ -481,6 +581,7 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
         "a row that sees nothing gives 0", "nan", "every row sees a key",
         lambda m: (zero_empty or not m.empty_rows, None), never=zero_empty,
         note="l = 0, and the epilogue's guard gives 0" if zero_empty else "1/l with l = 0"))
+    hz.append(_v_nonfinite())
     return Region(pol, family, dtype, tolerance, tuple(hz))
 
 
@@ -496,29 +597,19 @@ def _floor_ls() -> float:
     return hi
 
 
-def _seqlens(seqlen_kv, B: int, Skv: int) -> list[int] | None:
-    """Per-sequence key counts as a list of B ints in 0 .. Skv, or None for one count
-    (None or an int, which ``measure`` takes as it is); ValueError/TypeError naming
-    ``seqlen_kv``."""
-    if seqlen_kv is None:
-        return None
-    if isinstance(seqlen_kv, torch.Tensor):
-        if seqlen_kv.dim() == 0:
-            seqlen_kv = seqlen_kv.item()
-        else:
-            seqlen_kv = seqlen_kv.tolist()
-    if not isinstance(seqlen_kv, (list, tuple)):
-        n = check_int("seqlen_kv", seqlen_kv, lo=0)
-        if n > Skv:
-            raise ValueError(f"seqlen_kv={n} exceeds the {Skv} keys of k")
-        return None
-    if len(seqlen_kv) != B:
-        raise ValueError(f"seqlen_kv has {len(seqlen_kv)} lengths; q has {B} sequences")
-    lens = [check_int(f"seqlen_kv[{i}]", n, lo=0) for i, n in enumerate(seqlen_kv)]
-    for i, n in enumerate(lens):
-        if n > Skv:
-            raise ValueError(f"seqlen_kv[{i}]={n} exceeds the {Skv} keys of k")
-    return lens
+def _v_scale_error(m: Measure, H: float, lift: float) -> float:
+    """The error, as a fraction of max|V|, that V's scale adds below the subnormals: each of
+    O's fp32 roundings (per tile the PV sum, the rescale and the add; the epilogue's
+    product; 4 T + 3 in all) is off by at most 2^-150 absolute against an l of at least
+    2^(H - lift), and the output's cast flushes below half its smallest subnormal."""
+    if m.v_max <= 0:
+        return 0.0
+    if not math.isfinite(m.v_max):
+        return math.inf
+    tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
+    fl = OUTPUTS[m.out_fmt][0]
+    e = F32_FLUSH - H + lift + math.log2(4 * tiles + 3) - math.log2(m.v_max)
+    return (2.0 ** e if e < 1000 else math.inf) + 2.0 ** fl / (m.v_max * m.v_descale)
 
 
 def _sentinel_margin(m: Measure, pol, tol: float, H: float, flush: float, unit: float):
@@ -537,98 +628,8 @@ def _sentinel_margin(m: Measure, pol, tol: float, H: float, flush: float, unit: 
         lift = np.maximum(s_init - m.s_max, 0.0)
         # l >= 2^(H - lift): its reciprocal is finite while H - lift > -128
         margins.append(float((OVERFLOW + H - lift)[ok].min()))
-        if tol > unit:
-            top = np.log2(np.maximum(m.n, 1)) + flush - H + lift
-            margins.append(float((math.log2(tol - unit) - top)[ok].min()))
+        budget = tol - unit - _v_scale_error(m, H, float(lift[ok].max()))
+        top = np.log2(np.maximum(m.n, 1)) + flush - H + lift
+        margins.append(float(((math.log2(budget) if budget > 0 else -math.inf) - top)[ok].min()))
     margin = min(margins) if margins else math.inf
     return margin > 0, margin
-
-
-def measure(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, policy, causal: bool = False,
-            bias: torch.Tensor | None = None, seqlen_kv=None,
-            softmax_scale: float | None = None, q_descale: float | None = None,
-            k_descale: float | None = None, dtype: str | None = None) -> Measure:
-    """The ``Measure`` of one input (q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; ``bias``
-    [Sq, Skv] in natural-log units, -inf = masked, or bool, True = visible; ``seqlen_kv``
-    the valid keys: an int for every sequence, B ints (a list, tuple or 1-D tensor: one per
-    sequence, as the zoo's cases give them) or None, Skv) on the tiles ``policy``'s kernel
-    visits. Scores are q.k rounded to fp32 times c = f32(scale q_descale k_descale) log2 e (a policy
-    with ``q_prescale``: round(q c) . k, as its kernel computes them)."""
-    lens = _seqlens(seqlen_kv, q.shape[0], k.shape[1])
-    if lens is not None:  # one sequence at a time, the rows joined in [B, H, Sq] order
-        parts = [measure(q[b:b + 1], k[b:b + 1], v[b:b + 1], policy=policy, causal=causal,
-                         bias=bias, seqlen_kv=n, softmax_scale=softmax_scale,
-                         q_descale=q_descale, k_descale=k_descale, dtype=dtype)
-                 for b, n in enumerate(lens)]
-        joined = {f.name: np.concatenate([getattr(m, f.name) for m in parts])
-                  for f in dataclasses.fields(Measure)
-                  if isinstance(getattr(parts[0], f.name), np.ndarray)}
-        return dataclasses.replace(parts[0], **joined, v_max=max(m.v_max for m in parts),
-                                   tail_nonfinite=any(m.tail_nonfinite for m in parts),
-                                   causal_short=any(m.causal_short for m in parts))
-    if dtype is None:
-        dtype = "fp8" if q.dtype == torch.float8_e4m3fn else _INPUT_FORMAT.get(q.dtype, "bf16")
-        dtype = "fp32" if dtype == "none" else dtype
-    pol, family = _resolve(policy, dtype, k.shape[1])
-    sem = pol.semantics
-    bn = _block_n(pol, family)
-    B, Sq, H, D = q.shape
-    Skv = k.shape[1]
-    n_kv = Skv if seqlen_kv is None else check_int("seqlen_kv", seqlen_kv, lo=0)
-    qd = 1.0 if q_descale is None else q_descale
-    kd = 1.0 if k_descale is None else k_descale
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    c = f32(f32(scale * qd * kd) * f32(LOG2E))
-    T = max(1, -(-n_kv // bn))
-    width = T * bn
-    G = H // k.shape[2]
-    kf = k.float().repeat_interleave(G, dim=2)[:, :n_kv].nan_to_num(0.0)
-    if sem.q_prescale and q.dtype in (torch.bfloat16, torch.float16):  # round(q c) . k
-        qs = (q.float() * c).to(q.dtype).double()
-        s = torch.einsum("bqhd,bkhd->bhqk", qs, kf.double()).float()
-    else:
-        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf.double()).float() * c  # [B, H, Sq, n]
-    vis = torch.ones(Sq, n_kv, dtype=torch.bool)
-    if bias is not None:
-        b = bias[:, :n_kv]
-        if b.dtype == torch.bool:
-            vis = vis & b
-        else:  # an entry whose log2-unit value overflows fp32 masks its key, as in a kernel
-            add = torch.where(b != -math.inf, b.float(), 0.0) * f32(LOG2E)
-            vis = vis & (b != -math.inf) & torch.isfinite(add)
-            s = s + torch.where(torch.isfinite(add), add, 0.0)
-    if causal:
-        vis = vis & (torch.arange(n_kv)[None, :] <= torch.arange(Sq)[:, None] + (n_kv - Sq))
-    full = torch.full((B, H, Sq, width), -math.inf)
-    full[..., :n_kv] = torch.where(vis, s, torch.full_like(s, -math.inf))
-    vis_t = torch.zeros(Sq, width, dtype=torch.bool)
-    vis_t[:, :n_kv] = vis
-    tiles = full.reshape(B, H, Sq, T, bn).amax(-1)                     # -inf: nothing visible
-    seen = vis_t.reshape(Sq, T, bn).any(-1).expand(B, H, Sq, T)
-    order = list(range(T)) if sem.kv_order == "ascending" else list(range(T - 1, -1, -1))
-    tiles, seen = tiles[..., order], seen[..., order]
-    defined = seen.any(-1)
-    first = torch.argmax(seen.to(torch.int8), dim=-1)                  # first tile with a key
-    after = torch.arange(T)[None, None, None, :] > first[..., None]
-    hollow_after = (~seen & after).any(-1)
-    M = tiles.amax(-1)
-    first_max = tiles.gather(-1, first[..., None])[..., 0]
-    low = torch.where(seen, tiles, torch.full_like(tiles, math.inf)).amin(-1)
-    n_vis = vis.sum(-1).expand(B, H, Sq)
-    vv = v[:, :n_kv].float().abs().nan_to_num(math.inf)   # a non-finite V row: no bound holds
-    v_max = float(vv.max()) if vv.numel() else 0.0
-    tail = v[:, n_kv:min(Skv, width)].float()
-    ls = None
-    if family == "swp_fp8":
-        from fa_lab.kernels.swp_fp8.model import log2_scale
-
-        ls = log2_scale(qd, kd, D)
-    flat = {name: x.reshape(-1).numpy() for name, x in (
-        ("defined", defined), ("hollow_first", defined & ~seen[..., 0]),
-        ("hollow_after", defined & hollow_after),
-        ("R", torch.where(defined, M - low, torch.zeros_like(M)).double()),
-        ("Jup", torch.where(defined, M - first_max, torch.zeros_like(M)).double()),
-        ("n", n_vis), ("n_masked", width - n_vis), ("s_max", M.double()),
-        ("steps", torch.full_like(n_vis, T - 1)))}
-    return Measure(**flat, v_max=v_max, tail_nonfinite=bool((~torch.isfinite(tail)).any()),
-                   causal=causal, causal_short=causal and Sq > n_kv, c=c, ls=ls, block_n=bn)
