@@ -585,24 +585,24 @@ def test_the_workers_run_each_point_as_planned_without_planning_again(client, tm
 
     def install(restore=False):  # nested: shipped to the workers by value
         from fa_lab import dispatch as d
+        state = vars(d).setdefault("_test_route_counter", {})  # this worker's count
         if restore:
-            if hasattr(d, "_counted_route"):
-                d.route = d._counted_route
-                del d._counted_route
+            if "route" in state:
+                setattr(d, "route", state.pop("route"))
             return 0
-        if not hasattr(d, "_counted_route"):
-            d._counted_route, d._routes = d.route, [0]
+        if "route" not in state:
+            state["route"] = d.route
 
             def counting(*a, **kw):
-                d._routes[0] += 1
-                return d._counted_route(*a, **kw)
-            d.route = counting
-        d._routes[0] = 0
+                state["n"] += 1
+                return state["route"](*a, **kw)
+            setattr(d, "route", counting)
+        state["n"] = 0
         return 0
 
     def routes():
         from fa_lab import dispatch as d
-        return d._routes[0]
+        return vars(d)["_test_route_counter"]["n"]
 
     here = [0]
     real = dispatch.route

@@ -302,6 +302,8 @@ def test_a_preset_with_a_feature_its_kernel_lacks_gets_advice_that_helps(backend
         fa_lab.flash_attn_func(q, k, v, rescale="sdpa_masked_row:before", backend=backend,
                                **{feature: extra})
     said = str(e.value)
+    runs_it = {"num_kv_splits": "the swp_bf16, swp_fp8 kernels do"}.get(feature,
+                                                                      "the swp_bf16 kernel does")
     assert said.startswith(f"{feature} not supported by the online kernel on backend='emulator'; "
-                           "no backend of the online kernel implements it (the swp_bf16 kernel does)")
+                           f"no backend of the online kernel implements it ({runs_it})")
     assert "use backend='emulator'" not in said and "sets semantics fields" in said

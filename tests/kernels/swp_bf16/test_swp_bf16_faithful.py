@@ -441,7 +441,7 @@ def test_one_sm90_build_serves_every_policy():
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32",
                 "PartL": "*fp32", "TraceSlot": "*i32", "TraceBuf": "*fp32", "Bias": "*fp32",
                 "Alibi": "*fp32", "Sink": "*fp32", "CuSeqQ": "*i32", "CuSeqKv": "*i32",
-                "Scratch": "*fp32"}
+                "Scratch": "*fp32", "BlockTable": "*i32"}
     ints = [n for n in names if n.startswith("stride_")] + [
         "H", "G", "Sq", "Skv", "n_trace_steps", "num_splits", "vote_code", "rebase_code"]
     floats = ["scale_log2", "threshold", "rebase_bound"]
@@ -449,7 +449,7 @@ def test_one_sm90_build_serves_every_policy():
                       BLOCK_ROWS=BLOCK_M, TILE_N=BLOCK_N, PV_LO=PV_SPLIT, N_FIELDS=1, FLOOR=-3e38,
                       LN2_F32=0.6931471805599453, LOG2E_F32=1.4426950408889634, HAS_BIAS=False,
                       HAS_ALIBI=False, HAS_SINK=False, SPLIT=False, VARLEN=False,
-                      DOT_MODE=DOT_TENSOR_CORES, SCRATCH_FLOATS=1)
+                      PAGED=False, DOT_MODE=DOT_TENSOR_CORES, SCRATCH_FLOATS=1)
     build = compile_only(_swp_bf16_fwd, sm90_target(),
                          types={**pointers, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}},
                          constexprs=constexprs, num_warps=4, enable_fp_fusion=False)
