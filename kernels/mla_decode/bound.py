@@ -13,11 +13,11 @@ once d >= 10 + H (P <= 2^-10, the tie, goes to the even 0). Both boundaries are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
+from .._common.hazard import Hazard, HazardChecks
 from .model import BLOCK_N, LOG2E, exact_dot
 
 #: The spreads (log2 units below the tile's running max) where P goes subnormal and where it
@@ -35,38 +35,13 @@ class MLAMeasure:
 
 
 @dataclass(frozen=True)
-class MLAHazard:
-    """One way the P cast loses: ``check(m) -> (safe, margin)`` (log2 units, >= 0 inside)."""
-
-    name: str
-    kind: str
-    formula: str
-    check: Callable = field(repr=False, compare=False)
-    exact: bool = True
-    never: bool = False
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "formula": self.formula,
-                "exact": self.exact, "never": self.never, "note": self.note}
-
-
-@dataclass(frozen=True)
-class MLARegion:
+class MLARegion(HazardChecks):
     """The MLA decode's region for a headroom lift ``headroom`` (log2 units)."""
 
     headroom: float
     hazards: tuple
     kernel: str = "mla_decode"
 
-    def violated(self, m: MLAMeasure) -> list[str]:
-        return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
-
-    def contains(self, m: MLAMeasure) -> bool:
-        return not self.violated(m)
-
-    def margins(self, m: MLAMeasure) -> dict:
-        return {h.name: h.check(m)[1] for h in self.hazards if not h.never}
 
     def describe(self) -> str:
         lines = [f"{self.kernel} (P lifted by 2^{self.headroom:g}): safe where"]
@@ -110,9 +85,9 @@ def region(upstream: str | None = None, *, headroom: float = 0.0) -> MLARegion:
         raise ValueError(f"headroom must be a number >= 0, got {headroom!r}")
     h = float(headroom)
     return MLARegion(h, (
-        MLAHazard("p_subnormal", "precision", f"every valid key's spread d < {SUBNORMAL_AT + h:g}",
+        Hazard("p_subnormal", "precision", f"every valid key's spread d < {SUBNORMAL_AT + h:g}",
                   _below(SUBNORMAL_AT + h), note="below, P keeps fewer than 4 bits"),
-        MLAHazard("p_flush", "mass", f"every valid key's spread d < {FLUSH_AT + h:g}",
+        Hazard("p_flush", "mass", f"every valid key's spread d < {FLUSH_AT + h:g}",
                   _below(FLUSH_AT + h),
                   note="from there P rounds to 0: its mass stays in l, leaves O"),
     ))

@@ -40,11 +40,11 @@ decode``) and ``nan_rows`` does not give. The -1e30 path starts from exp2(-inf) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
+from .._common.hazard import Hazard, HazardChecks
 from .model import MTILE_ROWS, TILE_TOK, logical_kv
 
 
@@ -133,41 +133,13 @@ class DecodeMeasure:
 
 
 @dataclass(frozen=True)
-class DecodeHazard:
-    """One way the decode fails: ``check(m) -> (safe, margin)`` (margin in log2 units, None
-    for a structural hazard); ``exact``: the formula is the boundary (else sufficient);
-    ``never``: the version rules it out."""
-
-    name: str
-    kind: str
-    formula: str
-    check: Callable = field(repr=False, compare=False)
-    exact: bool = True
-    never: bool = False
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "formula": self.formula,
-                "exact": self.exact, "never": self.never, "note": self.note}
-
-
-@dataclass(frozen=True)
-class DecodeRegion:
+class DecodeRegion(HazardChecks):
     """The decode's safe region for one version: a call is inside when no hazard applies."""
 
     upstream: str
     hazards: tuple
     kernel: str = "pa_decode"
 
-    def violated(self, m: DecodeMeasure) -> list[str]:
-        return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
-
-    def contains(self, m: DecodeMeasure) -> bool:
-        return not self.violated(m)
-
-    def margins(self, m: DecodeMeasure) -> dict:
-        return {h.name: h.check(m)[1] for h in self.hazards
-                if not h.never and h.check(m)[1] is not None}
 
     def describe(self) -> str:
         lines = [f"{self.kernel} at {self.upstream}: safe where"]
@@ -253,7 +225,7 @@ def region(upstream: str | None = None) -> DecodeRegion:
     name = check_decode(upstream).name
     main = name == "main-11c4174d"
     return DecodeRegion(name, (
-        DecodeHazard("sentinel_pack_nan", "nan",
+        Hazard("sentinel_pack_nan", "nan",
                      "no row has possible_nan_rows(c, QL, G, NP) (per-token scales: the last "
                      "tile holds k > QL - 1 - qi_m tokens for each M-tile's first row, and no "
                      "row sees more than its M-tile's first)", _sentinel(name),
@@ -261,15 +233,15 @@ def region(upstream: str | None = None) -> DecodeRegion:
                      note="985c653a re-masks P and takes the V-scale max over all 256 tokens"
                      if main else "sufficient: the V-scale race makes some of these rows NaN "
                      "only for some scales"),
-        DecodeHazard("empty_context", "nan",
+        Hazard("empty_context", "nan",
                      "NP = 1, or every context > 0 (main, > 16 rows: c > QL - 1)", _empty(name),
                      note="every partition -inf: the reduce's (-inf) - (-inf)"),
-        DecodeHazard("inf_path_correction", "overflow",
+        Hazard("inf_path_correction", "overflow",
                      "rows <= 16, or first_max > -128 (log2) for every row and partition",
                      _first_max, never=not main,
                      note="exp2(0 - m) = inf times l = 0 (l.747-748)" if main
                      else "the -1e30 path starts from exp2(-inf) = 0"),
-        DecodeHazard("stale_v_tail", "nan", "V and its scales finite past c in the last tile",
+        Hazard("stale_v_tail", "nan", "V and its scales finite past c in the last tile",
                      lambda m: (not m.tail_nonfinite, None),
                      note="P = 0 times NaN in the PV product, both versions"),
     ))

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from fa_lab.numerics import (CAUSAL_FLOOR, LN2, e4m3, exp2, f32, fma_f32, fmax,
-                        guarded_rcp, bf16)
+from fa_lab.numerics import (LN2, f32, guarded_rcp, bf16)
 from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY, split
 from .split import log2_scale
-from .._common.models import check_decidable, decide, heads, run_groups
-from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
+from .walk import walk
+from .._common.models import check_decidable, heads, run_groups
+from .._common.geometry import block_groups, padded_rows
 from ..swp_bf16.model import _pad_kv
 
 KERNEL = "swp_fp8"
@@ -65,39 +65,9 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 
 def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):
     inf = float("inf")
-    shape = (*qf.shape[:-1],)
-    m = torch.full(shape, -inf, device=qf.device)
-    l = torch.zeros(shape, device=qf.device)
-    O = torch.zeros(*shape, qf.shape[-1], device=qf.device)
     headroom = f32(policy.p_headroom)
-
-    def scores(t):
-        s = qf @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
-        return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
-
-    for p in range(N // 2):
-        tiles = (2 * p, 2 * p + 1)
-        s_pair = [scores(t) for t in tiles]
-        mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
-        if causal:
-            mt = fmax(mt, CAUSAL_FLOOR)
-        dec = decide(policy, m, mt, ls, where=f"the {FAMILY.name} model",
-                     at=f"KV tiles {2 * p}-{2 * p + 1} (step {p})", rows=rows)
-        mn, corr = dec.target, dec.corr
-        O = O * corr[..., None]
-        l = l * corr
-        m = mn
-        bias = (0.0 - ls * m) + headroom  # fp32: the fma's addend
-        for t, s in zip(tiles, s_pair):
-            P = exp2(fma_f32(s, ls, bias[..., None]))
-            l = l + P.sum(-1)
-            O = O + e4m3(P, saturate) @ vp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :]
-        if rec is not None and rec.active:
-            false = torch.zeros_like(m, dtype=torch.bool)
-            rec.record(p, tiles[0] * BLOCK_N, "pair", m=m, mt=mt,
-                       vote=false if dec.vote is None else dec.vote,
-                       fire=false if dec.fire is None else dec.fire,
-                       swept=false if dec.swept is None else dec.swept, corr=corr, l=l, O=O)
+    m, l, O = walk(qf, kp, vp, rows, 0, N, Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls,
+                   saturate=saturate, headroom=headroom, rec=rec)
 
     out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
     # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2

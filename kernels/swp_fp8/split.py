@@ -42,13 +42,14 @@ import torch
 from fa_lab import upstream as versions
 from fa_lab.capabilities import check_semantics
 from fa_lab.checks import check_int
-from fa_lab.numerics import (CAUSAL_FLOOR, LN2, LOG2E, bf16, e4m3, exp2, f32, fma_f32, fmax,
+from fa_lab.numerics import (LN2, LOG2E, bf16, exp2, f32, fmax,
                              guarded_rcp)
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
-from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
-from .._common.models import check_decidable, decide, heads
+from .._common.geometry import block_groups, padded_rows
+from .._common.models import check_decidable, heads
+from .walk import walk
 from ..swp_bf16.model import _pad_kv, split_ranges
 
 #: Q/K head dims (multiples of 64 that upstream's fp8 traits build) and V/output head dims
@@ -112,8 +113,8 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
     Hkv, G, n_rows = qf.shape[1], qf.shape[2], qf.shape[3]
     out = torch.empty(B, Hkv, G, n_rows, Dv, device=q8.device)
     lse = torch.empty(B, Hkv, G, n_rows, device=q8.device)
-    walk = dict(Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls, saturate=saturate,
-                headroom=headroom, rec=recorder)
+    walk_kw = dict(Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls, saturate=saturate,
+                   headroom=headroom, rec=recorder)
     for g in block_groups(Sq, Skv, causal, q8.device):
         rows, N = g.rows, g.n_tiles
         if recorder is not None:
@@ -121,7 +122,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
         kp, vp = _pad_kv(kf, vf, N)
         q_rows = qf[..., rows, :]
         if num_kv_splits == 1:
-            m, l, O = _walk(q_rows, kp, vp, rows, 0, N, **walk)
+            m, l, O = walk(q_rows, kp, vp, rows, 0, N, **walk_kw)
             o = bf16(O * (guarded_rcp(l) * vd)[..., None])
             # m*ls*ln2 + ln l - H*ln2, fp32 in that order (``_store_lse``)
             ln_l = torch.log(l)
@@ -131,7 +132,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
             parts = []
             for t0, t_end in split_ranges(N, num_kv_splits):
                 if t_end > t0:
-                    parts.append(partial(*_walk(q_rows, kp, vp, rows, t0, t_end, **walk), ls=ls,
+                    parts.append(partial(*walk(q_rows, kp, vp, rows, t0, t_end, **walk_kw), ls=ls,
                                          v_descale=vd, m_units=m_units))
                 else:
                     parts.append(empty_partial(q_rows.shape[:-1], Dv, q8.device))
@@ -175,41 +176,3 @@ def combine(parts, *, headroom: float = 0.0):
     if headroom:
         lse = lse + f32(-headroom * LN2)
     return out, lse
-
-
-def _walk(qf, kp, vp, rows, t0, t_end, *, Sq, Skv, causal, policy, ls, saturate, headroom, rec):
-    """Tiles [t0, t_end) in pairs from m = -inf, l = 0, O = 0 (``model``'s loop; the
-    split's first pair is 2 * (t0 // 2)). Returns the running (m, l, O) unnormalised."""
-    inf = float("inf")
-    shape = (*qf.shape[:-1],)
-    m = torch.full(shape, -inf, device=qf.device)
-    l = torch.zeros(shape, device=qf.device)
-    O = torch.zeros(*shape, vp.shape[-1], device=qf.device)
-
-    def scores(t):
-        s = qf @ kp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :].transpose(-1, -2)
-        return s.masked_fill(masked_columns(rows, t * BLOCK_N, Sq, Skv, causal), -inf)
-
-    for p in range(t0 // 2, t_end // 2):
-        tiles = (2 * p, 2 * p + 1)
-        s_pair = [scores(t) for t in tiles]
-        mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
-        if causal:
-            mt = fmax(mt, CAUSAL_FLOOR)
-        dec = decide(policy, m, mt, ls, where=f"the {FAMILY.name} model",
-                     at=f"KV tiles {2 * p}-{2 * p + 1} (step {p - t0 // 2})", rows=rows)
-        O = O * dec.corr[..., None]
-        l = l * dec.corr
-        m = dec.target
-        bias = (0.0 - ls * m) + headroom
-        for t, s in zip(tiles, s_pair):
-            P = exp2(fma_f32(s, ls, bias[..., None]))
-            l = l + P.sum(-1)
-            O = O + e4m3(P, saturate) @ vp[..., t * BLOCK_N:(t + 1) * BLOCK_N, :]
-        if rec is not None and rec.active:
-            false = torch.zeros_like(m, dtype=torch.bool)
-            rec.record(p, tiles[0] * BLOCK_N, "pair", m=m, mt=mt,
-                       vote=false if dec.vote is None else dec.vote,
-                       fire=false if dec.fire is None else dec.fire,
-                       swept=false if dec.swept is None else dec.swept, corr=dec.corr, l=l, O=O)
-    return m, l, O

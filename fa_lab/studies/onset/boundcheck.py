@@ -580,7 +580,8 @@ def fixed_max_atlas_onset(policy="primus-a6a16cdc", *, atlas: str = "fixed_max_c
                         "bad_rows": int(nonfinite.sum()), "zero_rows": int(zero.sum()),
                         "outside_rows": int(outside.sum()),
                         "bad_rows_inside": int((bad & ~outside).sum()),
-                        "inside": bool(all(safe)), "margin": float(min(margin)),
+                        "inside": bool(all(safe)),
+                        "margin": float(min(x for x in margin if x is not None)),
                         "s_max": float(m.s_max[m.defined].max())})
     first_failing = next((r["k_scale"] for r in out if r["atlas_bad_rows"] > 0), None)
     k_formula = None

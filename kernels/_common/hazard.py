@@ -1,0 +1,47 @@
+"""A safe region's parts, shared by every family's closed-form bound (``kernels/<family>/
+bound.py``) and by ``fa_lab.studies.onset.bound``: a hazard (one way to fail, its formula
+and its check of a measured input) and the checks a region of hazards answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One way to fail. ``check(m) -> (safe, margin)``: margin in log2 units (None for a
+    structural hazard); ``exact``: the formula is the boundary itself (else sufficient);
+    ``never``: the policy's or version's fields rule it out on every input; ``note``: why,
+    or why no closed form holds."""
+
+    name: str
+    kind: str
+    formula: str
+    check: Callable = field(repr=False, compare=False)
+    exact: bool = True
+    never: bool = False
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "formula": self.formula, "exact": self.exact,
+                "never": self.never, "note": self.note}
+
+
+class HazardChecks:
+    """What a region with a ``hazards`` tuple answers about a measured input ``m``: an
+    input is inside when no live hazard applies."""
+
+    hazards: tuple
+
+    def violated(self, m) -> list[str]:
+        """The hazards ``m`` lies outside of (names)."""
+        return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
+
+    def contains(self, m) -> bool:
+        return not self.violated(m)
+
+    def margins(self, m) -> dict:
+        """Each continuous hazard's margin (log2 units, >= 0 inside) on ``m``."""
+        return {h.name: h.check(m)[1] for h in self.hazards if not h.never
+                and h.check(m)[1] is not None}
