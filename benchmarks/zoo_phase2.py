@@ -9,7 +9,7 @@ random starts only), the shrunk input's symptom, and the search against the fix 
 ``bounds``: every built-in policy's and preset's region (``onset.bound``), checked four ways:
 an attack inside the region (``boundcheck.attack_inside``: every class, ``--budget`` s); a
 search that walks random inputs to the region's edge and judges them there
-(``boundcheck.boundary_search``, ``--budget`` s); each hazard's edge built from its
+(``edge_search.boundary_search``, ``--budget`` s); each hazard's edge built from its
 mechanism, +eps inside and -eps outside (``onset.edges.edge``); and the built-in policies'
 measured boundary against its formula (``boundcheck.builtin_sweep`` / ``fp8_floor_sweep``,
 and the atlas data/atlas/bf16_seed_h200 for their overflow over K scale; the presets'
@@ -32,7 +32,7 @@ import torch
 from fa_lab import policies, results
 from fa_lab.studies import adversary as A
 from fa_lab.studies import onset
-from fa_lab.studies.onset import boundcheck as BC
+from fa_lab.studies.onset import boundcheck as BC, edge_search
 from fa_lab.studies.onset import edges
 from fa_lab.zoo import ENTRIES
 
@@ -107,7 +107,7 @@ def bounds(budget: float) -> dict:
         inside.append(r)
     walks = []
     for n in names:
-        r = BC.boundary_search(n, budget_s=budget)
+        r = edge_search.boundary_search(n, budget_s=budget)
         print(n, "edge walk:", r["runs_at_edge"], "runs,", r["failures_inside"], "failures",
               flush=True)
         walks.append(r)

@@ -1,6 +1,6 @@
 """A safe region's parts, shared by every family's closed-form bound (``kernels/<family>/
 bound.py``) and by ``fa_lab.studies.onset.bound``: a hazard (one way to fail, its formula
-and its check of a measured input) and the checks a region of hazards answers."""
+and its check of an input's summary) and the checks a region of hazards answers."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Hazard:
 
 
 class HazardChecks:
-    """What a region with a ``hazards`` tuple answers about a measured input ``m``: an
+    """What a region with a ``hazards`` tuple answers about an input's summary ``m``: an
     input is inside when no live hazard applies."""
 
     hazards: tuple
