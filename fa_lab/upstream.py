@@ -195,7 +195,11 @@ class DecodeVersion:
     the partition maximum is stored in natural-log units (divided by log2 e), as the
     reduce expects; else in log2 units, which the reduce still multiplies by log2 e.
     ``epilogue_l_first``: the output scale is ``rcp(l) * (v_scale / 448)`` in one
-    factor; else ``(o * v_scale / 448) * rcp(l)``."""
+    factor; else ``(o * v_scale / 448) * rcp(l)``. ``sw_partitions_default``: the launcher
+    (``pa_decode_fp8.pa_decode_ps_launch``) takes a sliding-window call's
+    ``max_context_partition_num=0`` as the recommended count; else it refuses it. The
+    sliding-window kernel itself (``pa_decode_swa.compile_pa_decode_sw``) computes the
+    same in both versions."""
 
     name: str
     commit: str
@@ -205,6 +209,7 @@ class DecodeVersion:
     vmax_valid_only: bool
     pmax_natural: bool
     epilogue_l_first: bool
+    sw_partitions_default: bool = False
 
 
 DECODE_VERSIONS: dict[str, DecodeVersion] = {v.name: v for v in (
@@ -215,7 +220,7 @@ DECODE_VERSIONS: dict[str, DecodeVersion] = {v.name: v for v in (
     DecodeVersion("flydsl-985c653a^", "20faaa4d",
                   "the #825 branch at 20faaa4d, the parent of 985c653a: no P re-mask",
                   remask_p=False, split_mtile_inf=False, vmax_valid_only=True,
-                  pmax_natural=False, epilogue_l_first=False),
+                  pmax_natural=False, epilogue_l_first=False, sw_partitions_default=True),
 )}
 DECODE_DEFAULT = "main-11c4174d"
 

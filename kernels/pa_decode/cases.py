@@ -12,6 +12,7 @@ import torch
 
 from fa_lab.numerics import E4M3_MAX, e4m3
 
+from . import swa
 from .model import logical_kv, quantize_q, row_bounds
 
 
@@ -111,10 +112,13 @@ def _past_context(table: torch.Tensor, ctx: list, nb: int, block_size: int) -> t
     return past
 
 
-def reference(case: Case, softmax_scale: float | None = None) -> torch.Tensor:
+def reference(case: Case, softmax_scale: float | None = None, *,
+              sliding_window: int = 0) -> torch.Tensor:
     """fp64 softmax attention over each row's gathered context (t < bound), with the
     dequantized fp8 K and V and the dequantized fp8 Q (the kernel's input casts), and no
-    other rounding: [num_seqs * QL, Hq, D] fp64; NaN for a row that sees no token."""
+    other rounding: [num_seqs * QL, Hq, D] fp64; NaN for a row that sees no token.
+    ``sliding_window`` W > 0: row r sees only bound(r) - 1 - W <= t < bound(r), and Q is
+    quantized as the sliding-window kernel does (``swa.quantize_q``)."""
     q = case.query.float()
     num_seqs = case.context_lengths.shape[0]
     ql, hq, d = q.shape[0] // num_seqs, q.shape[1], q.shape[2]
@@ -135,11 +139,13 @@ def reference(case: Case, softmax_scale: float | None = None) -> torch.Tensor:
         t = torch.arange(ctx)
         pages = case.block_tables[seq, t // bs].long()
         seen = t[None, :] < bounds[:, None]  # [rows, ctx]: only seen tokens are gathered
+        if sliding_window:
+            seen &= t[None, :] >= bounds[:, None] - 1 - sliding_window
         live = bounds > 0
         for h in range(hkv):
             kk, vv = kd[pages, h, t % bs], vd[pages, h, t % bs]
             rows = q[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group].reshape(-1, d)
-            q8, qs = quantize_q(rows)
+            q8, qs = (swa.quantize_q if sliding_window else quantize_q)(rows)
             qd = q8.double() * qs.double()[:, None]
             s = (qd @ kk.T * sm).masked_fill(~seen, float("-inf"))
             o = torch.softmax(s[live], dim=1) @ vv

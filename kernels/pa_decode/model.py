@@ -129,16 +129,26 @@ def _maxnum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(x.isnan().all(dim=dim), float("nan"), m)
 
 
-def lane_sum(p: torch.Tensor) -> torch.Tensor:
-    """The kernel's fp32 sum of a tile's P [R, 256] (token = w*64 + a*16 + r*4 + j): each
-    lane (w, r) adds its 4-token chunks a in order (each chunk summed in order), the
-    quarter-waves combine as (r0 + r1) + (r2 + r3), the waves in order w0..w3."""
+def wave_sums(p: torch.Tensor, *, far_first: bool = False) -> torch.Tensor:
+    """Each wave's fp32 sum of a tile's P [R, 256] (token = w*64 + a*16 + r*4 + j), [R, 4]:
+    each lane (w, r) adds its 4-token chunks a in order (each chunk summed in order), then
+    the 4 quarter-wave lanes r combine by a butterfly: (r0 + r1) + (r2 + r3) when the lane
+    shuffle xor 16 comes first (``pa_decode_tile``), (r0 + r2) + (r1 + r3) when xor 32
+    does (``far_first``, ``pa_decode_swa``)."""
     x = p.reshape(p.shape[0], 4, 4, 4, 4)  # [R, w, a, r, j]
     chunk = ((x[..., 0] + x[..., 1]) + x[..., 2]) + x[..., 3]  # [R, w, a, r]
     ls = torch.zeros_like(chunk[:, :, 0])
     for a in range(4):
         ls = ls + chunk[:, :, a]
-    ls = (ls[..., 0] + ls[..., 1]) + (ls[..., 2] + ls[..., 3])  # [R, w]
+    if far_first:
+        return (ls[..., 0] + ls[..., 2]) + (ls[..., 1] + ls[..., 3])
+    return (ls[..., 0] + ls[..., 1]) + (ls[..., 2] + ls[..., 3])  # [R, w]
+
+
+def lane_sum(p: torch.Tensor) -> torch.Tensor:
+    """The tile kernel's fp32 sum of a tile's P [R, 256]: ``wave_sums``, then the waves in
+    order w0..w3."""
+    ls = wave_sums(p)
     return ((ls[:, 0] + ls[:, 1]) + ls[:, 2]) + ls[:, 3]
 
 

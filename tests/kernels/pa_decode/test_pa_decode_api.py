@@ -87,7 +87,7 @@ def test_page_size_and_unmodelled_paths(case):
     with pytest.raises(NotImplementedError, match="1024"):
         decode.pa_decode_ps_launch(out, q, k1024, vc, ctx, None, None, 0.1, ks, vs,
                                    block_tables=bt, max_context_partition_num=2)
-    with pytest.raises(NotImplementedError, match="sliding_window"):
+    with pytest.raises(ValueError, match="page size 16 .*pa_decode_swa"):  # it addresses 1024
         decode.pa_decode_ps_launch(out, q, kc, vc, ctx, None, None, 0.1, ks, vs, sliding_window=64,
                                    block_tables=bt, max_context_partition_num=2)
     with pytest.raises(ValueError, match="max_context_partition_num"):
