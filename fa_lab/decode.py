@@ -260,8 +260,8 @@ def _sliding_window(output, query, key_cache, value_cache, block_tables, context
     if backend == "emulator":
         out = swa.forward(*[a.cpu() for a in args], **kw)
     else:
-        port = kernels.module("pa_decode", "faithful_swa")
-        out = port.forward(*args, interpret=backend == "interpret", **kw)
+        port = kernels.module("pa_decode", "faithful")
+        out = port.forward_sw(*args, interpret=backend == "interpret", **kw)
     output.copy_(out.to(output.device))
     if npart > 1:
         for _, key, t, _ in given:

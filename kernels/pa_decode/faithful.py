@@ -227,3 +227,10 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
         recorder.update(pmax=pmax, psum=psum, pout=pout,
                         pmax_units="natural" if version.pmax_natural else "log2")
     return out.to(out_dtype)
+
+
+def forward_sw(*args, **kwargs) -> torch.Tensor:
+    """The sliding-window kernel's port (``faithful_swa.forward``, same arguments), reached
+    through this module as the family's one faithful implementation."""
+    from . import faithful_swa
+    return faithful_swa.forward(*args, **kwargs)

@@ -1,7 +1,10 @@
 """The sliding-window decode model (``fa_lab.kernels.pa_decode.swa``) through
 ``fa_lab.decode.pa_decode_ps_launch(sliding_window=W)``: against an fp64 reference with the
 window applied, hand-computed windows and mass loss, the window's fully masked partitions
-(the 985c653a class) in both versions, stale pages, dropped tiles, and bad input."""
+(the 985c653a class) in both versions, stale pages, dropped tiles, and bad input; and its
+faithful Triton port against it: in Triton's interpreter on CPU at small sizes, compiled
+on a GPU (``gpu``), with identical NaN/inf masks and finite values within one bf16 step
+(the two sum in different fp32 orders)."""
 
 import pytest
 import torch
@@ -232,3 +235,56 @@ def test_bad_input_is_refused_by_name(base, change, exc, word):
             kw[key] = val
     with pytest.raises(exc, match=word):
         decode.pa_decode_ps_launch(out, q, kc, vc, ctx, None, None, None, ks, vs, **kw)
+
+
+# -- the faithful port ---------------------------------------------------------------------
+
+def assert_matches(port, ref):
+    assert torch.equal(port.isnan(), ref.isnan())
+    assert torch.equal(port.isinf(), ref.isinf())
+    fin = ref.isfinite()
+    diff = (port.float() - ref.float()).abs()[fin]
+    assert bool((diff <= 2.0 ** -7 * ref.float().abs()[fin] + 1e-6).all())
+
+
+def stale_nan(case):
+    """NaN in V of tokens 528..543 of sequence 0: before a window of 300 over a context of
+    900, inside its first visible tile (tile 2)."""
+    case.value_cache.view(torch.uint8)[int(case.block_tables[0, 0]), :, 33] = 0x7F
+    return case
+
+
+CASES = [  # (context_lengths, query_length, window, partitions, per_token, dtype, poison)
+    ([700], 1, 300, None, False, torch.bfloat16, None),
+    ([257], 4, 300, None, True, torch.bfloat16, None),    # window-masked partitions
+    ([0, 300], 1, 100, 1, True, torch.bfloat16, None),    # fused: an empty context is 0
+    ([0, 300], 2, 100, 2, False, torch.float16, None),    # partitioned: it is NaN
+    ([900], 1, 300, 3, False, torch.bfloat16, stale_nan),
+]
+
+
+@pytest.mark.parametrize("ctx,ql,window,npart,per_token,dtype,poison", CASES)
+def test_interpreter_matches_model(ctx, ql, window, npart, per_token, dtype, poison):
+    case = make(ctx, query_length=ql, per_token=per_token, dtype=dtype, seed=ql + len(ctx))
+    if poison is not None:
+        poison(case)
+    ref = run(case, window, npart)
+    port = run(case, window, npart, backend="interpret")
+    assert_matches(port, ref)
+    if poison is not None or npart == 2:
+        assert port.isnan().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [MAIN, BEFORE])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_compiled_matches_model(version, per_token):
+    case = make([257, 1500, 3000, 40], query_length=4, num_q_heads=8, num_kv_heads=2,
+                head_dim=128, per_token=per_token, seed=1)
+    npart = swa.recommended_partitions(700, 4)
+    ref = run(case, 700, npart, upstream=version)
+    dev = type(case)(*[t.cuda() for t in (case.query, case.key_cache, case.value_cache,
+                                          case.block_tables, case.context_lengths,
+                                          case.key_scale, case.value_scale)])
+    port = run(dev, 700, npart, upstream=version, backend="triton")
+    assert_matches(port.cpu(), ref)
