@@ -110,9 +110,9 @@ def _sw_kernel(Q, KC, VC, BT, CTX, KS, VS, PMAX, PSUM, POUT,
             vsel = tl.where(tok < ctx_m, vs, 0.0)
             vmax = tl.where(tl.max((vsel != vsel).to(tl.int32), axis=0) > 0, float("nan"),
                             tl.maximum(tl.max(vsel, axis=0), 0.0))
-            vms = vmax * 0.004166666666666667
-            norm = tl.math.div_rn(vms * 0.0 + 1.0, vms + 4.166666666666667e-11)
-            pscale = tl.reshape(vs, [4, 64])[None, :, :] * (wf * norm)[:, :, None]
+            vms = tl.zeros([ROWS], tl.float32) + vmax * 0.004166666666666667
+            norm = tl.math.div_rn(tl.full([ROWS], 1.0, tl.float32), vms + 4.166666666666667e-11)
+            pscale = tl.reshape(vs, [4, 64])[None, :, :] * (wf * norm[:, None])[:, :, None]
             p8 = _round_e4m3(p * pscale, 0)
             corr = vms * ptn
         else:

@@ -254,12 +254,20 @@ def stale_nan(case):
     return case
 
 
+def stale_inf_scale(case):
+    """An infinite per-token V scale at token 260 of a context of 700 (tile 1, before a
+    window of 300 that starts at 399): the tile's V-scale max reads it (t < ctx)."""
+    case.value_scale[int(case.block_tables[0, 0]), :, 260] = float("inf")
+    return case
+
+
 CASES = [  # (context_lengths, query_length, window, partitions, per_token, dtype, poison)
     ([700], 1, 300, None, False, torch.bfloat16, None),
     ([257], 4, 300, None, True, torch.bfloat16, None),    # window-masked partitions
     ([0, 300], 1, 100, 1, True, torch.bfloat16, None),    # fused: an empty context is 0
     ([0, 300], 2, 100, 2, False, torch.float16, None),    # partitioned: it is NaN
     ([900], 1, 300, 3, False, torch.bfloat16, stale_nan),
+    ([700], 1, 300, 3, True, torch.bfloat16, stale_inf_scale),
 ]
 
 
