@@ -153,7 +153,10 @@ def add_arguments(t):
                    help="query lengths, MTP 1..16 (1,4)")
     g.add_argument("--partitions", type=_int_list, default=None, help="partition counts (1,2)")
     g.add_argument("--page-sizes", dest="page_sizes", type=_int_list, default=None,
-                   help="page sizes, 16 or 64 (16)")
+                   help="page sizes: 16 or 64 for window 0, 1024 for a window (16)")
+    g.add_argument("--windows", type=_int_list, default=None,
+                   help="sliding windows in tokens; 0: none, pa_decode_tile; W > 0: "
+                        "pa_decode_swa over 1024-token pages (0)")
     g.add_argument("--scales", type=_word_list, default=None,
                    help="per_tensor, per_token (both)")
     g.add_argument("--decode-versions", dest="decode_versions", type=_word_list, default=None,
@@ -180,7 +183,7 @@ def run(args) -> int:
     if args.which == "decode":
         return _run_decode(args)
     decode_only = [f for f in ("contexts", "query_lens", "partitions", "page_sizes", "scales",
-                               "decode_versions") if getattr(args, f) is not None]
+                               "windows", "decode_versions") if getattr(args, f) is not None]
     if decode_only:
         raise UsageError(f"--{decode_only[0].replace('_', '-')} is an axis of --which decode")
     if args.policies is not None:
@@ -300,7 +303,8 @@ def _run_decode(args) -> int:
                          "--which decode (the emulator on the CPU, over the decode's own axes)")
     axes = {k: v for k, v in (("contexts", args.contexts), ("query_lengths", args.query_lens),
                               ("partitions", args.partitions), ("page_sizes", args.page_sizes),
-                              ("scales", args.scales), ("versions", args.decode_versions))
+                              ("scales", args.scales), ("windows", args.windows),
+                              ("versions", args.decode_versions))
             if v is not None}
     kw = {**axes, **({"group": args.H} if args.H is not None else {}), "seed": args.seed}
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}

@@ -42,10 +42,33 @@ def test_inside_the_region_no_row_is_nan():
     (dict(partitions=(True,)), TypeError, "partitions"),
     (dict(scales=("fp8",)), ValueError, "scales"),
     (dict(versions=("fixed",)), ValueError, "versions"),
+    (dict(windows=(-1,)), ValueError, "windows"),
+    (dict(windows=(1.5,)), TypeError, "windows"),
+    (dict(windows=(300,), page_sizes=(16,)), ValueError, "windows: 300 runs pa_decode_swa"),
+    (dict(windows=(0,), page_sizes=(1024,)), ValueError, "windows: 0 runs pa_decode_tile"),
+    (dict(windows=(300,), page_sizes=(1024,), head_dim=256), ValueError, "head_dim"),
 ])
 def test_bad_axes_are_refused(kw, err, words):
     with pytest.raises(err, match=words):
         dt.table(**kw)
+
+
+def test_window_rows_run_the_sliding_window_kernel():
+    # windows (0, 300) over page sizes (16, 1024): each window takes its kernel's pages
+    t = dt.table(contexts=(700,), query_lengths=(2,), partitions=(1, 3), scales=("per_tensor",),
+                 versions=(MAIN,), windows=(0, 300), page_sizes=(16, 1024), seed=3)
+    assert sorted(zip(t.window, t.page_size, t.num_partitions)) == [
+        (0, 16, 1), (0, 16, 3), (300, 1024, 1), (300, 1024, 3)]
+    sw = t[t.window == 300].set_index("num_partitions")
+    assert (sw.violated == "no region").all() and (sw.nan_rows == 0).all()
+    # 3 partitions cover the window's tiles 1 and 2; the fused path runs tile 1 only
+    assert sw.max_err[3] < 2 ** -6 < sw.max_err[1]
+    case = cases.make([700], query_length=2, num_q_heads=2, block_size=1024, seed=3,
+                      spare_pages=1)
+    out = dt._run(case, MAIN, 3, 300).double()
+    ref = cases.reference(case, sliding_window=300)
+    vmax = float(case.value_scale.max()) * 448
+    assert sw.max_err[3] == pytest.approx(float((out - ref).abs().max()) / vmax)
 
 
 def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
@@ -61,5 +84,15 @@ def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["table", "--which", "decode", "--causal", "--no-save"])
     assert "--causal" in capsys.readouterr().err
+    assert main(["table", "--which", "decode", "--contexts", "300", "--query-lens", "1",
+                 "--partitions", "2", "--scales", "per_token", "--windows", "100",
+                 "--page-sizes", "1024", "--no-save"]) == 0
+    assert "no region" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "decode", "--windows", "100", "--no-save"])
+    assert "windows: 100 runs pa_decode_swa" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "bf16", "--windows", "100", "--no-save"])
+    assert "--windows is an axis of --which decode" in capsys.readouterr().err
     assert torch.isfinite(torch.tensor([r["max_err"] for r in saved["rows"]
                                         if r["nan_rows"] == 0])).all()
