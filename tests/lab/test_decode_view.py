@@ -16,6 +16,7 @@ from fa_lab.kernels.pa_decode.reduce import split_reduce
 from fa_lab.lab import widgets
 
 MAIN, BEFORE = "pa_decode @ main-11c4174d", "pa_decode @ flydsl-985c653a^"
+MLA = "mla_decode @ main-11c4174d"
 
 
 def test_the_view_shows_each_partition_and_the_merge():
@@ -45,7 +46,37 @@ def test_the_picker_reaches_the_version():
     assert "comes out NaN" in before["summary"] and "max |out - fp64|" in after["summary"]
     # partition 1 is tile 1, fully masked for row 0: the sentinel cancels to P = 1 before the fix
     assert before["parts"][1]["psum"] == 256.0 and after["parts"][1]["psum"] == 0.0
-    assert set(widgets.KERNELS) == {MAIN, BEFORE}
+    assert set(widgets.KERNELS) == {MAIN, BEFORE, MLA}
+
+
+def test_the_picker_reaches_the_mla_decode():
+    from fa_lab import mla
+    from fa_lab.kernels.mla_decode import model
+    from fa_lab.lab.widgets import decode as wd
+
+    v = widgets.compute_decode_view(kernel=MLA, context=200, num_partitions=2, row=5, seed=1,
+                                    query_length=16, group=1)  # the paged decode's knobs: unused
+    parts = v["parts"]
+    assert [p["tiles"] for p in parts] == [(0, 112), (112, 200)]
+    # each split's LSE against the fp64 reference of its keys
+    query, kv_buffer, pages, scale = wd._mla_inputs(200, 1)
+    q, kv = query[0].float(), kv_buffer.float().reshape(-1, model.QK_HEAD_DIM)
+    for p in parts:
+        _, lse = model.reference(q, kv[p["tiles"][0]:p["tiles"][1]], scale)
+        assert abs(p["lse"] - float(lse[5])) < 1e-3
+    w = torch.softmax(torch.tensor([p["lse"] for p in parts], dtype=torch.float64), 0)
+    assert [p["weight"] for p in parts] == pytest.approx(w.tolist())
+    # V = 1: the exact output is 1; the unscaled P cast loses mass (never gains it)
+    out, _ = mla.mla_decode(query, kv_buffer, torch.tensor([0, 200], dtype=torch.int32), pages,
+                            scale, num_kv_splits=2, backend="emulator")
+    assert torch.equal(v["out"], out[0, 5].float())
+    assert float(out.float().mean()) < 1.0 and float(v["out"].max()) <= 1.0
+    assert v["max_err"] == pytest.approx(float((1.0 - out[0, 5].double()).abs().max()))
+    assert v["pmax_units"] == "lse (natural log)" and "keys" in v["summary"]
+    fig = v["figures"]["partitions"]
+    assert len(fig.data) == 2 and "head 5" in fig.layout.title.text
+    with pytest.raises(ValueError, match="row"):
+        widgets.compute_decode_view(kernel=MLA, context=64, row=128)
 
 
 @pytest.mark.parametrize("kw, err, words", [

@@ -15,6 +15,8 @@ from .tracedata import fmt_number
 #: The panels, left to right: (recorder key, title).
 PANELS = (("pmax", "partition max m_p"), ("psum", "partition sum l_p"),
           ("weights", "merge weight w_p"))
+#: The MLA decode's panels: its splits store an LSE, not a (max, sum) pair.
+MLA_PANELS = (("lse", "split LSE (natural log)"), ("weights", "merge weight w_j"))
 BAR_COLOR = "#4c78a8"
 EMPTY_COLOR = "#fff3b0"
 
@@ -23,17 +25,20 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def partitions_figure(parts: list[dict], *, title: str) -> go.Figure:
+def partitions_figure(parts: list[dict], *, title: str, panels=PANELS,
+                      unit: str = "tiles") -> go.Figure:
     """``parts``: one dict per partition with ``tiles`` (start, end), ``pmax``, ``psum`` and
     ``weight`` (floats; the weight NaN for a single partition's call, which has no reduce).
     A bar per partition and panel; a non-finite value is drawn as a black bar of height 0
-    with its value in the hover text, an empty partition in yellow."""
-    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[t for _, t in PANELS])
-    names = [f"p{i}: tiles {p['tiles'][0]}..{p['tiles'][1] - 1}" if p["tiles"][1] > p["tiles"][0]
+    with its value in the hover text, an empty partition in yellow. ``panels``: (key,
+    title) per panel (``MLA_PANELS`` for the MLA decode's splits, whose ``tiles`` are key
+    ranges: ``unit="keys"``)."""
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
+    names = [f"p{i}: {unit} {p['tiles'][0]}..{p['tiles'][1] - 1}" if p["tiles"][1] > p["tiles"][0]
              else f"p{i}: empty" for i, p in enumerate(parts)]
-    for col, (key, label) in enumerate(PANELS, start=1):
+    for col, (key, label) in enumerate(panels, start=1):
         vals = [p["weight" if key == "weights" else key] for p in parts]
-        colors = [NONFINITE_COLOR if not math.isfinite(v) and not (key == "pmax" and v == -math.inf)
+        colors = [NONFINITE_COLOR if not math.isfinite(v) and not (key in ("pmax", "lse") and v == -math.inf)
                   else EMPTY_COLOR if p["tiles"][1] <= p["tiles"][0] else BAR_COLOR
                   for v, p in zip(vals, parts)]
         fig.add_trace(go.Bar(x=names, y=[_finite(v) for v in vals], marker_color=colors,

@@ -1,11 +1,16 @@
-"""The decode dashboard: a kernel picker (the paged decode at each modelled upstream version)
-and one call's partitions, their (max, sum) and the split reduce's merge, for a chosen row.
+"""The decode dashboard: a kernel picker (the paged decode at each modelled upstream version,
+and the MLA decode) and one call's partitions, their (max, sum) or LSE and the merge, for a
+chosen row.
 
 ``compute_decode_view`` is the plain function of the controls' values (what the tests
 call); ``decode_dashboard`` wires it to widgets through ``dashboards.Dashboard``, as the
 other dashboards are wired. The call is built by ``fa_lab.kernels.pa_decode.cases`` (q, K,
 V ~ N(0, 1), a shuffled page table) and run by ``fa_lab.decode.partitions``; the merged row
-is checked against the fp64 reference.
+is checked against the fp64 reference. The MLA decode (``fa_lab.mla.mla_decode``) runs one
+token over ``context`` keys cut into ``num_partitions`` KV splits, with V = 1 and
+N(0, sigma**2) scores (``studies.mla_mass_loss.gaussian_inputs``), so the exact output is
+1 and the row (a head, 0..127) shows the unscaled P cast's mass loss; the paged decode's
+``query_length``, ``group``, ``per_token`` and ``block_size`` do not apply to it.
 """
 
 from __future__ import annotations
@@ -13,16 +18,21 @@ from __future__ import annotations
 import html
 import math
 
-from fa_lab import decode
-from fa_lab.kernels import pa_decode
+import torch
+
+from fa_lab import decode, mla
+from fa_lab.kernels import mla_decode, pa_decode
 from fa_lab.upstream import DECODE_VERSIONS
 
-from ..viz.decode import partitions_figure
+from ..viz.decode import MLA_PANELS, partitions_figure
 from .views import _bool, _choice, _int
 
 #: The kernels the picker offers: label -> (family, upstream version).
-KERNELS = {f"pa_decode @ {name}": ("pa_decode", name) for name in DECODE_VERSIONS}
+KERNELS = {**{f"pa_decode @ {name}": ("pa_decode", name) for name in DECODE_VERSIONS},
+           **{f"mla_decode @ {name}": ("mla_decode", name) for name in mla_decode.VERSIONS}}
 DEFAULT_KERNEL = "pa_decode @ main-11c4174d"
+#: The MLA view's score spread (the standard deviation of its natural-log scores).
+MLA_SIGMA = 4.0
 
 
 def compute_decode_view(kernel=DEFAULT_KERNEL, context=257, query_length=4, group=2,
@@ -41,8 +51,11 @@ def compute_decode_view(kernel=DEFAULT_KERNEL, context=257, query_length=4, grou
     per_token = _bool("per_token", per_token)
     _choice("block_size", block_size, (16, 64))
     seed = _int("seed", seed, 0)
+    family, version = KERNELS[kernel]
+    if family == "mla_decode":
+        return _mla_view(kernel, version, context, num_partitions, _int("row", row, 0, mla.NUM_HEADS),
+                         seed, figures)
     row = _int("row", row, 0, query_length * group)
-    _, version = KERNELS[kernel]
     case = pa_decode.cases.make([context], query_length=query_length, num_q_heads=group,
                                 block_size=block_size, per_token=per_token, seed=seed)
     rec = decode.partitions(case.query, case.key_cache, case.value_cache, case.block_tables,
@@ -73,6 +86,44 @@ def compute_decode_view(kernel=DEFAULT_KERNEL, context=257, query_length=4, grou
     view["figures"] = make_figures(figures)
     view["make_figures"] = make_figures
     return view
+
+
+def _mla_view(kernel, version, context, num_splits, row, seed, figures) -> dict:
+    """The MLA decode's view: one token, ``context`` keys in ``num_splits`` KV splits."""
+    query, kv_buffer, pages, scale = _mla_inputs(context, seed)
+    out, split_lse = mla.mla_decode(query, kv_buffer, torch.tensor([0, context], dtype=torch.int32),
+                                    pages, scale, num_kv_splits=num_splits, backend="emulator")
+    sch = mla_decode.model.schedule([0, context], num_splits)
+    ranges = [(int(i[4]), int(i[5])) for i in sch["work_info_set"]]
+    lse = split_lse[:, 0, row, 0].double()
+    weights = torch.softmax(lse, 0) if len(ranges) > 1 else torch.full_like(lse, math.nan)
+    parts = [{"tiles": r, "lse": float(lse[j]), "weight": float(weights[j])}
+             for j, r in enumerate(ranges)]
+    heads = out[0].float()
+    ref = torch.ones(mla.V_HEAD_DIM, dtype=torch.float64) if context else \
+        torch.full((mla.V_HEAD_DIM,), math.nan, dtype=torch.float64)
+    view = {"params": dict(kernel=kernel, context=context, num_partitions=num_splits, row=row,
+                           seed=seed, sigma=MLA_SIGMA),
+            "upstream": version, "parts": parts, "pmax_units": "lse (natural log)",
+            "out": heads[row], "ref": ref,
+            "nan_rows": heads.isnan().any(-1).nonzero().flatten().tolist(), "bound": context}
+    view["max_err"] = float((heads[row].double() - ref).abs().max())
+    view["summary"] = _summary(view).replace("tokens", "keys")
+
+    def make_figures(which):
+        title = (f"{kernel}: head {row}, {context} keys in {len(ranges)} split(s), V = 1, "
+                 f"score sigma {MLA_SIGMA}")
+        return {name: partitions_figure(parts, title=title, panels=MLA_PANELS, unit="keys")
+                for name in which if name == "partitions"}
+
+    view["figures"] = make_figures(figures)
+    view["make_figures"] = make_figures
+    return view
+
+
+def _mla_inputs(context: int, seed: int):
+    from fa_lab.studies import mla_mass_loss
+    return mla_mass_loss.gaussian_inputs(MLA_SIGMA, max(context, 1), seed)  # a page even when empty
 
 
 def row_bound(context: int, query_length: int, group: int, row: int) -> int:
