@@ -25,8 +25,11 @@ import math
 import torch
 
 from fa_lab import kernels
-from fa_lab.kernels.pa_decode import model, swa
+from fa_lab.kernels import pa_decode
+from fa_lab.kernels.pa_decode import model
 from fa_lab.upstream import check_decode
+
+swa = pa_decode.swa  # the sliding-window kernel's model, through the family's face
 
 BACKENDS = ("emulator", "interpret", "triton")
 HEAD_DIMS = (64, 128, 256)   # multiples of 64 that the Q-quant loads cover (l.89, l.213-218)

@@ -1,12 +1,15 @@
-"""FlyDSL's paged-attention fp8 decode (``pa_decode_tile.py`` and the split reduce of
-``pa_decode_swa.py``): KV pages of 16 or 64 tokens gathered through ``block_tables``,
-256-token tiles grouped into partitions, MTP query lengths 1..16, per-tensor or
-per-token fp8 scales. ``flash_attn_func`` does not route to it; ``fa_lab.decode`` calls it
-with upstream's names (``pa_decode_tile``, ``pa_decode_ps_launch``).
+"""FlyDSL's paged-attention fp8 decode (``pa_decode_tile.py``, the sliding-window kernel and
+split reduce of ``pa_decode_swa.py``): KV pages of 16 or 64 tokens (1024 with a window)
+gathered through ``block_tables``, 256-token tiles grouped into partitions, MTP query
+lengths 1..16, per-tensor or per-token fp8 scales. ``flash_attn_func`` does not route to
+it; ``fa_lab.decode`` calls it with upstream's names (``pa_decode_tile``,
+``pa_decode_ps_launch``).
 
 - ``model``: the exact PyTorch model (the definition; docs/semantics.md §13);
 - ``reduce``: the split reduce that merges the partitions;
-- ``faithful``: the faithful Triton port;
+- ``swa``: the exact model of the sliding-window kernel (``compile_pa_decode_sw``);
+- ``faithful``: the faithful Triton port (``faithful_swa``: the sliding-window kernel's,
+  reached through ``faithful.forward_sw``; ``faithful_reduce``: the reduce's);
 - ``bound``: when the finite mask sentinel turns into NaN, in closed form, and the
   decode's safe region (``fa_lab.studies.onset.bound("pa_decode")``);
 - ``cases``: decode calls built from logical K/V, and their fp64 reference (the tests, the
@@ -15,7 +18,7 @@ with upstream's names (``pa_decode_tile``, ``pa_decode_ps_launch``).
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
 
-from . import bound, cases  # noqa: F401 -- the family's face for the studies above it
+from . import bound, cases, swa  # noqa: F401 -- the family's face for the layers above it
 
 # The decode kernel takes no rescale policy: each partition's softmax is eager by
 # construction, so it claims no vote or rebase value (its tests hold it to fp64).

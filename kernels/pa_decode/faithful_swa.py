@@ -4,7 +4,7 @@ docs/semantics.md §13).
 One program per (sequence, kv head, partition), as upstream's grid: the partition's one
 256-token tile (``tail + p``; ``tail`` alone on the fused path), or an empty partition
 written without reading anything. The split reduce is the tile port's
-(``faithful._reduce_kernel``), the same kernel upstream launches for both.
+(``faithful_reduce._reduce_kernel``), the same kernel upstream launches for both.
 
 Where the GPU, the interpreter and the model would otherwise part ways, as ``faithful.py``:
 e4m3 and bf16 roundings on the bit patterns, fp8 loads set NaN from the bits, exp2 through
@@ -24,7 +24,7 @@ import triton.language as tl
 from fa_lab.numerics import f32
 from fa_lab.upstream import DecodeVersion
 
-from .faithful import _reduce_kernel
+from .faithful_reduce import _reduce_kernel
 from .reduce import LOG2E
 from .._triton.util import exp2_ieee, launch, round_bf16
 from ..swp_fp8.faithful import _load_e4m3, _round_e4m3
