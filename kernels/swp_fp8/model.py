@@ -35,14 +35,21 @@ HEAD_DIM = 128
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, recorder: TraceRecorder | None = None,
-            num_kv_splits: int = 1):
+            num_kv_splits: int = 1, paged=None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
     Other head dims (D, Dv) and ``num_kv_splits`` > 1 run FlyDSL #1097's path, ``split``.
+    ``paged`` (a checked ``fa_lab.paged.PagedFp8``): FlyDSL #1066's paged prefill, packed
+    q and a page cache (``fa_lab.kernels.swp_fp8.paged``).
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
+    if paged is not None:
+        from . import paged as paged_model
+        return paged_model.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                                   v_descale=v_descale, causal=causal, policy=policy,
+                                   paged=paged, saturate=saturate, recorder=recorder)
     if num_kv_splits != 1 or q8.shape[-1] != HEAD_DIM or v8.shape[-1] != HEAD_DIM:
         return split.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
                              v_descale=v_descale, causal=causal, policy=policy,
