@@ -228,3 +228,70 @@ def test_the_model_refuses_a_direct_call_it_cannot_run():
         paged_model.forward(q8, k5, v5, causal=True, paged=object(), **kw)
     with pytest.raises(ValueError, match="causal only"):
         paged_model.forward(q8, k5, v5, causal=False, paged=pk, **kw)
+
+
+# ---- the faithful port -----------------------------------------------------------------
+
+def assert_port_matches_model(kernel, model):
+    """Identical NaN/+inf/-inf masks on out and LSE; finite outputs within 1e-3 of the
+    largest |output| plus one bf16 step at their magnitude (fp32 sums in another order can
+    flip the final rounding); LSE within 1e-5 of the largest finite |LSE|."""
+    (out_k, lse_k), (out_m, lse_m) = kernel, model
+    assert out_k.shape == out_m.shape and out_k.dtype == out_m.dtype == torch.bfloat16
+    assert lse_k.shape == lse_m.shape
+    for what, fn in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        assert torch.equal(fn(out_k.float()), fn(out_m.float())), f"out {what} masks differ"
+        assert torch.equal(fn(lse_k), fn(lse_m)), f"lse {what} masks differ"
+    a, b = out_k.double(), out_m.double()
+    fin = torch.isfinite(b)
+    if fin.any():
+        a, b = a[fin], b[fin]
+        big = torch.maximum(a.abs(), b.abs())
+        step = torch.where(big > 0, torch.exp2(torch.floor(torch.log2(big))), big) * 2.0**-7
+        assert ((a - b).abs() <= 1e-3 * b.abs().max() + step).all()
+    fin = torch.isfinite(lse_m)
+    if fin.any():
+        err = (lse_k.double() - lse_m.double())[fin].abs().max()
+        assert err <= 1e-5 * lse_m[fin].abs().max() + 1e-6
+
+
+def both(q8, k5, v5, call, backend, **kw):
+    return (run(q8, k5, v5, call, backend=backend, return_lse=True, **kw),
+            run(q8, k5, v5, call, backend="emulator", return_lse=True, **kw))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [{}, dict(rescale="eager", p_headroom=True)], ids=["bare", "eager"])
+def test_interpreted_port_matches_the_model(kw):
+    q8, k5, v5, call, _, _, _ = make_case([100, 40], [200, 128], H=2, Hkv=1, k_scale=6.0)
+    assert_port_matches_model(*both(q8, k5, v5, call, "interpret", **kw))
+
+
+@pytest.mark.slow
+def test_interpreted_port_matches_the_model_on_nan_tails_and_page_zero():
+    """V NaN in the last page's tail (every row NaN) in one sequence, and NaN in page 0,
+    which only a padding tile reads, in the other (its rows come out NaN too)."""
+    q8, k5, v5, call, _, kc, vc = make_case([70, 30], [100, 128], H=2, Hkv=1)
+    vp = vc.clone()
+    nan = torch.tensor(float("nan")).to(FP8)
+    vp[int(call["block_table"][0, 1]), 100 - PAGE:] = nan
+    vp[0] = nan
+    k5, v5 = vectorized(kc, vp)
+    kernel, model = both(q8, k5, v5, call, "interpret")
+    assert torch.isnan(model[0]).all()
+    assert_port_matches_model(kernel, model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{}, dict(rescale="eager", p_headroom=True),
+                                dict(rescale="lazy", rescale_threshold=6.0, p_headroom=True)],
+                         ids=["bare", "eager", "thr6"])
+def test_compiled_port_matches_the_model(kw):
+    q8, k5, v5, call, _, _, _ = make_case([700, 300, 1], [1024, 700, 1000], H=4, Hkv=2,
+                                          k_scale=6.0)
+    dev = torch.device("cuda")
+    q8, k5, v5 = q8.to(dev), k5.to(dev), v5.to(dev)
+    call = {k: (x.to(dev) if isinstance(x, torch.Tensor) else x) for k, x in call.items()}
+    kernel = run(q8, k5, v5, call, backend="triton", return_lse=True, **kw)
+    model = run(q8, k5, v5, call, backend="emulator", return_lse=True, **kw)
+    assert_port_matches_model(tuple(x.cpu() for x in kernel), tuple(x.cpu() for x in model))
