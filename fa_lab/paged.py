@@ -46,8 +46,13 @@ per-sequence KV lengths come from ``cu_seqlens_kv`` (the kernel's sequence lengt
 refuses a call where they differ rather than guess. The interface runs (128, 128) head
 dims with an even number of pages of max(seqlen_k) on the paired-page BN128 kernel
 (``use_bn128``), the rest on a generic per-tile schedule that fa_lab does not model: those
-calls are refused by name. Page lookups past a sequence's own pages read page 0 (the
-page-id loader zero-fills them), as in the bf16 path.
+calls are refused by name. The kernel loads page ids two at a time, for a pair of
+64-key tiles (``DualwaveFp8KernelContext.load_page_id_pair`` in flash_attn_utils.py): a
+pair that starts inside the sequence's pages reads that entry and the next one, even past
+the sequence's last page (an odd page count), and a pair past them reads the row's first
+two entries. So each row's first max(2, its page count rounded up to even) entries are
+read and must name pages of the cache; the rows of those pages past seqlen_k are masked in
+S but enter P V with P = 0.
 """
 
 from __future__ import annotations
@@ -278,13 +283,23 @@ class PagedFp8:
         """The cache as ``[NumBlocks, PageSize, Hkv, D]`` (``_linear``)."""
         return _linear(self.layout, k, v)
 
+    def entries_read(self, b: int) -> int:
+        """How many leading block-table entries of row ``b`` the kernel reads: its pages
+        rounded up to even (a pair's partner is read with it), at least 2 (padding pairs
+        read entries 0 and 1)."""
+        n = math.ceil(self.seqlen_k[b] / self.page_size)
+        return max(2, n + n % 2)
+
     def page_ids(self, b: int, n_tiles: int) -> torch.Tensor:
-        """[n_tiles] int64: the page sequence ``b``'s KV tile t reads: its block-table
-        entry for t < ceil(seqlen_k[b] / 64), page 0 past it (the loader zero-fills)."""
-        ids = torch.zeros(n_tiles, dtype=torch.int64, device=self.block_table.device)
-        n = min(n_tiles, math.ceil(self.seqlen_k[b] / self.page_size))
-        ids[:n] = self.block_table[b, :n].long()
-        return ids
+        """[n_tiles] int64 (n_tiles even): the page sequence ``b``'s KV tile t reads. The
+        kernel loads the ids of a tile pair (2p, 2p + 1) together, from entries 2p and
+        2p + 1 of the row when 2p < ceil(seqlen_k[b] / 64) (so an odd page count also reads
+        the entry after its last page), else from entries 0 and 1."""
+        n = math.ceil(self.seqlen_k[b] / self.page_size)
+        t = torch.arange(n_tiles, device=self.block_table.device)
+        first = t - t % 2
+        entry = torch.where(first < n, first, torch.zeros_like(first)) + t % 2
+        return self.block_table[b, entry].long()
 
 
 def _fp8_cache_shape(name, t, q):
@@ -410,11 +425,13 @@ def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     if block_table.shape[1] < n_pages:
         raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short: the "
                          f"paired-page kernel needs ceil({skv}/{page}) = {n_pages}")
-    for b, n in enumerate(lens):
-        read = block_table[b, :math.ceil(n / page)]
-        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= nb):
-            raise ValueError(f"block_table row {b} holds block ids in [{int(read.min())}, "
-                             f"{int(read.max())}] among the pages sequence {b} reads, out of "
-                             f"range for a cache of {nb} blocks")
     bt = block_table.to(torch.int32).contiguous()
-    return PagedFp8(bt, tuple(cu_q), lens, max_seqlen_q, skv, page, nb, hkv, dv)
+    checked = PagedFp8(bt, tuple(cu_q), lens, max_seqlen_q, skv, page, nb, hkv, dv)
+    for b in range(B):
+        read = block_table[b, :checked.entries_read(b)]
+        if int(read.min()) < 0 or int(read.max()) >= nb:
+            raise ValueError(f"block_table row {b} holds block ids in [{int(read.min())}, "
+                             f"{int(read.max())}] among the {read.numel()} entries the kernel "
+                             f"reads for sequence {b} (its pages, rounded up to a whole pair), "
+                             f"out of range for a cache of {nb} blocks")
+    return checked

@@ -6,7 +6,7 @@ one 256-row block). It reads its sequence's bounds from ``cu_seqlens_q`` and its
 count from ``seqlen_k``, and walks the dense fp8 kernel's tile pairs (the count per
 256-row block cut at the bottom-right diagonal, rounded up to even, at least 4). Each KV
 tile is one whole page of the vectorized cache, found through the block table inside the
-kernel (page 0 past the sequence's own pages): K element (row r, dim d) of page p at
+kernel, two ids per tile pair as ``PagedFp8.page_ids`` says: K element (row r, dim d) of page p at
 ``[p, hk, d // 16, r, d % 16]``, V at ``[p, hk, r // 16, d, r % 16]``. Nothing is zeroed
 on load: rows past seqlen_k are masked in S only, so what they hold in V meets P = 0.
 
@@ -95,9 +95,11 @@ def _paged_fwd_kernel(
     for p in range(0, n_pairs):
         t_a = 2 * p
         t_b = t_a + 1
-        # the page each tile reads: its block-table entry, page 0 past the sequence's pages
-        page_a = tl.load(BlockTable + b.to(tl.int64) * stride_bt + t_a, mask=t_a < n_kv, other=0)
-        page_b = tl.load(BlockTable + b.to(tl.int64) * stride_bt + t_b, mask=t_b < n_kv, other=0)
+        # the pair's page ids, loaded together: entries t_a and t_a + 1 of the row while
+        # t_a is one of the sequence's pages, else entries 0 and 1
+        entry = BlockTable + b.to(tl.int64) * stride_bt + tl.where(t_a < n_kv, t_a, 0)
+        page_a = tl.load(entry)
+        page_b = tl.load(entry + 1)
         k_a = _load_e4m3(k_head + page_a.to(tl.int64) * stride_k0 + k_offs, whole)
         k_b = _load_e4m3(k_head + page_b.to(tl.int64) * stride_k0 + k_offs, whole)
         s_a, max_a = _masked_scores(q, k_a, t_a * BLOCK_N + offs_r, rows, Sq, Skv, CAUSAL)

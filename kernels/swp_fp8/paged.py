@@ -11,16 +11,19 @@ then per tile ``sub_m``, exp2, the row sum, ``cast_p_fp8_direct`` and P V; the e
 ``_flydsl_flash_attn_paged`` (``use_bn128`` for (128, 128) head dims and an even page
 count); ``flash_attn_utils.py`` ``DualwaveFp8SoftmaxHelper`` (``lazy_correct_o``: the
 32-row wave ballot of ``(mt - m) * ls <= THR``, the monotonic ``_lazy_correction``;
-``sub_m``'s headroom H = log2(448) - THR), ``init_tile_bounds`` (the dense kernel's tile
-count: cut at the bottom-right diagonal, rounded up to even, at least 4) and the page-id
-loader (lookups past a sequence's own pages read page 0). The code index gives these files
-by character offset, not line: the places are named by function.
+``sub_m``'s headroom H = log2(448) - THR), ``DualwaveFp8KernelContext.init_tile_bounds``
+(the dense kernel's tile count: cut at the bottom-right diagonal, rounded up to even, at
+least 4; the sequence lengths from ``cu_seqlens``) and ``load_page_id_pair`` (a pair's two
+page ids in one load). The code index gives these files by character offset, not line:
+the places are named by function.
 
-The loop body is the dense fp8 kernel's (``walk``, ``model._run_group``): what paging
-changes is where each tile's rows come from. Per sequence b, tile t reads the whole page
-``block_table[b, t]`` (page 0 past ceil(seqlen_k[b] / 64)); rows past seqlen_k[b] are
-masked in S but their V rows enter P V with P = 0, so a NaN or inf stored there reaches
-the output (0 * NaN), as on the bf16 paged path. The kernel returns no LSE; the LSE here is
+The loop body is the dense fp8 kernel's (``walk.walk``, ``walk.run_group``): what paging
+changes is where each tile's rows come from. Per sequence b, tile pair (2p, 2p + 1) reads
+the whole pages of block-table entries 2p and 2p + 1 while 2p < ceil(seqlen_k[b] / 64)
+(an odd page count reads the entry after its last page as the partner), else of entries
+0 and 1 (``fa_lab.paged.PagedFp8.page_ids``). Rows past seqlen_k[b] are masked in S, but
+their V rows enter P V with P = 0, so a NaN or inf stored there, in the last page's tail
+or in a page read only as a partner or a padding pair, reaches the output (0 * NaN). The kernel returns no LSE; the LSE here is
 the model's read-out, as the dense model's.
 """
 
@@ -35,8 +38,8 @@ from fa_lab.paged import PagedFp8
 from fa_lab.policies import Policy
 
 from . import FAMILY
-from .model import _run_group
 from .split import log2_scale
+from .walk import run_group
 from .._common.geometry import BLOCK_N, block_groups, padded_rows
 from .._common.models import check_decidable, heads, run_groups
 
@@ -82,7 +85,7 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 
         def run(q_rows, rows, n_tiles, kf=kf, vf=vf, Sq=Sq, skv=skv):
             cols = n_tiles * BLOCK_N
-            return _run_group(q_rows, kf[..., :cols, :], vf[..., :cols, :], rows, n_tiles, Sq,
+            return run_group(q_rows, kf[..., :cols, :], vf[..., :cols, :], rows, n_tiles, Sq,
                               skv, True, policy, ls, f32(vd), saturate, None)
 
         o, l = run_groups(qf, ((g.rows, g.n_tiles) for g in groups), run, None, torch.bfloat16, Sq)

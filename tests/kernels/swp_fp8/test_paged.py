@@ -53,7 +53,7 @@ def make_case(lens_q, lens_k, *, H=2, Hkv=1, k_scale=2.0, n_blocks=None, seed=0,
     dense = [((x / kd).to(FP8)[None], (y / vd).to(FP8)[None]) for x, y in zip(ks, vs)]
     kc = torch.randn(n_blocks, PAGE, Hkv, D, generator=g).to(FP8)
     vc = torch.randn(n_blocks, PAGE, Hkv, D, generator=g).to(FP8)
-    order = 1 + torch.randperm(n_blocks - 1, generator=g)  # page 0 stays unassigned
+    order = 1 + torch.randperm(n_blocks - 1, generator=g)  # (page 0 holds no key)
     bt = order[: len(lens_k) * width].reshape(len(lens_k), width).to(torch.int32)
     for b, (kb, vb) in enumerate(dense):
         for t in range(n[b]):
@@ -114,8 +114,9 @@ def test_matches_an_fp64_reference(H, Hkv):
 
 
 def test_nan_in_pages_past_seqlen_k_changes_nothing():
-    """Unused pages all NaN (page 0 aside: padding tiles read it), block-table entries past
-    each sequence's pages NaN pages or out-of-range ids, NaN K in the last page's tail."""
+    """Unused pages all NaN (page 0 too: the fp8 kernel's padding pairs read entries 0 and
+    1, not page 0), block-table entries past each sequence's (even) page count NaN pages
+    or out-of-range ids, NaN K in the last page's tail."""
     lens_q, lens_k = [150, 60], [200, 100]
     q8, k5, v5, call, dense, kc, vc = make_case(lens_q, lens_k, spare=3)
     clean = run(q8, k5, v5, call)
@@ -123,7 +124,7 @@ def test_nan_in_pages_past_seqlen_k_changes_nothing():
     used = {int(bt[b, t]) for b, s in enumerate(lens_k) for t in range(math.ceil(s / PAGE))}
     nan = torch.tensor(float("nan")).to(FP8)
     kp, vp = kc.clone(), vc.clone()
-    for blk in range(1, kc.shape[0]):
+    for blk in range(kc.shape[0]):
         if blk not in used:
             kp[blk], vp[blk] = nan, nan
     for b, s in enumerate(lens_k):
@@ -142,6 +143,32 @@ def test_nan_in_v_of_the_last_page_tail_reaches_the_output():
     vp[int(call["block_table"][0, 1]), 100 - PAGE:] = torch.tensor(float("nan")).to(FP8)
     out = run(q8, *vectorized(kc, vp), call)
     assert torch.isnan(out).all()  # every row's P V meets 0 * NaN
+
+
+def test_the_partner_of_an_odd_last_page_and_padding_pairs_are_read():
+    """Sequence 1 has 3 pages: its last pair (2, 3) loads entry 3 too; sequence 2 has one
+    page and 256 query rows, so its block walks 4 tiles and the padding pair (2, 3) loads
+    entries 0 and 1. A NaN V in the pages those entries name comes out NaN in every row of
+    that sequence; the same NaN in a page no entry read names changes nothing."""
+    lens_q, lens_k = [40, 40, 256], [256, 150, 30]
+    q8, k5, v5, call, dense, kc, vc = make_case(lens_q, lens_k, spare=2)
+    bt = call["block_table"]
+    clean = run(q8, k5, v5, call)
+    nan = torch.tensor(float("nan")).to(FP8)
+    for b, entry, rows in ((1, 3, slice(40, 80)), (2, 1, slice(80, 336))):
+        vp = vc.clone()
+        vp[int(bt[b, entry])] = nan
+        out = run(q8, *vectorized(kc, vp), call)
+        assert torch.isnan(out[rows]).all()
+        assert torch.equal(out[:40].view(torch.int16), clean[:40].view(torch.int16))
+    vp = vc.clone()
+    vp[int(bt[1, 4])] = nan  # past the pair: never read
+    out = run(q8, *vectorized(kc, vp), call)
+    assert torch.equal(out.view(torch.int16), clean.view(torch.int16))
+    bad = bt.clone()
+    bad[1, 3] = 10**6
+    with pytest.raises(ValueError, match="block_table row 1 holds block ids"):
+        run(q8, k5, v5, {**call, "block_table": bad})
 
 
 def test_a_bare_call_runs_threshold_8():
@@ -273,17 +300,18 @@ def test_interpreted_port_matches_the_model(kw):
 
 
 @pytest.mark.slow
-def test_interpreted_port_matches_the_model_on_nan_tails_and_page_zero():
-    """V NaN in the last page's tail (every row NaN) in one sequence, and NaN in page 0,
-    which only a padding tile reads, in the other (its rows come out NaN too)."""
-    q8, k5, v5, call, _, kc, vc = make_case([70, 30], [100, 128], H=2, Hkv=1)
+def test_interpreted_port_matches_the_model_on_nan_tails_and_partner_pages():
+    """V NaN in the last page's tail in sequence 0 (its rows all NaN), and in the page of
+    entry 1 of sequence 1, whose one page's pair reads entry 1 as its partner (its rows
+    all NaN too); sequence 2 stays finite."""
+    q8, k5, v5, call, _, kc, vc = make_case([70, 30, 20], [100, 30, 128], H=2, Hkv=1)
     vp = vc.clone()
     nan = torch.tensor(float("nan")).to(FP8)
     vp[int(call["block_table"][0, 1]), 100 - PAGE:] = nan
-    vp[0] = nan
+    vp[int(call["block_table"][1, 1])] = nan
     k5, v5 = vectorized(kc, vp)
     kernel, model = both(q8, k5, v5, call, "interpret")
-    assert torch.isnan(model[0]).all()
+    assert torch.isnan(model[0][:100]).all() and torch.isfinite(model[0][100:]).all()
     assert_port_matches_model(kernel, model)
 
 
