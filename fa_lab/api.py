@@ -265,10 +265,10 @@ def warn_fp8_scale(call: Call) -> None:
                       RuntimeWarning, stacklevel=3)
     # causal rows above the bottom-right diagonal see no key and keep the floor as their
     # base; from ls = 1.1342746 the addend -ls * floor overflows and fma(-inf, ls, inf) is NaN
-    if call.causal and call.seqlen_q > call.k.shape[1] and math.isinf(f32(ls * CAUSAL_FLOOR)):
+    if call.causal and call.seqlen_q > call.seqlen_kv and math.isinf(f32(ls * CAUSAL_FLOOR)):
         warnings.warn(f"q_descale * k_descale = {qd * kd:.4g} (ls = {ls:.8g}, at least 1.1342746) "
-                      f"with causal seq_len_q {call.seqlen_q} > seq_len_kv {call.k.shape[1]}: the first "
-                      f"{call.seqlen_q - call.k.shape[1]} rows of each head see no key, and the "
+                      f"with causal seq_len_q {call.seqlen_q} > seq_len_kv {call.seqlen_kv}: the first "
+                      f"{call.seqlen_q - call.seqlen_kv} rows of each head see no key, and the "
                       "kernel's -ls*m overflows at their floored max, so they come out NaN "
                       "(docs/semantics.md §1.2)", RuntimeWarning, stacklevel=3)
 
