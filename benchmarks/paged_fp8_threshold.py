@@ -9,12 +9,14 @@ headroom H = log2(448) - THR to the exponent before the e4m3 cast of P. So THR 8
 H = 0.807, where the dense builder's THR 6 leaves H = 2.807: a P below 2**-10 / 2**H of
 the running max is flushed by the cast while l still counts it.
 
-fa_lab's fp8 model (``kernels/swp_fp8``, the same pair schedule) runs both settings as
-``rescale="lazy", rescale_threshold=THR, p_headroom=True``, with eager (H = log2 448) as
-the baseline. Inputs: causal cross-attention (Sq 256 rows against Skv keys, the last
-query row sees every key), q ~ N(0, 1), k ~ N(0, 1) * sigma / log2(e), so the log2
-scores have standard deviation about ``sigma``; quantised to e4m3 with per-tensor
-descales. Two read-outs against fp64 on the dequantised inputs: the mass loss
+fa_lab's model of that kernel (``kernels/swp_fp8/paged.py``, reached by
+``flash_attn_func`` with packed fp8 q, ``block_table``, ``seqlen_k`` and a vectorized
+page-64 cache) runs the bare call (the builder's threshold 8), THR 6 as
+``rescale="lazy", rescale_threshold=6, p_headroom=True``, and eager (H = log2 448) as the
+baseline. Inputs: causal cross-attention (Sq 256 rows against Skv keys held in shuffled
+pages, the last query row sees every key), q ~ N(0, 1), k ~ N(0, 1) * sigma / log2(e), so
+the log2 scores have standard deviation about ``sigma``; quantised to e4m3 with
+per-tensor descales. Two read-outs against fp64 on the dequantised inputs: the mass loss
 1 - mean(out) with V = 1 (the fp64 reference gives 1; negative is a gain), and the output
 error max|out - ref| / max|ref| with V ~ N(0, 1).
 
@@ -38,8 +40,9 @@ SIGMAS = (1.0, 2.0, 4.0, 6.0, 8.0, 12.0)
 SKVS = (1024, 4096)
 SEEDS = (0, 1)
 SETTINGS = {"THR 6 (dense builder)": dict(rescale="lazy", rescale_threshold=6.0, p_headroom=True),
-            "THR 8 (paged builder)": dict(rescale="lazy", rescale_threshold=8.0, p_headroom=True),
+            "THR 8 (paged builder, bare call)": {},
             "eager": dict(rescale="eager", p_headroom=True)}
+PAGE = 64
 
 
 def quantise(x: torch.Tensor):
@@ -48,11 +51,27 @@ def quantise(x: torch.Tensor):
     return (x / descale).to(E4M3), descale
 
 
+def page_cache(k8, v8, seed):
+    """The keys and values [Skv, Hkv, D] in shuffled pages of a vectorized fp8 cache
+    (kVS = 16), one spare page; returns (k5, v5, block_table)."""
+    skv, hkv, d = k8.shape
+    n = skv // PAGE
+    g = torch.Generator().manual_seed(1000 + seed)
+    order = torch.randperm(n + 1, generator=g)[:n]
+    kc = torch.zeros(n + 1, PAGE, hkv, d, dtype=E4M3)
+    vc = torch.zeros(n + 1, PAGE, hkv, d, dtype=E4M3)
+    kc[order] = k8.reshape(n, PAGE, hkv, d)
+    vc[order] = v8.reshape(n, PAGE, hkv, d)
+    k5 = kc.reshape(n + 1, PAGE, hkv, d // 16, 16).permute(0, 2, 3, 1, 4).contiguous()
+    v5 = vc.reshape(n + 1, PAGE // 16, 16, hkv, d).permute(0, 3, 1, 4, 2).contiguous()
+    return k5, v5, order[None].to(torch.int32)
+
+
 def inputs(sigma: float, skv: int, seed: int, *, Sq=256, H=2, D=128):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, Sq, H, D, generator=g)
-    k = torch.randn(1, skv, 1, D, generator=g) * (sigma / LOG2E)
-    v = torch.randn(1, skv, 1, D, generator=g)
+    q = torch.randn(Sq, H, D, generator=g)
+    k = torch.randn(skv, 1, D, generator=g) * (sigma / LOG2E)
+    v = torch.randn(skv, 1, D, generator=g)
     (q8, qd), (k8, kd), (v8, vd) = quantise(q), quantise(k), quantise(v)
     return q8, k8, v8, qd, kd, vd
 
@@ -60,14 +79,23 @@ def inputs(sigma: float, skv: int, seed: int, *, Sq=256, H=2, D=128):
 def run(sigma, skv, seed, setting):
     q8, k8, v8, qd, kd, vd = inputs(sigma, skv, seed)
     ones = torch.ones_like(v8.float()).to(E4M3)
-    kw = dict(causal=True, backend="emulator", kernel="swp_fp8", **SETTINGS[setting])
-    out1 = fa_lab.flash_attn_func(q8, k8, ones, q_descale=qd, k_descale=kd, v_descale=1.0, **kw)
-    out = fa_lab.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **kw)
-    ref, _ = reference.attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
-                                 v_descale=vd, dtype=torch.float64)
+    call = dict(cu_seqlens_q=torch.tensor([0, q8.shape[0]], dtype=torch.int32),
+                cu_seqlens_kv=torch.tensor([0, skv], dtype=torch.int32),
+                max_seqlen_q=q8.shape[0], seqlen_k=torch.tensor([skv], dtype=torch.int32),
+                kv_cache_layout="vectorized", causal=True, backend="emulator",
+                q_descale=qd, k_descale=kd, **SETTINGS[setting])
+    k5, v5, bt = page_cache(k8, v8, seed)
+    _, ones5, _ = page_cache(k8, ones, seed)
+    policy = fa_lab.api.plan(q8, k5, v5, block_table=bt, v_descale=vd, **call).call.policy
+    out1 = fa_lab.flash_attn_func(q8, k5, ones5, block_table=bt, v_descale=1.0, **call)
+    out = fa_lab.flash_attn_func(q8, k5, v5, block_table=bt, v_descale=vd, **call)
+    ref, _ = reference.attention(q8[None], k8[None], v8[None], causal=True, q_descale=qd,
+                                 k_descale=kd, v_descale=vd, dtype=torch.float64)
+    ref = ref[0]
     loss = 1.0 - out1.double()
     return {"sigma": sigma, "skv": skv, "seed": seed, "setting": setting,
-            "threshold": SETTINGS[setting].get("rescale_threshold"),
+            "policy": policy.describe(),
+            "threshold": policy.threshold if policy.lazy else None,
             "mass_loss_mean": float(loss.mean()), "mass_loss_max": float(loss.max()),
             "out_rel_err_max": float((out.double() - ref).abs().max() / ref.abs().max()),
             "out_rel_err_rms": float((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()),
@@ -84,6 +112,7 @@ def summarise(rows):
         out.append({"sigma": sigma, "skv": skv, "setting": setting,
                     **{m: sum(r[m] for r in rs) / len(rs) for m in
                        ("mass_loss_mean", "mass_loss_max", "out_rel_err_max", "out_rel_err_rms")},
+                    "policy": rs[0]["policy"],
                     "nonfinite": sum(r["nonfinite"] for r in rs)})
     return out
 
@@ -103,7 +132,10 @@ def main():
                      "files": ["kernels/attention/flash_attn_fp8_paged_gfx950.py "
                                "(build_flash_attn_paged_fp8_module: rescale_threshold=8.0)",
                                "kernels/attention/flash_attn_utils.py (DualwaveFp8SoftmaxHelper."
-                               "sub_m: headroom log2(448) - THR; lazy_correct_o, _lazy_correction)"]},
+                               "sub_m: headroom log2(448) - THR; lazy_correct_o, _lazy_correction)",
+                               "kernels/attention/flash_attn_interface.py (_flydsl_flash_attn_paged: "
+                               "use_bn128)"]},
+        "model": "fa_lab.kernels.swp_fp8.paged (flash_attn_func with block_table, backend='emulator')",
         "headroom": {"THR 6": math.log2(448) - 6, "THR 8": math.log2(448) - 8},
         "provenance": provenance("cpu"),
         "summary": summary,

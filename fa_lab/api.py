@@ -105,15 +105,13 @@ def _check_dense_qkv(q, k, v):
 
 def _check_paged(q, k, v, packing, block_table, seqlen_k, kv_cache_layout) -> paged.PagedKV:
     """block_table / seqlen_k / kv_cache_layout (``fa_lab.paged``) on a dense bf16/f16 q;
-    varlen and fp8 paged calls are refused, naming the argument."""
+    varlen paged calls are refused, naming the argument (fp8 paged calls go to
+    ``paged.check_fp8``)."""
     if packing is not None:
         raise ValueError("block_table with cu_seqlens_q/kv (varlen paged KV) is not modelled; "
                          "pass dense q [B, Sq, H, D] with a block_table")
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if q.dtype == FP8:
-        raise ValueError("block_table (paged KV) is not supported with float8_e4m3fn inputs: at "
-                         "main-11c4174d upstream's fp8 kernel refuses paged KV")
     if q.dtype not in HALF_DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; paged KV takes bfloat16 or float16")
     # (neither table given: paged.check refuses a kv_cache_layout other than "linear")
@@ -136,7 +134,10 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                     ("cu_seqlens_kv", cu_seqlens_kv)):
         if isinstance(t, torch.Tensor) and t.device.type == "meta":
             raise ValueError(f"{name} is a meta tensor (no data); fa_lab runs on CPU or GPU tensors")
-    packing = varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    fp8_paged = (isinstance(q, torch.Tensor) and q.dtype == FP8
+                 and (block_table is not None or seqlen_k is not None))
+    packing = None if fp8_paged else varlen.check(q, k, cu_seqlens_q, cu_seqlens_kv,
+                                                   max_seqlen_q, max_seqlen_kv)
     if packing is not None:
         for name, t in (("v", v),):
             if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -147,7 +148,14 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                                        head_dims=QK_HEAD_DIMS, v_head_dims=V_HEAD_DIMS)
         Skv = packing.max_seqlen_kv
         warn_layout(q[None], k[None])
-    if block_table is not None or seqlen_k is not None or kv_cache_layout != "linear":
+    if fp8_paged:  # FlyDSL #1066: packed fp8 q over a vectorized page cache
+        paged_kv = paged.check_fp8(q, k, v, causal=causal, cu_seqlens_q=cu_seqlens_q,
+                                   cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                                   max_seqlen_kv=max_seqlen_kv, block_table=block_table,
+                                   seqlen_k=seqlen_k, kv_cache_layout=kv_cache_layout)
+        B, Sq, (_, H, D) = paged_kv.batch, paged_kv.max_seqlen_q, q.shape
+        Skv, Hkv = paged_kv.seqlen_kv, paged_kv.num_kv_heads
+    elif block_table is not None or seqlen_k is not None or kv_cache_layout != "linear":
         paged_kv = _check_paged(q, k, v, packing, block_table, seqlen_k, kv_cache_layout)
         B, Sq, H, D = q.shape
         Skv, Hkv = paged_kv.seqlen_kv, paged_kv.num_kv_heads
@@ -228,7 +236,8 @@ def check_call(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=None,
                 seqlen_q=Sq, seqlen_kv=Skv, dtype=dtype, features=features, version=version,
                 policy_asked=request.explicit(fp8=fp8, reads_flag=version.fp8_reads_flag),
                 packing=packing, kernel_asked=kernel, return_lse=return_lse,
-                head_dim_v=D if paged_kv is not None else v.shape[-1])
+                head_dim_v=(paged_kv.head_dim_v if fp8_paged else D) if paged_kv is not None
+                else v.shape[-1])
 
 
 def warn_fp8_scale(call: Call) -> None:
@@ -256,10 +265,10 @@ def warn_fp8_scale(call: Call) -> None:
                       RuntimeWarning, stacklevel=3)
     # causal rows above the bottom-right diagonal see no key and keep the floor as their
     # base; from ls = 1.1342746 the addend -ls * floor overflows and fma(-inf, ls, inf) is NaN
-    if call.causal and call.seqlen_q > call.k.shape[1] and math.isinf(f32(ls * CAUSAL_FLOOR)):
+    if call.causal and call.seqlen_q > call.seqlen_kv and math.isinf(f32(ls * CAUSAL_FLOOR)):
         warnings.warn(f"q_descale * k_descale = {qd * kd:.4g} (ls = {ls:.8g}, at least 1.1342746) "
-                      f"with causal seq_len_q {call.seqlen_q} > seq_len_kv {call.k.shape[1]}: the first "
-                      f"{call.seqlen_q - call.k.shape[1]} rows of each head see no key, and the "
+                      f"with causal seq_len_q {call.seqlen_q} > seq_len_kv {call.seqlen_kv}: the first "
+                      f"{call.seqlen_q - call.seqlen_kv} rows of each head see no key, and the "
                       "kernel's -ls*m overflows at their floored max, so they come out NaN "
                       "(docs/semantics.md §1.2)", RuntimeWarning, stacklevel=3)
 
@@ -326,6 +335,10 @@ def flash_attn_func(q, k, v, *, causal=True, num_kv_heads=None, cu_seqlens_q=Non
         Paged KV (``fa_lab.paged``; bf16/f16, dense q): int32 [B, max_pages] page ids and
         int32 [B] key counts, with k and v the page cache (pages of 64). The kernel runs
         every sequence to max(seqlen_k) and reads whole pages (``docs/semantics.md`` §15).
+        fp8 (FlyDSL #1066's paged prefill, ``docs/semantics.md`` §17): packed q
+        [total_q, H, 128] with ``cu_seqlens_q``, ``cu_seqlens_kv`` (the per-sequence key
+        counts, equal to ``seqlen_k``) and ``max_seqlen_q``, causal, the vectorized cache,
+        an even number of 64-key pages; its lazy threshold defaults to 8.
     kv_cache_layout : str
         The page cache's layout: ``"linear"`` (default) [NumBlocks, 64, Hkv, D] or
         ``"vectorized"`` (aiter's 5-D).

@@ -381,7 +381,8 @@ def route(call: Call, notes: list) -> str:
         wanted = call.request.rescale
         if wanted is None:
             wanted = call.version.default_policy(fp8=call.fp8,
-                                                 lazy_flag=call.request.lazy_flag is not False)
+                                                 lazy_flag=call.request.lazy_flag is not False,
+                                                 paged="paged" in call.features)
     family, upstreams, policy_only = _route(call, wanted, call.kernel_asked,
                                             IMPLEMENTATION.get(call.backend))
     if policy_only:
@@ -404,7 +405,8 @@ def resolve_policy(call: Call, family: str, notes: list) -> Policy:
     caps = fam.implementations["model"].caps
     default = None
     if call.request.rescale is None:
-        default = call.version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False)
+        default = call.version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False,
+                                              paged="paged" in call.features)
         if not call.policy_asked and capabilities.policy_refusal(caps, default, family) is not None:
             default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
     policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default,

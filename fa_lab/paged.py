@@ -30,10 +30,29 @@ decision for decision, and what fa_lab models of it:
   shows; but their V rows enter P V with P = 0, and 0 * NaN (or 0 * inf) is NaN, so a
   non-finite V there reaches the output (docs/semantics.md, paged KV).
 
-Not modelled: the varlen paged build (``cu_seqlens_q`` with a page table), upstream's
-routing of short paged calls (Sq <= 256) to the generic "light" paged kernel (fa_lab runs
-them on DUALWAVE_SWP, as it does short varlen calls), and the fp8 kernel, which at
-``main-11c4174d`` refuses paged KV (l.807-809).
+Not modelled: the bf16/f16 varlen paged build (``cu_seqlens_q`` with a page table),
+upstream's routing of short paged calls (Sq <= 256) to the generic "light" paged kernel
+(fa_lab runs them on DUALWAVE_SWP, as it does short varlen calls). The fp8 kernel refuses
+paged KV at ``main-11c4174d`` (l.807-809).
+
+**Paged fp8 prefill** (FlyDSL #1066, ROCm/FlyDSL 6aeb4321,
+``_flydsl_flash_attn_paged`` in flash_attn_interface.py and
+``build_flash_attn_paged_fp8_module`` in flash_attn_fp8_paged_gfx950.py) takes another
+call: packed varlen fp8 q ``[total_q, H, D]`` with ``cu_seqlens_q``, ``cu_seqlens_kv``
+and ``max_seqlen_q``, a causal (bottom-right) mask, the vectorized page-64 cache only,
+and descales of one fp32 element each. ``check_fp8`` checks it into a ``PagedFp8``: the
+per-sequence KV lengths come from ``cu_seqlens_kv`` (the kernel's sequence lengths);
+``seqlen_k`` must agree with them (upstream reads it only for max(seqlen_k)), and fa_lab
+refuses a call where they differ rather than guess. The interface runs (128, 128) head
+dims with an even number of pages of max(seqlen_k) on the paired-page BN128 kernel
+(``use_bn128``), the rest on a generic per-tile schedule that fa_lab does not model: those
+calls are refused by name. The kernel loads page ids two at a time, for a pair of
+64-key tiles (``DualwaveFp8KernelContext.load_page_id_pair`` in flash_attn_utils.py): a
+pair that starts inside the sequence's pages reads that entry and the next one, even past
+the sequence's last page (an odd page count), and a pair past them reads the row's first
+two entries. So each row's first max(2, its page count rounded up to even) entries are
+read and must name pages of the cache; the rows of those pages past seqlen_k are masked in
+S but enter P V with P = 0.
 """
 
 from __future__ import annotations
@@ -88,13 +107,7 @@ class PagedKV:
     def linear(self, k: torch.Tensor, v: torch.Tensor):
         """The cache as ``[NumBlocks, PageSize, Hkv, D]`` (a vectorized cache relaid out: a
         permutation of its elements, so nothing read changes)."""
-        if self.layout == "linear":
-            return k, v
-        nb, hkv, dvec, ps, kvs = k.shape
-        kl = k.permute(0, 3, 1, 2, 4).reshape(nb, ps, hkv, dvec * kvs)
-        nb, hkv, pvec, d, kvs = v.shape
-        vl = v.permute(0, 2, 4, 1, 3).reshape(nb, pvec * kvs, hkv, d)
-        return kl, vl
+        return _linear(self.layout, k, v)
 
     def page_ids(self, n_tiles: int) -> torch.Tensor:
         """[B, n_tiles] int64: the page each KV tile reads, as the kernel's LDS cache holds
@@ -115,6 +128,18 @@ class PagedKV:
         kg = kl[ids].reshape(B, n_tiles * self.page_size, *kl.shape[2:])
         vg = vl[ids].reshape(B, n_tiles * self.page_size, *vl.shape[2:])
         return kg, vg
+
+
+def _linear(layout, k, v):
+    """A cache as ``[NumBlocks, PageSize, Hkv, D]`` (a vectorized cache relaid out: a
+    permutation of its elements, so nothing read changes)."""
+    if layout == "linear":
+        return k, v
+    nb, hkv, dvec, ps, kvs = k.shape
+    kl = k.permute(0, 3, 1, 2, 4).reshape(nb, ps, hkv, dvec * kvs)
+    nb, hkv, pvec, d, kvs = v.shape
+    vl = v.permute(0, 2, 4, 1, 3).reshape(nb, pvec * kvs, hkv, d)
+    return kl, vl
 
 
 def _ints(name, x, device):
@@ -219,3 +244,194 @@ def check(q, k, v, block_table, seqlen_k, kv_cache_layout, *, head_dims) -> Page
                       RaggedSeqlenWarning, stacklevel=caller_stacklevel())
     bt = block_table.to(torch.int32).contiguous()
     return PagedKV(bt, lens, kv_cache_layout, page, skv, nb, hkv)
+
+
+# ---- paged fp8 prefill (FlyDSL #1066) ---------------------------------------------------
+
+#: The page size the paged fp8 builder takes at 6aeb4321 (page-64 vectorized KV only).
+FP8_PAGE_SIZES = (64,)
+#: (D, Dv) pairs the paged fp8 interface accepts; fa_lab models the first, which runs on
+#: the paired-page BN128 kernel (the others run on its generic per-tile schedule).
+FP8_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
+FP8_MODELLED_HEAD_DIMS = ((128, 128),)
+
+
+@dataclass(frozen=True)
+class PagedFp8:
+    """A checked paged fp8 call (packed varlen q): the block table (int32 on q's device),
+    ``cu_q`` (host list), each sequence's KV length ``seqlen_k`` (host tuple),
+    ``max_seqlen_q``, ``seqlen_kv`` (the length the interface sizes the build by:
+    ``max_seqlen_kv``, else max(seqlen_k)), the page size, the cache's block and kv-head
+    counts and v's head dim."""
+
+    block_table: torch.Tensor
+    cu_q: tuple
+    seqlen_k: tuple
+    max_seqlen_q: int
+    seqlen_kv: int
+    page_size: int
+    num_blocks: int
+    num_kv_heads: int
+    head_dim_v: int
+    layout: str = "vectorized"
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqlen_k)
+
+    def linear(self, k: torch.Tensor, v: torch.Tensor):
+        """The cache as ``[NumBlocks, PageSize, Hkv, D]`` (``_linear``)."""
+        return _linear(self.layout, k, v)
+
+    def entries_read(self, b: int) -> int:
+        """How many leading block-table entries of row ``b`` the kernel reads: its pages
+        rounded up to even (a pair's partner is read with it), at least 2 (padding pairs
+        read entries 0 and 1)."""
+        n = math.ceil(self.seqlen_k[b] / self.page_size)
+        return max(2, n + n % 2)
+
+    def page_ids(self, b: int, n_tiles: int) -> torch.Tensor:
+        """[n_tiles] int64 (n_tiles even): the page sequence ``b``'s KV tile t reads. The
+        kernel loads the ids of a tile pair (2p, 2p + 1) together, from entries 2p and
+        2p + 1 of the row when 2p < ceil(seqlen_k[b] / 64) (so an odd page count also reads
+        the entry after its last page), else from entries 0 and 1."""
+        n = math.ceil(self.seqlen_k[b] / self.page_size)
+        t = torch.arange(n_tiles, device=self.block_table.device)
+        first = t - t % 2
+        entry = torch.where(first < n, first, torch.zeros_like(first)) + t % 2
+        return self.block_table[b, entry].long()
+
+
+def _fp8_cache_shape(name, t, q):
+    """(NumBlocks, PageSize, Hkv, D) of one vectorized fp8 cache tensor, checked."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != q.dtype:
+        raise TypeError(f"paged {name} has dtype {t.dtype} but q has {q.dtype}; all three must match")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    kvs = vector_size(q.dtype)
+    if t.dim() != 5 or t.shape[4] != kvs:
+        want = ("[NumBlocks, Hkv, D/16, PageSize, 16]" if name == "k"
+                else "[NumBlocks, Hkv, PageSize/16, Dv, 16]")
+        raise ValueError(f"paged fp8 {name} must be the vectorized 5-D cache {want}, got shape "
+                         f"{tuple(t.shape)}")
+    if name == "k":
+        return t.shape[0], t.shape[3], t.shape[1], t.shape[2] * kvs
+    return t.shape[0], t.shape[2] * kvs, t.shape[1], t.shape[3]
+
+
+def _cu_list(name, x, device) -> list:
+    if x is None:
+        raise ValueError(f"paged fp8 KV needs {name}: upstream's paged fp8 kernel runs packed "
+                         "varlen q only (cu_seqlens_q, cu_seqlens_kv, max_seqlen_q)")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int32 or x.dim() != 1 or x.numel() < 2:
+        raise ValueError(f"{name} must be an int32 [B+1] tensor, got {x.dtype} of shape {list(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}")
+    vals = x.tolist()
+    if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])):
+        raise ValueError(f"{name} must start at 0 and be non-decreasing, got {vals}")
+    return vals
+
+
+def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+              block_table, seqlen_k, kv_cache_layout) -> PagedFp8:
+    """Every argument of a paged fp8 call checked before any work (ValueError/TypeError
+    naming it) into a ``PagedFp8``; q is float8_e4m3fn (checked by the caller)."""
+    if block_table is None or seqlen_k is None:
+        missing = "block_table" if block_table is None else "seqlen_k"
+        raise ValueError(f"paged KV needs both block_table and seqlen_k; {missing} is missing")
+    if not isinstance(kv_cache_layout, str):
+        raise TypeError(f"kv_cache_layout must be a str, got {type(kv_cache_layout).__name__}")
+    if kv_cache_layout != "vectorized":
+        raise ValueError(f"kv_cache_layout={kv_cache_layout!r}: upstream's paged fp8 kernel takes "
+                         "the vectorized cache only (kv_cache_layout='vectorized')")
+    if causal is not True:
+        raise ValueError(f"causal={causal!r}: upstream's paged fp8 kernel is causal (bottom-right) only")
+    if q.dim() != 3:
+        raise ValueError(f"paged fp8 q must be packed [total_q, H, D], got shape {tuple(q.shape)}")
+    total_q, H, D = q.shape
+    cu_q = _cu_list("cu_seqlens_q", cu_seqlens_q, q.device)
+    cu_kv = _cu_list("cu_seqlens_kv", cu_seqlens_kv, q.device)
+    if cu_q[-1] != total_q:
+        raise ValueError(f"cu_seqlens_q ends at {cu_q[-1]} but q has {total_q} packed rows")
+    if len(cu_kv) != len(cu_q):
+        raise ValueError(f"cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_kv has "
+                         f"{len(cu_kv) - 1}")
+    B = len(cu_q) - 1
+    lq = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lk = tuple(b - a for a, b in zip(cu_kv, cu_kv[1:]))
+    if max_seqlen_q is None:
+        raise ValueError("paged fp8 KV needs max_seqlen_q (upstream sizes its grid by it)")
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+        raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+    if max_seqlen_q < max(lq):
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} is below the longest sequence ({max(lq)} "
+                         "rows of cu_seqlens_q): the kernel's grid would skip rows")
+    ks = _fp8_cache_shape("k", k, q)
+    vs = _fp8_cache_shape("v", v, q)
+    nb, page, hkv, dk = ks
+    if vs[:3] != ks[:3]:
+        raise ValueError(f"paged k and v must hold the same pages: k reads as (NumBlocks, PageSize, "
+                         f"Hkv) = {ks[:3]}, v as {vs[:3]}")
+    dv = vs[3]
+    if page not in FP8_PAGE_SIZES:
+        raise ValueError(f"page size {page} (k's PageSize) is not supported: the paged fp8 kernel "
+                         f"takes page size {' or '.join(map(str, FP8_PAGE_SIZES))}")
+    if dk != D:
+        raise ValueError(f"paged k head dim {dk} must match q's head dim {D}")
+    if (D, dv) not in FP8_HEAD_DIMS:
+        raise ValueError(f"head dims (D, Dv) = ({D}, {dv}) are not supported by the paged fp8 "
+                         f"kernel; it takes {FP8_HEAD_DIMS}")
+    if (D, dv) not in FP8_MODELLED_HEAD_DIMS:
+        raise ValueError(f"head dims (D, Dv) = ({D}, {dv}) run on upstream's generic paged fp8 "
+                         "schedule, which fa_lab does not model; (128, 128) runs on the "
+                         "paired-page BN128 kernel, which it does")
+    if min(nb, hkv) < 1 or H % hkv:
+        raise ValueError(f"paged k has {nb} blocks and {hkv} kv heads; q's H={H} must be a "
+                         "multiple of the kv heads and the cache must hold a block")
+    _ints("block_table", block_table, q.device)
+    if not isinstance(seqlen_k, torch.Tensor):
+        raise TypeError(f"seqlen_k must be a torch.Tensor, got {type(seqlen_k).__name__}")
+    if seqlen_k.dtype != torch.int32 or seqlen_k.dim() != 1 or seqlen_k.shape[0] != B:
+        raise ValueError(f"paged fp8 seqlen_k must be int32 [B={B}], got {seqlen_k.dtype} of shape "
+                         f"{tuple(seqlen_k.shape)}")
+    if seqlen_k.device != q.device:
+        raise ValueError(f"seqlen_k is on {seqlen_k.device} but q is on {q.device}")
+    lens = tuple(int(x) for x in seqlen_k.tolist())
+    if lens != lk:
+        raise ValueError(f"seqlen_k {list(lens)} differs from the lengths cu_seqlens_kv gives "
+                         f"{list(lk)}: the kernel reads cu_seqlens_kv, upstream's interface "
+                         "max(seqlen_k); fa_lab refuses rather than pick one")
+    if min(lens) < 0 or max(lens) < 1:
+        raise ValueError(f"seqlen_k must be >= 0 with at least one key, got {list(lens)}")
+    skv = max(lens)
+    if max_seqlen_kv is not None:
+        if isinstance(max_seqlen_kv, bool) or not isinstance(max_seqlen_kv, int):
+            raise TypeError(f"max_seqlen_kv must be an int, got {type(max_seqlen_kv).__name__}")
+        if max_seqlen_kv < skv:
+            raise ValueError(f"max_seqlen_kv={max_seqlen_kv} is below max(seqlen_k)={skv}")
+        skv = max_seqlen_kv
+    n_pages = math.ceil(skv / page)
+    if n_pages < 2 or n_pages % 2:
+        raise ValueError(f"seqlen_k up to {skv} gives {n_pages} page(s) of {page}: upstream runs an "
+                         "odd page count (or one page) on its generic paged fp8 schedule, which "
+                         "fa_lab does not model; the paired-page BN128 kernel takes an even count")
+    if block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must be [B={B}, max_pages], got shape {tuple(block_table.shape)}")
+    if block_table.shape[1] < n_pages:
+        raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short: the "
+                         f"paired-page kernel needs ceil({skv}/{page}) = {n_pages}")
+    bt = block_table.to(torch.int32).contiguous()
+    checked = PagedFp8(bt, tuple(cu_q), lens, max_seqlen_q, skv, page, nb, hkv, dv)
+    for b in range(B):
+        read = block_table[b, :checked.entries_read(b)]
+        if int(read.min()) < 0 or int(read.max()) >= nb:
+            raise ValueError(f"block_table row {b} holds block ids in [{int(read.min())}, "
+                             f"{int(read.max())}] among the {read.numel()} entries the kernel "
+                             f"reads for sequence {b} (its pages, rounded up to a whole pair), "
+                             f"out of range for a cache of {nb} blocks")
+    return checked

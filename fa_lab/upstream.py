@@ -43,6 +43,12 @@ in scaled units, the LSE without the P headroom) and ``"aiter-4676-raw-m"`` (the
 maxima aiter #4676's docstring records). ``fa_lab.kernels.swp_fp8.split.forward`` takes
 them as ``upstream=``.
 
+The paged fp8 prefill (FlyDSL #1066, ``flash_attn_fp8_paged_gfx950.py``) has versions of
+its own too, ``FP8_PAGED_VERSIONS`` (an ``Fp8PagedVersion`` each): ``"flydsl-6aeb4321"``
+(the #1066 commit), whose builder defaults the lazy threshold to 8. A ``Version`` names the
+one it holds (``fp8_paged``; ``"fixed"`` holds it, the others have no paged fp8 kernel and
+refuse such a call), and a bare paged fp8 call runs its defaults.
+
 ``flash_attn_func(..., upstream=NAME)`` picks a version for one call; ``set_upstream`` and
 ``using_upstream`` for a block. The default is ``"fixed"``: FlyDSL as it is today.
 Explicit ``rescale=``, ``rescale_threshold=`` and ``p_headroom=`` override a version.
@@ -81,14 +87,25 @@ class Version:
     read: tuple[str, ...] = ()
     approximates: str = ""
     refuses: tuple[tuple[str, str], ...] = ()
+    fp8_paged: str | None = None
 
     def refusal(self, *, fp8: bool) -> str | None:
         """Why this version cannot run a bare call of that dtype (None: it can)."""
         return dict(self.refuses).get("fp8" if fp8 else "bf16")
 
-    def default_policy(self, *, fp8: bool, lazy_flag: bool) -> Policy:
+    def default_policy(self, *, fp8: bool, lazy_flag: bool, paged: bool = False) -> Policy:
         """The policy a call with no ``rescale=`` runs under this version; ValueError for a
-        dtype the version refuses (``refuses``), naming the policy that runs its body."""
+        dtype the version refuses (``refuses``), naming the policy that runs its body. A
+        paged fp8 call (``paged``) runs the paged builder's defaults (``fp8_paged``, a name
+        in ``FP8_PAGED_VERSIONS``); a version without that kernel refuses it."""
+        if fp8 and paged:
+            if self.fp8_paged is None:
+                raise ValueError(f"upstream={self.name!r} has no paged fp8 kernel (FlyDSL #1066 "
+                                 "is not in it); leave upstream= out to run FlyDSL as it is today")
+            paged_version = FP8_PAGED_VERSIONS[self.fp8_paged]
+            base = (dataclasses.replace(policies.get("lazy"), threshold=paged_version.threshold)
+                    if lazy_flag else policies.get("eager"))
+            return dataclasses.replace(base, p_headroom=True)
         why = self.refusal(fp8=fp8)
         if why is not None:
             raise ValueError(f"upstream={self.name!r} has no {'fp8' if fp8 else 'bf16/f16'} "
@@ -109,7 +126,7 @@ VERSIONS: dict[str, Version] = {v.name: v for v in (
     Version("fixed", "FlyDSL with PR #1033 (monotonic lazy rebase) and PR #1020 (fp8 P lift, "
             "threshold by KV length) merged",
             bf16_lazy="lazy", fp8_lazy="lazy", fp8_reads_flag=True, fp8_threshold=BY_KV_LEN,
-            fp8_p_lift=True),
+            fp8_p_lift=True, fp8_paged="flydsl-6aeb4321"),
     Version("mslk-2a3c897", "meta-pytorch/MSLK at 2a3c897 (2026-08-21): FlyDSL's pre-#1033 lazy "
             "bodies, reached through MSLK's FlyDSL FwOp (MSLK #497)",
             bf16_lazy="lazy_unfixed", fp8_lazy="lazy_unfixed", fp8_reads_flag=True,
@@ -167,6 +184,46 @@ VERSIONS: dict[str, Version] = {v.name: v for v in (
                      ("fp8", "Primus-Turbo's FlyDSL forward is bf16 only"))),
 )}
 DEFAULT = "fixed"
+
+
+@dataclass(frozen=True)
+class Fp8PagedVersion:
+    """One version of FlyDSL #1066's paged fp8 prefill builder (``docs/semantics.md`` §17;
+    ``fa_lab.kernels.swp_fp8.paged``): the lazy ``threshold`` its builder defaults to (the
+    P headroom is log2(448) - threshold), the page sizes and (D, Dv) pairs it takes.
+    ``read``: the files and places read; ``approximates``: what the lab does not place
+    exactly."""
+
+    name: str
+    repository: str
+    commit: str
+    description: str
+    threshold: float
+    page_sizes: tuple
+    head_dims: tuple
+    read: tuple[str, ...] = ()
+    approximates: str = ""
+
+
+FP8_PAGED_VERSIONS: dict[str, Fp8PagedVersion] = {v.name: v for v in (
+    Fp8PagedVersion(
+        "flydsl-6aeb4321", "ROCm/FlyDSL", "6aeb43216b9814b5c14232132e03acb538ab4525",
+        "FlyDSL with #1066 (paged fp8 prefill): causal packed-varlen cross-attention over a "
+        "vectorized page-64 cache, its builder's lazy threshold 8",
+        threshold=DEFAULT_THRESHOLD, page_sizes=(64,), head_dims=((128, 128), (192, 128), (192, 192)),
+        read=("kernels/attention/flash_attn_fp8_paged_gfx950.py (build_flash_attn_paged_fp8_module: "
+              "rescale_threshold=8.0 and its refusals; flash_attn_paged_fp8_bn128_kernel: the "
+              "pair loop, _merge_tile_max, _correct_o, _subtile_tail, the epilogue; "
+              "_validate_paged_bn128_launch)",
+              "kernels/attention/flash_attn_interface.py (_flydsl_flash_attn_paged: the fp8 "
+              "checks, use_bn128 = (D, Dv) == (128, 128) and an even page count)",
+              "kernels/attention/flash_attn_utils.py (DualwaveFp8SoftmaxHelper.lazy_correct_o, "
+              "_lazy_correction, sub_m; init_tile_bounds; the page-id loader's zero fill)"),
+        approximates="the (192, 128) and (192, 192) head dims and odd page counts run on the "
+                     "builder's generic per-tile schedule, which is not modelled (refused by "
+                     "name); the code index gives these files by character offset, not line"),
+)}
+FP8_PAGED_DEFAULT = "flydsl-6aeb4321"
 
 #: The policies that run copies' bodies no FlyDSL family runs (the online-softmax model).
 COPY_POLICIES = tuple(policies.register(p, preset=True, replace=True) for p in (

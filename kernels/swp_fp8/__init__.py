@@ -7,6 +7,10 @@
 - ``fast``: the fast kernel (the fp8 policies' semantics, its own tiling).
 - ``split``: FlyDSL #1097's path on the model: head dims (D, Dv), split-K and its combine,
   the LSE with the P headroom removed; varlen runs one dense call per sequence.
+- ``paged``: FlyDSL #1066's paged prefill on the model: the same pair loop over a page
+  cache (packed q, causal, threshold 8 by default; ``fa_lab.paged.check_fp8``).
+- ``faithful_paged``: the faithful port of ``paged``, pages read through the block table
+  inside the kernel.
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
@@ -18,7 +22,7 @@ _FAST_VOTES = frozenset({"tile", "wave"})
 #: The model and the faithful port run #1097's head dims and features (``split``,
 #: ``faithful_split``); the fast kernel the dense D = 128 body.
 _MODEL_HEAD_DIMS, _MODEL_HEAD_DIMS_V = (128, 192), (64, 96, 128, 160, 192)
-_MODEL_FEATURES = frozenset({"trace", "num_kv_splits", "varlen"})
+_MODEL_FEATURES = frozenset({"trace", "num_kv_splits", "varlen", "paged"})
 
 FAMILY = Family(
     "swp_fp8", "the fp8 (e4m3) DUALWAVE_SWP kernel: raw-domain maxima, 128-column decisions",

@@ -112,14 +112,10 @@ def _round_kernel(X, Y, n, saturate, BLOCK: tl.constexpr):
 # ---- the forward kernel ------------------------------------------------------------------
 
 @triton.jit
-def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, CAUSAL: tl.constexpr,
-            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Raw scores of one 64-column tile and its row max (NaN-propagating, as torch.amax);
-    -inf where the model masks (columns past Skv, past the causal diagonal)."""
-    cols = col0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    k = _load_e4m3(k_base + cols.to(tl.int64)[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                   (cols < Skv)[:, None])
+def _masked_scores(q, k, cols, rows, Sq, Skv, CAUSAL: tl.constexpr):
+    """Raw scores q k^T of one tile (k [BLOCK_N, D] fp32, its key positions ``cols``) and
+    their row max (NaN-propagating, as torch.amax); -inf where the model masks (columns
+    past Skv, past the causal diagonal)."""
     s = tl.dot(q, tl.trans(k), input_precision="ieee")
     masked = (cols >= Skv)[None, :]
     if CAUSAL:
@@ -132,20 +128,79 @@ def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, CAUSAL: tl.con
 
 
 @triton.jit
+def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, CAUSAL: tl.constexpr,
+            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Raw scores of one 64-column tile and its row max (``_masked_scores``); K rows past
+    Skv read 0."""
+    cols = col0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = _load_e4m3(k_base + cols.to(tl.int64)[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+                   (cols < Skv)[:, None])
+    return _masked_scores(q, k, cols, rows, Sq, Skv, CAUSAL)
+
+
+@triton.jit
+def _p_fp8(s, ls, bias, saturate, FMA_VIA_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    """P = exp2(fma(S, ls, bias)) of one tile: (sum(P) in fp32, e4m3(P) as fp32)."""
+    bias_b = tl.broadcast_to(bias[:, None], (BLOCK_M, BLOCK_N))
+    ls_b = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls  # ls > 0: the sum is ls exactly
+    p = exp2_ieee(fma_f32(s, ls_b, bias_b, FMA_VIA_FP64))
+    return tl.sum(p, axis=1), _round_e4m3(p, saturate)
+
+
+@triton.jit
 def _p_tile(s, ls, bias, v_base, stride_vs, stride_vd, col0, Skv, saturate,
             FMA_VIA_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr):
     """One tile's contribution: P = exp2(fma(S, ls, bias)); returns (sum(P) in fp32,
     e4m3(P) @ V8 with fp32 sums). V rows past Skv read 0."""
-    bias_b = tl.broadcast_to(bias[:, None], (BLOCK_M, BLOCK_N))
-    ls_b = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32) + ls  # ls > 0: the sum is ls exactly
-    p = exp2_ieee(fma_f32(s, ls_b, bias_b, FMA_VIA_FP64))
-    p_sum = tl.sum(p, axis=1)
+    p_sum, p8 = _p_fp8(s, ls, bias, saturate, FMA_VIA_FP64, BLOCK_M, BLOCK_N)
     cols = col0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     v = _load_e4m3(v_base + cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd,
                    (cols < Skv)[:, None])
-    return p_sum, tl.dot(_round_e4m3(p, saturate), v, input_precision="ieee")
+    return p_sum, tl.dot(p8, v, input_precision="ieee")
+
+
+@triton.jit
+def _decide_pair(m, mt, ls, threshold, neg_bound, vote_code, rebase_code,
+                 BLOCK_M: tl.constexpr, WAVE: tl.constexpr):
+    """One tile pair's rescale decision per row, from the running max m and the pair's
+    max mt (raw units): (new m, corr, vote, fire, swept). The policy's codes are run-time
+    values (uniform over the launch): one compiled kernel serves every policy."""
+    if vote_code == 0:  # vote "tile" (eager)
+        mn = _fmax(m, mt)
+        corr = exp2_ieee((m - mn) * ls)
+        vote = tl.full((BLOCK_M,), 0, tl.int1)
+        fire = vote
+        swept = vote
+    else:
+        d = (mt - m) * ls  # +inf on the first pair
+        vote = ~(d <= threshold)  # NaN votes: an ordered compare fails
+        # The wave ballot: any vote among each wave's 32 rows, for all of them.
+        NW: tl.constexpr = BLOCK_M // WAVE
+        votes = tl.reshape(vote.to(tl.int32), (NW, WAVE))
+        any_vote = tl.max(votes, axis=1) > 0
+        fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
+        swept = fire & (mt < m)
+        if rebase_code == 1:  # "tile": every moving row rebases to its own tile max
+            corr = exp2_ieee(-d)
+            mn = mt
+        elif rebase_code == 2:  # "capped": skip downward rebases past the bound
+            safe = d >= neg_bound  # NaN -> False
+            corr = exp2_ieee(-tl.where(safe, d, 0.0))
+            mn = tl.where(safe, mt, m)
+        else:  # "max": monotonic
+            mn = _fmax(m, mt)
+            corr = exp2_ieee((m - mn) * ls)
+        if vote_code == 2:  # vote "row": each row for itself
+            apply = vote
+        else:  # vote "wave": the ballot moves every row of the wave
+            apply = fire
+        corr = tl.where(apply, corr, 1.0)
+        mn = tl.where(apply, mn, m)
+    return mn, corr, vote, fire, swept
 
 
 # The policy's codes and the cast are not specialised (Triton would compile a kernel for
@@ -201,39 +256,8 @@ def _fwd_kernel(
         mt = _fmax(max_a, max_b)
         if CAUSAL:
             mt = _fmax(mt, causal_floor)
-        # The policy's codes are run-time values (uniform over the launch): one compiled
-        # kernel serves every policy, and the branches cost nothing the policy does not use.
-        if vote_code == 0:  # vote "tile" (eager)
-            mn = _fmax(m, mt)
-            corr = exp2_ieee((m - mn) * ls)
-            vote = tl.full((BLOCK_M,), 0, tl.int1)
-            fire = vote
-            swept = vote
-        else:
-            d = (mt - m) * ls  # +inf on the first pair
-            vote = ~(d <= threshold)  # NaN votes: an ordered compare fails
-            # The wave ballot: any vote among each wave's 32 rows, for all of them.
-            NW: tl.constexpr = BLOCK_M // WAVE
-            votes = tl.reshape(vote.to(tl.int32), (NW, WAVE))
-            any_vote = tl.max(votes, axis=1) > 0
-            fire = tl.reshape(tl.broadcast_to(any_vote[:, None], (NW, WAVE)), (BLOCK_M,))
-            swept = fire & (mt < m)
-            if rebase_code == 1:  # "tile": every moving row rebases to its own tile max
-                corr = exp2_ieee(-d)
-                mn = mt
-            elif rebase_code == 2:  # "capped": skip downward rebases past the bound
-                safe = d >= neg_bound  # NaN -> False
-                corr = exp2_ieee(-tl.where(safe, d, 0.0))
-                mn = tl.where(safe, mt, m)
-            else:  # "max": monotonic
-                mn = _fmax(m, mt)
-                corr = exp2_ieee((m - mn) * ls)
-            if vote_code == 2:  # vote "row": each row for itself
-                apply = vote
-            else:  # vote "wave": the ballot moves every row of the wave
-                apply = fire
-            corr = tl.where(apply, corr, 1.0)
-            mn = tl.where(apply, mn, m)
+        mn, corr, vote, fire, swept = _decide_pair(m, mt, ls, threshold, neg_bound, vote_code,
+                                                   rebase_code, BLOCK_M, WAVE)
         O = O * corr[:, None]
         l = l * corr
         m = mn

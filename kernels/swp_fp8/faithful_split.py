@@ -230,10 +230,17 @@ def _pow2(n: int) -> int:
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, recorder=None, interpret: bool = False,
-            rows_per_program: int | None = None, num_kv_splits: int = 1):
+            rows_per_program: int | None = None, num_kv_splits: int = 1, paged=None):
     """The family's faithful entry point, as ``model.forward`` is the model's: a dense
     call at D = Dv = 128 runs ``faithful.forward`` (the dense body, with its trace);
-    other head dims and ``num_kv_splits`` > 1 run ``forward_split``."""
+    other head dims and ``num_kv_splits`` > 1 run ``forward_split``; a paged call
+    (``paged``, a checked ``fa_lab.paged.PagedFp8``) runs ``faithful_paged.forward``."""
+    if paged is not None:
+        from . import faithful_paged
+        return faithful_paged.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                                      v_descale=v_descale, causal=causal, policy=policy,
+                                      paged=paged, saturate=saturate, recorder=recorder,
+                                      interpret=interpret, rows_per_program=rows_per_program)
     if num_kv_splits == 1 and q8.shape[-1] == v8.shape[-1] == faithful.HEAD_DIM:
         return faithful.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
                                 v_descale=v_descale, causal=causal, policy=policy,

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from fa_lab.numerics import (LN2, f32, guarded_rcp, bf16)
+from fa_lab.numerics import f32
 from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY, split
 from .split import log2_scale
-from .walk import walk
+from .walk import run_group
 from .._common.models import check_decidable, heads, run_groups
 from .._common.geometry import block_groups, padded_rows
 from ..swp_bf16.model import _pad_kv
@@ -35,14 +35,21 @@ HEAD_DIM = 128
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy,
             saturate: bool = True, recorder: TraceRecorder | None = None,
-            num_kv_splits: int = 1):
+            num_kv_splits: int = 1, paged=None):
     """q8 [B, Sq, H, 128], k8 and v8 [B, Skv, Hkv, 128], float8_e4m3fn.
 
     ``saturate`` picks the P cast: clamp to 448 (True) or NaN past it (False).
     Other head dims (D, Dv) and ``num_kv_splits`` > 1 run FlyDSL #1097's path, ``split``.
+    ``paged`` (a checked ``fa_lab.paged.PagedFp8``): FlyDSL #1066's paged prefill, packed
+    q and a page cache (``fa_lab.kernels.swp_fp8.paged``).
     Returns (out [B, Sq, H, D] bf16, lse [B, H, Sq] fp32, natural log of the scaled softmax
     denominator; the fp8 kernel itself returns no LSE, this is the model's read-out).
     """
+    if paged is not None:
+        from . import paged as paged_model
+        return paged_model.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                                   v_descale=v_descale, causal=causal, policy=policy,
+                                   paged=paged, saturate=saturate, recorder=recorder)
     if num_kv_splits != 1 or q8.shape[-1] != HEAD_DIM or v8.shape[-1] != HEAD_DIM:
         return split.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
                              v_descale=v_descale, causal=causal, policy=policy,
@@ -56,23 +63,8 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
 
     def run(q_rows, rows, n_tiles):
         kp, vp = _pad_kv(kf, vf, n_tiles)
-        return _run_group(q_rows, kp, vp, rows, n_tiles, Sq, Skv, causal, policy, ls,
+        return run_group(q_rows, kp, vp, rows, n_tiles, Sq, Skv, causal, policy, ls,
                           f32(v_descale), saturate, recorder)
 
     groups = ((g.rows, g.n_tiles) for g in block_groups(Sq, Skv, causal, q8.device))
     return run_groups(qf, groups, run, recorder, torch.bfloat16, Sq)
-
-
-def _run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):
-    inf = float("inf")
-    headroom = f32(policy.p_headroom)
-    m, l, O = walk(qf, kp, vp, rows, 0, N, Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls,
-                   saturate=saturate, headroom=headroom, rec=rec)
-
-    out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
-    # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2
-    lse = torch.where(l == 0, torch.full_like(l, -inf),
-                      (m * ls - headroom) * f32(LN2) + torch.log(l))
-    if rec is not None:
-        rec.finish_group(out, lse)
-    return out, lse

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fa_lab.numerics import CAUSAL_FLOOR, e4m3, exp2, fma_f32, fmax
+from fa_lab.numerics import CAUSAL_FLOOR, LN2, bf16, e4m3, exp2, f32, fma_f32, fmax, guarded_rcp
 
 from . import FAMILY
 from .._common.geometry import BLOCK_N, masked_columns
@@ -51,3 +51,21 @@ def walk(qf, kp, vp, rows, t0, t_end, *, Sq, Skv, causal, policy, ls, saturate, 
                        fire=false if dec.fire is None else dec.fire,
                        swept=false if dec.swept is None else dec.swept, corr=dec.corr, l=l, O=O)
     return m, l, O
+
+
+def run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):
+    """One group of query blocks walking N tiles from m = -inf: (out bf16, lse), the
+    epilogue rcp(l) if l > 0 else 0 times the V descale, the LSE the model's read-out
+    ln l + (ls * m - H) ln 2 (-inf where l = 0). The dense model's and the paged one's."""
+    inf = float("inf")
+    headroom = f32(policy.p_headroom)
+    m, l, O = walk(qf, kp, vp, rows, 0, N, Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls,
+                   saturate=saturate, headroom=headroom, rec=rec)
+
+    out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
+    # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2
+    lse = torch.where(l == 0, torch.full_like(l, -inf),
+                      (m * ls - headroom) * f32(LN2) + torch.log(l))
+    if rec is not None:
+        rec.finish_group(out, lse)
+    return out, lse
