@@ -4,7 +4,8 @@ families' capabilities claim, run against an independent fp64 reference of the p
 ``claims()`` enumerates from ``fa_lab.kernels.FAMILIES`` what each implementation's
 ``Caps`` lists: each vote and rebase value, with no feature and with each feature it
 claims (``FEATURES``; a non-routed family's entry point adds its own, ``ENTRY_POINTS``);
-each numeric policy parameter its values read, at a second value (``PARAMETERS``); and
+each numeric policy parameter its values read, at a second value (``PARAMETERS``); the
+Python rules of ``RULES`` where it runs rules (``Caps.rules``); and
 each value of each fixed-set ``Semantics`` field it runs and each numeric one at a
 non-default value (``_semantic_conformance``: its own reference and inputs).
 ``check(claim)`` runs it and raises
@@ -101,6 +102,19 @@ HEAD_DIMS_V = "head_dims_v"
 #: (a claim of every implementation that runs a value reading it): 150 makes rows 2, 34
 #: and 64 (+160) vote, and lets capped skip row 33's drop (160).
 PARAMETERS = {"threshold": 150.0, "rebase_bound": 150.0}
+#: Python rules (``Policy.from_rule``), claimed by an implementation whose ``Caps.rules``
+#: is set: name -> (the rule, the declarative policy the reference runs for it). Each
+#: decides per 32-row wave at threshold THRESHOLD (a NaN jump votes).
+def _wave_rule(target):
+    def rule(m, mt, thr):
+        vote = ~(mt - m <= thr)
+        return torch.where(vote.any(-1, keepdim=True), target(m, mt), m)
+    return rule
+
+
+RULES = {"wave_max": (_wave_rule(torch.fmax), Policy("wave", "max", threshold=THRESHOLD, name="r_max")),
+         "wave_tile": (_wave_rule(lambda m, mt: mt),
+                       Policy("wave", "tile", threshold=THRESHOLD, name="r_tile"))}
 #: (field, value) -> what the other field is set to, so that the value decides the output.
 PARTNER = {"vote": ("rebase", ("tile", "capped", "max")), "rebase": ("vote", ("wave", "row"))}
 
@@ -137,6 +151,8 @@ def claims(families=None) -> list[Claim]:
             for param, value in PARAMETERS.items():
                 if _reader(param, caps) is not None:
                     out.append(Claim(name, impl, param, value, None))
+            if caps.rules:
+                out.extend(Claim(name, impl, "rule", r, None) for r in RULES)
     return out + SEM.claims(families, Claim)
 
 
@@ -154,6 +170,9 @@ def policy_for(claim: Claim, caps) -> Policy:
     """A policy setting ``claim``'s value, with the other field chosen among the values
     the implementation claims so that the value shows in the output; a parameter's claim
     (``PARAMETERS``) sets it on the policy of the first value that reads it."""
+    if claim.field == "rule":
+        return Policy.from_rule(RULES[claim.value][0], name=f"conf_rule_{claim.value}",
+                                threshold=THRESHOLD)
     if claim.field in PARAMETERS:
         field, value = _reader(claim.field, caps)
         base = policy_for(Claim(claim.family, claim.impl, field, value, claim.feature), caps)
@@ -353,6 +372,7 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     fam = FAMILIES[claim.family]
     caps = fam.caps(claim.impl)
     policy = policy_for(claim, caps)
+    ref_policy = RULES[claim.value][1] if claim.field == "rule" else policy
     dtype, D = _dtype(caps), min(caps.head_dims)
     backend = "triton" if device != "cpu" and claim.impl == "faithful" else BACKEND[claim.impl]
     routed = fam.routed
@@ -392,8 +412,8 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
             s2 = s2 + bias2
         vd = vs.cpu().double()[0, :, 0]
         if split:
-            return split_reference(s2[None], vd, policy, fp8=fp8)[0]
-        return reference(s2[None], vd, policy, fp8=fp8, sink2=sink2)[0]
+            return split_reference(s2[None], vd, ref_policy, fp8=fp8)[0]
+        return reference(s2[None], vd, ref_policy, fp8=fp8, sink2=sink2)[0]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", fa_lab.RoutingWarning)
@@ -430,7 +450,7 @@ def check(claim: Claim, device: str = "cpu") -> None:
     outputs within the input format's error relative to the reference's (at least 1; a
     row of zeros, where an overflowed l meets a saturated O, included). AssertionError
     naming the claim."""
-    if claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS:
+    if claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS or claim.field == "rule":
         out, ref = run_and_reference(claim, device)
     else:
         out, ref = SEM.run_and_reference(claim, device)

@@ -81,6 +81,9 @@ def test_the_claims_cover_every_family_implementation_and_value():
                     assert (name, impl, field, v) in seen
             for field in set(im.caps.semantics) & set(SEM.NUMERIC_FIELDS):
                 assert (name, impl, field, SEM.NUMERIC[field]) in seen
+            if im.caps.rules:
+                for r in C.RULES:
+                    assert (name, impl, "rule", r) in seen
             for param in C.PARAMETERS:
                 if any(param in values.get(f, v).uses for f, vs in
                        (("vote", im.caps.votes), ("rebase", im.caps.rebases)) for v in vs):
@@ -275,6 +278,17 @@ def test_a_parameter_ignored_fails_naming_family_and_parameter(monkeypatch):
         C.check(claim)
     monkeypatch.setattr(models, "choose", choose)
     C.check(claim)
+
+
+def test_a_rule_run_as_another_fails_naming_family_and_rule(monkeypatch):
+    """The swp_bf16 model handed the "max" rule where the claim's reference is the "tile"
+    rebase (a rule mis-run): the check fails, naming the family and the rule."""
+    claim = C.Claim("swp_bf16", "model", "rule", "wave_tile", None)
+    assert claim in CLAIMS
+    monkeypatch.setitem(C.RULES, "wave_tile", (C.RULES["wave_max"][0], C.RULES["wave_tile"][1]))
+    with pytest.raises(AssertionError, match=r"family 'swp_bf16', implementation 'model', "
+                                             r"rule='wave_tile'.*NaN rows"):
+        C.check(claim)
 
 
 def test_a_new_numeric_field_is_claimed_and_fails_without_a_value(monkeypatch):
