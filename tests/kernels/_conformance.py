@@ -40,14 +40,15 @@ reference on the logical (dense) inputs, since they do not change the math:
 
 * ``paged``: k and v are scattered into a page cache of 64-row pages in a shuffled order
   (the unused pages hold NaN, so a wrong gather shows), read through a block table;
-* ``num_kv_splits`` (split-K, 2 splits): upstream takes split-K from 384 query rows, and
-  cuts at least 6 tiles per split, so the input is 384 x 1280 with a third segment from
-  column 256 at score 0 on every row: each row's events (the jumps and drops above) and
-  its return lie inside the first split, before the eager tiles that end it, and the other
-  split sees a constant score. Wherever the splits fall past column 448, the reference is
-  the walk over each split's columns from a fresh max, merged as the kernels' combine
-  does (a split's weight ``2^(m_s - m_max) l_s``, a split whose l is not > 0 skipped);
-  ``split_reference`` merges at column 640;
+* ``num_kv_splits`` (split-K, 2 splits): upstream takes split-K from 384 query rows and
+  cuts at least 6 tiles per split (a remainder under 4 joins the split before it), so the
+  input is 384 rows by 640 columns (1280 for fp8, whose tiles are 128 wide), with a third
+  segment from column 192 at score 0 on every row: each row's events (the jumps and drops
+  above) and its return lie inside the first split, before the eager tiles that end it,
+  and the other split sees a constant score. Wherever the splits fall past column 192, the
+  reference is the walk over each split's columns from a fresh max, merged as the
+  kernels' combine does (a split's weight ``2^(m_s - m_max) l_s``, a split whose l is not
+  > 0 skipped); ``split_reference`` merges at column 384;
 * ``window`` (the SWA kernel's entry point, a pseudo-feature): ``window_left`` 256 with
   the window open to the right, so rows from 256 on lose the first columns, whose V is
   raised by 2 so that a window not applied shows; the reference masks those scores to
@@ -86,7 +87,8 @@ FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_spl
 UNCOVERED: dict = {}
 #: split-K's input (module docstring): rows, columns, the third segment's first column,
 #: the splits asked for and where ``split_reference`` merges.
-SPLIT_ROWS, SPLIT_COLS, THIRD, SPLITS, SPLIT_AT = 384, 1280, 256, 2, 640
+SPLIT_ROWS, THIRD, SPLITS, SPLIT_AT = 384, 192, 2, 384
+SPLIT_COLS = {"fp8": 1280}  # (by the input's dtype; 640 otherwise)
 #: The page cache: 64-row pages; logical page t lives in physical page PAGES[t] of
 #: PAGE_BLOCKS (4 and 6 unused, NaN).
 PAGE, PAGE_BLOCKS, PAGES = 64, 10, (5, 0, 9, 2, 7, 3, 8, 1)
@@ -377,7 +379,8 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     backend = "triton" if device != "cpu" and claim.impl == "faithful" else BACKEND[claim.impl]
     routed = fam.routed
     split = claim.feature == "num_kv_splits"
-    rows, cols = (SPLIT_ROWS, SPLIT_COLS) if split else (ROWS if routed else COLS, COLS)
+    rows, cols = ((SPLIT_ROWS, SPLIT_COLS.get(dtype, 640)) if split
+                  else (ROWS if routed else COLS, COLS))
     q, k, v, c = make_case(dtype, D, rows, cols, THIRD if split else None)
     if claim.feature == HEAD_DIMS_V:
         v = v[..., :min(d for d in caps.head_dims_v if d < D)].contiguous()
