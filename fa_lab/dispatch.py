@@ -507,8 +507,9 @@ def _feature_advice(family: str, backend: str, missing: list, policy) -> str:
     if kernels:
         advice += f" (the {', '.join(kernels)} kernel{'s' if len(kernels) > 1 else ''} do{'es' if len(kernels) == 1 else ''})"
     if getattr(policy, "semantic_fields", ()):
-        advice += (f"; policy {policy.name!r} sets semantics fields, which only the online "
-                   "kernel runs: drop the feature, or use a policy without them")
+        advice += (f"; policy {policy.name!r} sets semantics fields, which only the "
+                   f"{semantic_family(policy)} kernel runs: drop the feature, or use a policy "
+                   "without them")
     return advice
 
 

@@ -3,8 +3,11 @@ families' capabilities claim, run against an independent fp64 reference of the p
 
 ``claims()`` enumerates from ``fa_lab.kernels.FAMILIES`` what each implementation's
 ``Caps`` lists: each vote and rebase value, with no feature and with each feature it
-claims that the reference models (``FEATURES``); and each value of each fixed-set
-``Semantics`` field it runs (``_semantic_conformance``: its own reference and inputs).
+claims (``FEATURES``; a non-routed family's entry point adds its own, ``ENTRY_POINTS``);
+each numeric policy parameter its values read, at a second value (``PARAMETERS``); the
+Python rules of ``RULES`` where it runs rules (``Caps.rules``); and
+each value of each fixed-set ``Semantics`` field it runs and each numeric one at a
+non-default value (``_semantic_conformance``: its own reference and inputs).
 ``check(claim)`` runs it and raises
 AssertionError naming the family, implementation, value and feature when its output
 differs from the reference.
@@ -31,10 +34,30 @@ threshold 200 and rebase bound 200 (log2 units):
 
 So vote "tile" leaves every row finite, "wave" breaks row 64, "row" rows 2, 34 and 64;
 under "wave" rebase "max" breaks 64, "tile" 1, 33 and 64, "capped" 33 and 64.
+
+Features whose kernels do more than plain attention are checked against the same fp64
+reference on the logical (dense) inputs, since they do not change the math:
+
+* ``paged``: k and v are scattered into a page cache of 64-row pages in a shuffled order
+  (the unused pages hold NaN, so a wrong gather shows), read through a block table;
+* ``num_kv_splits`` (split-K, 2 splits): upstream takes split-K from 384 query rows and
+  cuts at least 6 tiles per split (a remainder under 4 joins the split before it), so the
+  input is 384 rows by 640 columns (1280 for fp8, whose tiles are 128 wide), with a third
+  segment from column 192 at score 0 on every row: each row's events (the jumps and drops
+  above) and its return lie inside the first split, before the eager tiles that end it,
+  and the other split sees a constant score. Wherever the splits fall past column 192, the
+  reference is the walk over each split's columns from a fresh max, merged as the
+  kernels' combine does (a split's weight ``2^(m_s - m_max) l_s``, a split whose l is not
+  > 0 skipped); ``split_reference`` merges at column 384;
+* ``window`` (the SWA kernel's entry point, a pseudo-feature): ``window_left`` 256 with
+  the window open to the right, so rows from 256 on lose the first columns, whose V is
+  raised by 2 so that a window not applied shows; the reference masks those scores to
+  -inf, and a row whose tile is wholly masked skips it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -47,6 +70,7 @@ import fa_lab
 from fa_lab import dispatch, values
 from fa_lab.kernels import FAMILIES
 from fa_lab.policies import Policy
+from fa_lab.trace import TraceRecorder, normalize_rows
 
 THRESHOLD = 200.0
 BOUND = 200.0
@@ -57,17 +81,42 @@ ROWS = 128
 COLS = 512
 #: How each backend reaches an implementation on CPU tensors.
 BACKEND = {impl: b for b, impl in dispatch.IMPLEMENTATION.items() if b != "triton"}
-#: Features the reference models; the others a family may claim are listed, with why
-#: they are not run here, in ``UNCOVERED``.
-FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace")
-UNCOVERED = {"num_kv_splits": "split-K restarts each split's running max and ends it with "
-                              "its own eager tiles, a schedule the segment input does not fix",
-             "paged": "a paged call reads the same tiles as a dense one, through a page table; "
-                      "tests/kernels/swp_bf16/test_paged.py checks it against the dense call "
-                      "and an fp64 reference"}
+#: Features the reference checks (module docstring); any other a family may claim would be
+#: listed, with why it is not run here, in ``UNCOVERED`` (none is).
+FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_splits", "paged")
+UNCOVERED: dict = {}
+#: split-K's input (module docstring): rows, columns, the third segment's first column,
+#: the splits asked for and where ``split_reference`` merges.
+SPLIT_ROWS, THIRD, SPLITS, SPLIT_AT = 384, 192, 2, 384
+SPLIT_COLS = {"fp8": 1280}  # (by the input's dtype; 640 otherwise)
+#: The page cache: 64-row pages; logical page t lives in physical page PAGES[t] of
+#: PAGE_BLOCKS (4 and 6 unused, NaN).
+PAGE, PAGE_BLOCKS, PAGES = 64, 10, (5, 0, 9, 2, 7, 3, 8, 1)
+#: The pseudo-feature of a family whose own entry point takes a sliding window.
+WINDOW = "window"
+WINDOW_LEFT = 256
+#: Non-routed families: their entry point and the pseudo-features it takes.
+ENTRY_POINTS = {"swa": (WINDOW,)}
 #: The pseudo-feature of an implementation whose Caps.head_dims_v let Dv differ from D:
 #: its claims also run with v's head dim the smallest Dv below D.
 HEAD_DIMS_V = "head_dims_v"
+#: The policy's numeric parameters, each run at a second value besides THRESHOLD and BOUND
+#: (a claim of every implementation that runs a value reading it): 150 makes rows 2, 34
+#: and 64 (+160) vote, and lets capped skip row 33's drop (160).
+PARAMETERS = {"threshold": 150.0, "rebase_bound": 150.0}
+#: Python rules (``Policy.from_rule``), claimed by an implementation whose ``Caps.rules``
+#: is set: name -> (the rule, the declarative policy the reference runs for it). Each
+#: decides per 32-row wave at threshold THRESHOLD (a NaN jump votes).
+def _wave_rule(target):
+    def rule(m, mt, thr):
+        vote = ~(mt - m <= thr)
+        return torch.where(vote.any(-1, keepdim=True), target(m, mt), m)
+    return rule
+
+
+RULES = {"wave_max": (_wave_rule(torch.fmax), Policy("wave", "max", threshold=THRESHOLD, name="r_max")),
+         "wave_tile": (_wave_rule(lambda m, mt: mt),
+                       Policy("wave", "tile", threshold=THRESHOLD, name="r_tile"))}
 #: (field, value) -> what the other field is set to, so that the value decides the output.
 PARTNER = {"vote": ("rebase", ("tile", "capped", "max")), "rebase": ("vote", ("wave", "row"))}
 
@@ -95,17 +144,42 @@ def claims(families=None) -> list[Claim]:
         for impl, im in fam.implementations.items():
             caps = im.caps
             feats = [f for f in FEATURES if f is None or f in caps.features]
+            feats += list(ENTRY_POINTS.get(name, ()) if not fam.routed else ())
             if caps.head_dims_v:  # V head dims other than D: one more claim, v narrower than q
                 feats.append(HEAD_DIMS_V)
             for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
                 for value in sorted(claimed):
                     out.extend(Claim(name, impl, field, value, f) for f in feats)
+            for param, value in PARAMETERS.items():
+                if _reader(param, caps) is not None:
+                    out.append(Claim(name, impl, param, value, None))
+            if caps.rules:
+                out.extend(Claim(name, impl, "rule", r, None) for r in RULES)
     return out + SEM.claims(families, Claim)
+
+
+def _reader(param: str, caps):
+    """(field, value): the first value ``caps`` runs that reads the policy parameter
+    ``param`` (a lazy vote for the threshold, capped for the bound), or None."""
+    for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
+        for value in sorted(claimed, key=values.names(field).index):
+            if param in values.get(field, value).uses:
+                return field, value
+    return None
 
 
 def policy_for(claim: Claim, caps) -> Policy:
     """A policy setting ``claim``'s value, with the other field chosen among the values
-    the implementation claims so that the value shows in the output."""
+    the implementation claims so that the value shows in the output; a parameter's claim
+    (``PARAMETERS``) sets it on the policy of the first value that reads it."""
+    if claim.field == "rule":
+        return Policy.from_rule(RULES[claim.value][0], name=f"conf_rule_{claim.value}",
+                                threshold=THRESHOLD)
+    if claim.field in PARAMETERS:
+        field, value = _reader(claim.field, caps)
+        base = policy_for(Claim(claim.family, claim.impl, field, value, claim.feature), caps)
+        return dataclasses.replace(base, **{claim.field: claim.value},
+                                   name=f"{base.name}_{claim.field}_{claim.value:g}")
     other, prefs = PARTNER[claim.field]
     fields = {claim.field: claim.value}
     reads_rebase = claim.field == "vote" and "rebase" in values.get("vote", claim.value).uses
@@ -161,8 +235,38 @@ REFERENCE_REBASES = {
 def reference(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool,
               sink2: torch.Tensor | None = None) -> torch.Tensor:
     """The policy's online softmax in fp64 with fp32's range: ``s2`` [H, R, C] scores in
-    log2 units, ``v`` [C, D]; P is cast as the kernels cast it (fp8: saturating at 448).
-    ``sink2`` [H] adds 2^sink2 to each row's denominator. Returns out [H, R, D]."""
+    log2 units (-inf: masked), ``v`` [C, D]; P is cast as the kernels cast it (fp8:
+    saturating at 448). ``sink2`` [H] adds 2^sink2 to each row's denominator. Returns out
+    [H, R, D]."""
+    O, l, m = walk(s2, v, policy, fp8=fp8)
+    if sink2 is not None:
+        l = _fit(l + _fit(torch.exp2(sink2[:, None] - m)))
+    return O * _rcp(l)[..., None]
+
+
+def _rcp(l):
+    return torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
+
+
+def split_reference(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool,
+                    at: int = SPLIT_AT) -> torch.Tensor:
+    """split-K's reference: ``walk`` over columns [0, at) and [at, C) from a fresh max
+    each, merged as the kernels' combine does: a split whose l is not > 0 (0 or NaN) is
+    skipped, the others weigh ``2^(m_s - m_max) l_s`` on their normalised output."""
+    parts = [walk(s2[..., a:b], v[a:b], policy, fp8=fp8) for a, b in ((0, at), (at, s2.shape[-1]))]
+    m_max = parts[0][2]
+    for _, _, m_s in parts[1:]:
+        m_max = torch.fmax(m_max, m_s)
+    den, acc = torch.zeros_like(m_max), 0.0
+    for O, l, m_s in parts:
+        w = torch.where(l > 0, _fit(torch.exp2(m_s - m_max)) * l, torch.zeros_like(l))
+        den, acc = den + w, acc + w[..., None] * (O * _rcp(l)[..., None])
+    return acc * _rcp(den)[..., None]
+
+
+def walk(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool):
+    """``reference``'s walk: (O [H, R, D], l [H, R], m [H, R]) after the last tile. A row
+    whose tile is wholly masked (tile max -inf) neither votes nor moves, and adds 0."""
     for field, table in (("vote", REFERENCE_VOTES), ("rebase", REFERENCE_REBASES)):
         if getattr(policy, field) not in table:
             raise AssertionError(f"the fp64 reference has no rule for {field}="
@@ -175,20 +279,17 @@ def reference(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool,
     for c0 in range(0, C, 64):
         x = s2[..., c0:c0 + 64]
         mt = x.amax(-1)
-        move = REFERENCE_VOTES[policy.vote](m, mt, policy)
+        move = REFERENCE_VOTES[policy.vote](m, mt, policy) & (mt > -math.inf)
         target, ok = REFERENCE_REBASES[policy.rebase](m, mt, policy)
         move = move & ok
         m_new = torch.where(move, target, m)
         corr = torch.where(move, _fit(torch.exp2(m - m_new)), torch.ones_like(m))
-        P = _fit(torch.exp2(x - m_new[..., None]))
+        P = _fit(torch.exp2(x - m_new[..., None])).masked_fill(x == -math.inf, 0.0)
         Pc = P.clamp(max=448.0) if fp8 else P
         l = _fit(l * corr + P.sum(-1))
         O = _fit(O * corr[..., None] + Pc @ v[c0:c0 + 64])
         m = m_new
-    if sink2 is not None:
-        l = _fit(l + _fit(torch.exp2(sink2[:, None] - m)))
-    rcp = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-    return O * rcp[..., None]
+    return O, l, m
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,9 +305,10 @@ def targets(rows: int = ROWS) -> torch.Tensor:
     return t
 
 
-def make_case(dtype: str, D: int, rows: int, cols: int):
+def make_case(dtype: str, D: int, rows: int, cols: int, third: int | None = None):
     """q [1, rows, 1, D], k and v [1, cols, 1, D] of ``dtype`` whose scores are
-    ``targets()`` per segment, with the softmax scale and descales the call uses."""
+    ``targets()`` per segment, with the softmax scale and descales the call uses;
+    ``third``: from that column on every row scores 0 (split-K's input)."""
     c = (1.0 / math.sqrt(D)) * math.log2(math.e)
     a = 16.0
     t = targets(rows)
@@ -214,7 +316,9 @@ def make_case(dtype: str, D: int, rows: int, cols: int):
     q[0, :, 0, 0], q[0, :, 0, 1] = t[:, 0] / (a * c), t[:, 1] / (a * c)
     k = torch.zeros(1, cols, 1, D, dtype=torch.float64)
     k[0, :SEG, 0, 0] = a
-    k[0, SEG:, 0, 1] = a
+    k[0, SEG:third, 0, 1] = a
+    if third is not None:
+        k[0, third:, 0, 2] = a  # q's dim 2 is 0: score 0
     g = torch.Generator().manual_seed(7)
     v = 0.5 + torch.rand(1, cols, 1, D, generator=g, dtype=torch.float64)
     tdt = torch.float8_e4m3fn if dtype == "fp8" else getattr(torch, {"bf16": "bfloat16",
@@ -228,29 +332,72 @@ def _dtype(caps) -> str:
     return "bf16" if "bf16" in caps.dtypes else sorted(caps.dtypes)[0]
 
 
+def page_cache(k: torch.Tensor, v: torch.Tensor):
+    """k and v [1, C, Hkv, D] (C a multiple of ``PAGE``) as a linear page cache
+    [PAGE_BLOCKS, PAGE, Hkv, D] (logical page t at physical page ``PAGES[t]``, the unused
+    pages NaN), the int32 block table [1, pages] and seqlen_k [1]."""
+    n = k.shape[1] // PAGE
+    assert n == len(PAGES), "the case's columns fill the page table"
+    caches = []
+    for t in (k, v):
+        cache = torch.full((PAGE_BLOCKS, PAGE, *t.shape[2:]), math.nan).to(t.dtype).to(t.device)
+        for page, phys in enumerate(PAGES):
+            cache[phys] = t[0, page * PAGE:(page + 1) * PAGE]
+        caches.append(cache)
+    table = torch.tensor([PAGES], dtype=torch.int32, device=k.device)
+    return (*caches, table, torch.tensor([k.shape[1]], dtype=torch.int32, device=k.device))
+
+
+def _run_entry_point(claim: Claim, q, k, v, policy, backend, rows):
+    """A non-routed family through its own entry point (``ENTRY_POINTS``): out [rows, D]."""
+    if claim.family != "swa":
+        raise AssertionError(f"family {claim.family!r} is not routed and has no "
+                             "conformance entry point: add it to ENTRY_POINTS")
+    left = WINDOW_LEFT if claim.feature == WINDOW else COLS
+    if claim.feature != "trace":
+        out = fa_lab.swa_attn_func(q, k, v, window_left=left, window_right=COLS, causal=False,
+                                   rescale=policy, backend=backend)
+        return out.cpu().double()[0, :, 0]
+    # swa_attn_func records no trace: the same plan it makes, run with a recorder
+    call = fa_lab.api.check_call(q, k, v, causal=False, rescale=policy, backend=backend)._with(
+        kernel_asked=claim.family, options={"window_left": left, "window_right": COLS,
+                                            "rescale": policy})
+    recorder = TraceRecorder(normalize_rows(range(rows), 0, 0, (1, 1, rows)), group_size=1)
+    dispatch.run(dispatch.plan(call), recorder)
+    return recorder.build(kernel=claim.family, policy=policy, log2_per_unit=1.0,
+                          threshold_units=policy.threshold).out.cpu().double()
+
+
 def run_and_reference(claim: Claim, device: str = "cpu"):
     """(the implementation's out, the reference's out), both [tokens, H, D] fp64 on the
     CPU; ``device="cuda"`` runs the compiled ports (the faithful one as backend="triton")."""
     fam = FAMILIES[claim.family]
     caps = fam.caps(claim.impl)
     policy = policy_for(claim, caps)
+    ref_policy = RULES[claim.value][1] if claim.field == "rule" else policy
     dtype, D = _dtype(caps), min(caps.head_dims)
     backend = "triton" if device != "cpu" and claim.impl == "faithful" else BACKEND[claim.impl]
     routed = fam.routed
-    rows = ROWS if routed else COLS  # a non-routed (SWA) kernel: Sq == Skv
-    q, k, v, c = make_case(dtype, D, rows, COLS)
+    split = claim.feature == "num_kv_splits"
+    rows, cols = ((SPLIT_ROWS, SPLIT_COLS.get(dtype, 640)) if split
+                  else (ROWS if routed else COLS, COLS))
+    q, k, v, c = make_case(dtype, D, rows, cols, THIRD if split else None)
     if claim.feature == HEAD_DIMS_V:
         v = v[..., :min(d for d in caps.head_dims_v if d < D)].contiguous()
+    if claim.feature == WINDOW:
+        v = v.double()
+        v[:, :SEG] += 2.0
+        v = v.to(q.dtype)
     q, k, v = q.to(device), k.to(device), v.to(device)
     fp8 = dtype == "fp8"
     kw = dict(causal=False, rescale=policy, backend=backend)
     if fp8:
         kw.update(q_descale=1.0, k_descale=1.0, v_descale=1.0)
     mods, bias2, sink2 = {}, None, None
-    pos = torch.arange(rows, dtype=torch.float64)[:, None] + (COLS - rows) - torch.arange(COLS)
+    pos = torch.arange(rows, dtype=torch.float64)[:, None] + (cols - rows) - torch.arange(cols)
     if claim.feature == "bias":
         g = torch.Generator().manual_seed(3)
-        bias = (torch.rand(rows, COLS, generator=g) - 0.5).to(torch.bfloat16)
+        bias = (torch.rand(rows, cols, generator=g) - 0.5).to(torch.bfloat16)
         mods["bias"], bias2 = bias.to(device), bias.double() * math.log2(math.e)
     elif claim.feature == "alibi_slopes":
         mods["alibi_slopes"] = torch.tensor([2.0 ** -9], device=device)
@@ -258,39 +405,46 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     elif claim.feature == "sink":
         mods["sink"] = torch.tensor([1.5], device=device)
         sink2 = torch.tensor([1.5 * math.log2(math.e)], dtype=torch.float64)
+    elif claim.feature == WINDOW:  # row i sees keys from i - WINDOW_LEFT on
+        bias2 = torch.where(pos > WINDOW_LEFT, -math.inf, 0.0)
 
     def ref_one(qs, ks, vs):
         qd, kd = qs.cpu().double()[0, :, 0], ks.cpu().double()[0, :, 0]
         s2 = (qd @ kd.T) * c
         if bias2 is not None:
             s2 = s2 + bias2
-        return reference(s2[None], vs.cpu().double()[0, :, 0], policy, fp8=fp8, sink2=sink2)[0]
+        vd = vs.cpu().double()[0, :, 0]
+        if split:
+            return split_reference(s2[None], vd, ref_policy, fp8=fp8)[0]
+        return reference(s2[None], vd, ref_policy, fp8=fp8, sink2=sink2)[0]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", fa_lab.RoutingWarning)
         if not routed:
-            if claim.family != "swa":
-                raise AssertionError(f"family {claim.family!r} is not routed and has no "
-                                     "conformance entry point")
-            out = fa_lab.swa_attn_func(q, k, v, window_left=COLS, window_right=COLS,
-                                       causal=False, rescale=policy, backend=backend)
-            return out.cpu().double()[0, :, 0], ref_one(q, k, v)
-        planned = fa_lab.api.plan(q, k, v, kernel=claim.family, **kw, **mods)
+            return _run_entry_point(claim, q, k, v, policy, backend, rows), ref_one(q, k, v)
+        if split:
+            mods["num_kv_splits"] = SPLITS
+        if claim.feature == "paged":
+            kc, vc, table, seqlen_k = page_cache(k, v)
+            args, mods = (q, kc, vc), {"block_table": table, "seqlen_k": seqlen_k}
+        else:
+            args = (q, k, v)
+        planned = fa_lab.api.plan(*args, kernel=claim.family, **kw, **mods)
         assert (planned.family, planned.backend) == (claim.family, backend), (
             f"{claim}: planned {planned.family}/{planned.backend}")
         if claim.feature == "varlen":
             qq, kk, vv = torch.cat([q, q], 1)[0], torch.cat([k, k], 1)[0], torch.cat([v, v], 1)[0]
             cq = torch.tensor([0, rows, 2 * rows], dtype=torch.int32, device=device)
-            ck = torch.tensor([0, COLS, 2 * COLS], dtype=torch.int32, device=device)
+            ck = torch.tensor([0, cols, 2 * cols], dtype=torch.int32, device=device)
             out = fa_lab.flash_attn_func(qq, kk, vv, cu_seqlens_q=cq, cu_seqlens_kv=ck,
-                                         max_seqlen_q=rows, max_seqlen_kv=COLS,
+                                         max_seqlen_q=rows, max_seqlen_kv=cols,
                                          kernel=claim.family, **kw)
             ref = ref_one(q, k, v)
             return out.cpu().double()[:, 0], torch.cat([ref, ref])
         if claim.feature == "trace":
             tr = fa_lab.trace(q, k, v, rows=range(rows), kernel=claim.family, **kw)
             return tr.out.cpu().double(), ref_one(q, k, v)
-        out = fa_lab.flash_attn_func(q, k, v, kernel=claim.family, **kw, **mods)
+        out = fa_lab.flash_attn_func(*args, kernel=claim.family, **kw, **mods)
         return out.cpu().double()[0, :, 0], ref_one(q, k, v)
 
 
@@ -299,7 +453,7 @@ def check(claim: Claim, device: str = "cpu") -> None:
     outputs within the input format's error relative to the reference's (at least 1; a
     row of zeros, where an overflowed l meets a saturated O, included). AssertionError
     naming the claim."""
-    if claim.field in values.POLICY_FIELDS:
+    if claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS or claim.field == "rule":
         out, ref = run_and_reference(claim, device)
     else:
         out, ref = SEM.run_and_reference(claim, device)

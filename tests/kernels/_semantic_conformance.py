@@ -15,6 +15,13 @@ list, not from the model's code): a value without a rule fails, naming it. Where
 defines an fp32 computation (``q_prescale``'s rounding of q * c, the forms of
 ``softcap``'s tanh) the reference does those operations in fp32, as declared.
 
+The ``Semantics`` fields that take a number (``NUMERIC_FIELDS``: every field without a
+fixed set of values) are claims too: an implementation that runs one claims it at the
+value ``NUMERIC`` gives it, on a case where that value and the field's default give
+different reference outputs (``test_conformance`` checks that they do), so an
+implementation that ignores the field fails, naming the family and the field. A numeric
+field without a value in ``NUMERIC`` fails its claim, naming it.
+
 Each claim runs the implementation's own entry point (``forward`` of the family's
 implementation module, which takes ``seqlen_kv`` for ``v_tail``'s cache tail) with a policy
 whose semantics set the claimed value over the case's base semantics.
@@ -22,6 +29,7 @@ whose semantics set the claimed value over the case's base semantics.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -36,6 +44,13 @@ from fa_lab.semantics import Semantics
 
 #: The Semantics fields that take a fixed set of values.
 FIELDS = tuple(f for f in values.DECLARED if f not in values.POLICY_FIELDS)
+#: The Semantics fields that take a number.
+NUMERIC_FIELDS = tuple(f.name for f in dataclasses.fields(Semantics) if f.name not in values.DECLARED)
+#: numeric field -> the value its claim runs (its case, in ``_cases``, tells it from the
+#: default).
+NUMERIC = {"mask_value": -10.0, "m_init": -5.0, "floor_value": -100.0, "block_n": 32,
+           "fixed_max": 100.0, "l_floor": 1.0e4, "softcap": 1.0, "exp_floor": -2.0,
+           "kv_split": 2}
 BN = 64  # columns per step (block_n None)
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -178,7 +193,8 @@ def reference(call: Call, policy: Policy) -> torch.Tensor:
     q, k, v = (t[0, :, 0].double() for t in (call.q, call.k, call.v))
     R, C, D = q.shape[0], k.shape[0], q.shape[1]
     W = r["wave_rows"]
-    assert R % max(W, 32) == 0 and C % BN == 0, "a case's rows fill whole waves, its keys tiles"
+    bn = sem.block_n or BN
+    assert R % max(W, 32) == 0 and C % bn == 0, "a case's rows fill whole waves, its keys tiles"
     fmt_in = {torch.bfloat16: "bf16", torch.float16: "f16"}[call.q.dtype]
     c = _f32(_f32(1.0 / math.sqrt(D)) * _f32(LOG2E))
     nat = _f32(1.0 / math.sqrt(D))
@@ -215,30 +231,33 @@ def reference(call: Call, policy: Policy) -> torch.Tensor:
     def base(t):
         return torch.where(empty(t), torch.zeros_like(t), t) if zero_base else t
 
-    def ex2(t):
+    def ex2(t):  # exp_floor: every argument floored first (maxNum: NaN gives the floor)
+        t = t if sem.exp_floor is None else torch.fmax(t, torch.full_like(t, sem.exp_floor))
         return r["ftz"](_fit(torch.exp2(t)))
 
-    def finish(m, l, O):
-        out = O * r["epilogue_guard"](l)[:, None]
+    def finish(m, l, O):  # l_floor: the divisor floored (NaN-propagating) before the guard
+        div = torch.maximum(l, torch.full_like(l, sem.l_floor)) if sem.l_floor else l
+        out = O * r["epilogue_guard"](div)[:, None]
         lse = m * LN2 + torch.log(l) - H * LN2
         return out, torch.where(l == 0, torch.full_like(l, -math.inf), lse)
 
-    T = -(-lens // BN) or 1
-    m0 = torch.full((R,), init_s, dtype=torch.float64)
+    T = -(-lens // bn) or 1
+    fixed = sem.fixed_max is not None  # the max pinned: no vote, no move, f = 1
+    m0 = torch.full((R,), _f32(sem.fixed_max) if fixed else init_s, dtype=torch.float64)
     m, l, O = m0.clone(), torch.zeros(R, dtype=torch.float64), torch.zeros(R, D, dtype=torch.float64)
     partials = []
     for s, tile in enumerate(r["kv_order"](T)):
         if sem.kv_split is not None and s and s % sem.kv_split == 0:
             partials.append(finish(m, l, O))
             m, l, O = m0.clone(), torch.zeros_like(l), torch.zeros_like(O)
-        sl = slice(tile * BN, tile * BN + BN)
+        sl = slice(tile * bn, tile * bn + bn)
         xt = x[:, sl]
         mt = xt.amax(-1)
         if floored:
             mt = torch.fmax(mt, torch.full_like(mt, sem.floor_value))
         move = _rule("vote", policy.vote, VOTES)(m, mt, policy, W)
         target, ok = _rule("rebase", policy.rebase, REBASES)(m, mt, policy)
-        move = move & ok
+        move = move & ok & (not fixed)
         m_new = torch.where(move, target, m)
         skip = empty(m_new) & skip_empty
         m_new, move = torch.where(skip, m, m_new), move & ~skip
@@ -446,6 +465,27 @@ def _cases(dt, D) -> dict:
                                  sem={"kv_split": 2}),
         # the cache tail's V rows hold NaN
         "v_tail": lambda: Case([_tail_call(dt, D)]),
+        # the numeric fields (NUMERIC's value against the default):
+        # the first segment masked and scored below the mask value -10 by the second's -300
+        "mask_value": lambda: Case([Call(*_inputs(dt, D, 64, 256, {
+            r: (0, -300) for r in range(64)}), bias=_masked(64, 256, [(slice(0, 64), slice(0, 128))]))]),
+        # every score -300: a max that starts at -5 (rebase max) leaves P = 2^-295 = 0
+        "m_init": lambda: Case([Call(*_scaled_rows(dt, D, [-300] * 64, 256))]),
+        # every score -300, floored at -100 on every tile: P = 2^-200 = 0
+        "floor_value": lambda: Case([Call(*_scaled_rows(dt, D, [-300] * 64, 256))],
+                                    sem={"tile_max_floor": "always"}),
+        # row 0 jumps 160 at column 32: inside the first 64-column tile, stale past 32
+        "block_n": lambda: Case([Call(*_inputs(dt, D, 64, 256, {0: (0, 160)}, seg=32))], LAZY),
+        # row 0 jumps to 240: P = 2^140 against a max pinned at 100
+        "fixed_max": lambda: Case([Call(*_inputs(dt, D, 64, 256, {0: (0, 240)}))]),
+        # l near 256 divided by 1e4
+        "l_floor": lambda: Case([Call(*_inputs(dt, D, 64, 256))]),
+        # the segments 2 apart (log2 units): capped at 1 (natural units) they are 1.27 apart
+        "softcap": lambda: Case([Call(*_inputs(dt, D, 64, 256, {r: (0, 2) for r in range(64)}))]),
+        # the second segment 100 below the first: P = 2^-100 floored to 2^-2
+        "exp_floor": lambda: Case([Call(*_inputs(dt, D, 64, 256, {r: (0, -100) for r in range(64)}))]),
+        # row 0 jumps 160 at tile 2, where a second partial starts afresh
+        "kv_split": lambda: Case([Call(*_inputs(dt, D, 64, 256, {0: (0, 160)}))], LAZY),
     }
 
 
@@ -473,14 +513,27 @@ def policy_for(field_name: str, value, the_case: Case) -> Policy:
 
 def claims(families, Claim) -> list:
     """Every (family, implementation, semantics field, value) claimed: each value declared
-    for each fixed-set field in an implementation's ``Caps.semantics``."""
+    for each fixed-set field in an implementation's ``Caps.semantics``, and each numeric
+    field there at its ``NUMERIC`` value."""
     out = []
     for name, fam in families.items():
         for impl, im in fam.implementations.items():
             for f in FIELDS:
                 if f in im.caps.semantics:
                     out.extend(Claim(name, impl, f, v, None) for v in values.names(f))
+            for f in NUMERIC_FIELDS:
+                if f in im.caps.semantics:
+                    out.append(Claim(name, impl, f, numeric_value(f), None))
     return out
+
+
+def numeric_value(field_name: str):
+    """The value the claim of numeric field ``field_name`` runs (``NUMERIC``)."""
+    if field_name not in NUMERIC:
+        raise AssertionError(f"no conformance value for the numeric semantics field "
+                             f"{field_name!r}: add one to tests/kernels/_semantic_conformance.py "
+                             "NUMERIC, with its case")
+    return NUMERIC[field_name]
 
 
 def dtype_and_dim(claim):

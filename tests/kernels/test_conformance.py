@@ -2,9 +2,13 @@
 value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
 
 The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
-is picked up with no edit here. Each value of each fixed-set ``Semantics`` field an
-implementation runs (``Caps.semantics``) is a claim too, against the reference of
-``_semantic_conformance`` on an input that tells the field's values apart. The models run
+is picked up with no edit here. Split-K, paged KV and the SWA kernel's window are
+checked against fp64 attention on the logical inputs. Each value of each fixed-set
+``Semantics`` field an implementation runs (``Caps.semantics``) is a claim too, against
+the reference of ``_semantic_conformance`` on an input that tells the field's values
+apart; each numeric field it runs, and each numeric policy parameter (threshold, rebase
+bound), is run at a value whose input tells it from the default, so an implementation
+that ignores it fails, naming the family and the field. The models run
 on the CPU; the Triton ports through Triton's interpreter (slow) and, compiled, on a GPU.
 A value claimed but run as another fails, naming the family, the implementation and the
 value (the injection tests below); a decision site that meets a value it has no code for
@@ -27,6 +31,7 @@ import _semantic_conformance as SEM  # noqa: E402
 from fa_lab import Policy, dispatch, values  # noqa: E402
 from fa_lab.capabilities import FEATURES, Caps, Family, Implementation  # noqa: E402
 from fa_lab.kernels import FAMILIES, module  # noqa: E402
+from fa_lab.semantics import Semantics  # noqa: E402
 
 CLAIMS = C.claims()
 MODELS = [c for c in CLAIMS if c.impl == "model"]
@@ -60,6 +65,7 @@ def test_the_claims_cover_every_family_implementation_and_value():
     Semantics field it runs; every feature a family claims is either run against the
     reference or listed, with why, as not run."""
     seen = {(c.family, c.impl, c.field, c.value) for c in CLAIMS}
+    ran = {(c.family, c.impl, c.feature) for c in CLAIMS}
     for name, fam in FAMILIES.items():
         for impl, im in fam.implementations.items():
             for v in im.caps.votes:
@@ -68,11 +74,23 @@ def test_the_claims_cover_every_family_implementation_and_value():
                 assert (name, impl, "rebase", r) in seen
             for f in im.caps.features:
                 assert f in C.FEATURES or f in C.UNCOVERED, (name, impl, f)
+                if im.caps.votes or im.caps.rebases:  # each claimed feature is run
+                    assert (name, impl, f) in ran, (name, impl, f)
             for field in set(im.caps.semantics) & set(values.DECLARED):
                 for v in values.names(field):
                     assert (name, impl, field, v) in seen
+            for field in set(im.caps.semantics) & set(SEM.NUMERIC_FIELDS):
+                assert (name, impl, field, SEM.NUMERIC[field]) in seen
+            if im.caps.rules:
+                for r in C.RULES:
+                    assert (name, impl, "rule", r) in seen
+            for param in C.PARAMETERS:
+                if any(param in values.get(f, v).uses for f, vs in
+                       (("vote", im.caps.votes), ("rebase", im.caps.rebases)) for v in vs):
+                    assert (name, impl, param, C.PARAMETERS[param]) in seen
     assert set(C.UNCOVERED) <= set(FEATURES)
     assert set(SEM.FIELDS) == set(values.DECLARED) - set(values.POLICY_FIELDS)
+    assert set(SEM.NUMERIC_FIELDS) == {f.name for f in dataclasses.fields(Semantics)} - set(SEM.FIELDS)
 
 
 def test_a_new_family_is_picked_up_without_a_test_edit():
@@ -81,11 +99,14 @@ def test_a_new_family_is_picked_up_without_a_test_edit():
     toy = Family("toy", "a toy", {"model": Implementation("model", caps)})
     got = {(c.field, c.value, c.feature) for c in C.claims({"toy": toy})}
     assert got == {(f, v, feat) for f, vs in (("vote", ("tile", "row")), ("rebase", ("max", "capped")))
-                   for v in vs for feat in (None, "trace")}
+                   for v in vs for feat in (None, "trace")} | {
+        (p, v, None) for p, v in C.PARAMETERS.items()}
     semantic = dataclasses.replace(caps, semantics=frozenset({"o_gate", "block_n"}))
     toy = Family("toy", "a toy", {"model": Implementation("model", semantic)})
     got = {(c.field, c.value) for c in C.claims({"toy": toy}) if c.field not in values.POLICY_FIELDS}
-    assert got == {("o_gate", v) for v in values.names("o_gate")}  # block_n takes a number
+    assert got == {("o_gate", v) for v in values.names("o_gate")} | {
+        ("block_n", SEM.NUMERIC["block_n"]), ("threshold", C.PARAMETERS["threshold"]),
+        ("rebase_bound", C.PARAMETERS["rebase_bound"])}
 
 
 @pytest.mark.parametrize("field", SEM.FIELDS)
@@ -105,6 +126,37 @@ def test_the_semantic_case_tells_every_value_apart(field):
                 fin = x.isfinite() & y.isfinite()
                 err = ((x - y).abs() / y.abs().clamp(min=1.0)).where(fin, torch.zeros_like(x))
                 assert float(err.max()) > 0.1, (field, a, b, float(err.max()))
+
+
+@pytest.mark.parametrize("field", SEM.NUMERIC_FIELDS)
+def test_the_numeric_case_tells_the_value_from_the_default(field):
+    """On each numeric Semantics field's case the reference at the claimed value differs
+    from the reference at the field's default (NaN or inf rows, or past the tolerance), so
+    an implementation that ignores the field fails its claim."""
+    the_case = SEM.case(field, torch.bfloat16, 64)
+    default = {f.name: f.default for f in dataclasses.fields(Semantics)}[field]
+    x, y = (torch.cat([SEM.reference(call, SEM.policy_for(field, v, the_case))
+                       for call in the_case.calls]) for v in (SEM.NUMERIC[field], default))
+    if torch.equal(x.isnan().any(-1), y.isnan().any(-1)) and torch.equal(
+            x.isinf().any(-1), y.isinf().any(-1)):
+        fin = x.isfinite() & y.isfinite()
+        err = ((x - y).abs() / y.abs().clamp(min=1.0)).where(fin, torch.zeros_like(x))
+        assert float(err.max()) > 0.1, (field, float(err.max()))
+
+
+@pytest.mark.parametrize("param", C.PARAMETERS)
+def test_the_case_tells_each_parameter_value_apart(param):
+    """The policy's threshold and rebase bound: at ``PARAMETERS``'s value and at the one
+    every other claim runs (THRESHOLD, BOUND) the reference breaks different rows."""
+    full = Caps(frozenset({"bf16"}), (64,), frozenset(), frozenset(values.names("vote")),
+                frozenset(values.names("rebase")))
+    q, k, v, c = C.make_case("bf16", 64, C.ROWS, C.COLS)
+    s2 = (q.double()[0, :, 0] @ k.double()[0, :, 0].T) * c
+    pol = C.policy_for(C.Claim("x", "model", param, C.PARAMETERS[param], None), full)
+    base = dataclasses.replace(pol, **{param: {"threshold": C.THRESHOLD, "rebase_bound": C.BOUND}[param]})
+    broken = [tuple((~torch.isfinite(C.reference(s2[None], v.double()[0, :, 0], p, fp8=False)[0])
+                     ).any(-1).nonzero().flatten().tolist()) for p in (pol, base)]
+    assert broken[0] != broken[1], broken
 
 
 @pytest.mark.parametrize("field", values.POLICY_FIELDS)
@@ -183,6 +235,72 @@ def test_a_semantics_value_mis_run_fails_naming_family_and_value(monkeypatch):
         C.check(claim)
     monkeypatch.setattr(model, "epilogue_scale", scale)
     C.check(claim)
+
+
+def test_a_numeric_field_ignored_fails_naming_family_and_field(monkeypatch):
+    """The online model run with ``block_n`` reset to its default whatever the policy
+    asks (a family that claims a numeric field but ignores it): its claim fails, naming
+    the family and the field; unpatched it passes."""
+    model = module("online")
+    forward = model.forward
+
+    def ignoring(*a, policy, **kw):
+        sem = dataclasses.replace(policy.semantics, block_n=None)
+        return forward(*a, policy=dataclasses.replace(policy, semantics=sem), **kw)
+
+    claim = C.Claim("online", "model", "block_n", SEM.NUMERIC["block_n"], None)
+    assert claim in CLAIMS
+    monkeypatch.setattr(model, "forward", ignoring)
+    with pytest.raises(AssertionError, match=r"family 'online', implementation 'model', "
+                                             r"block_n=32.* does not run the value"):
+        C.check(claim)
+    monkeypatch.setattr(model, "forward", forward)
+    C.check(claim)
+
+
+def test_a_parameter_ignored_fails_naming_family_and_parameter(monkeypatch):
+    """The swp_bf16 model deciding with threshold 200 whatever the policy says: its
+    threshold claim (150) fails, naming the family and the parameter."""
+    import fa_lab.kernels._common.models as models
+
+    choose = models.choose
+
+    def deaf(policy, *a, **kw):
+        if policy.lazy:
+            policy = dataclasses.replace(policy, threshold=C.THRESHOLD)
+        return choose(policy, *a, **kw)
+
+    claim = C.Claim("swp_bf16", "model", "threshold", C.PARAMETERS["threshold"], None)
+    assert claim in CLAIMS
+    monkeypatch.setattr(models, "choose", deaf)
+    with pytest.raises(AssertionError, match=r"family 'swp_bf16', implementation 'model', "
+                                             r"threshold=150.0.* does not run the value"):
+        C.check(claim)
+    monkeypatch.setattr(models, "choose", choose)
+    C.check(claim)
+
+
+def test_a_rule_run_as_another_fails_naming_family_and_rule(monkeypatch):
+    """The swp_bf16 model handed the "max" rule where the claim's reference is the "tile"
+    rebase (a rule mis-run): the check fails, naming the family and the rule."""
+    claim = C.Claim("swp_bf16", "model", "rule", "wave_tile", None)
+    assert claim in CLAIMS
+    monkeypatch.setitem(C.RULES, "wave_tile", (C.RULES["wave_max"][0], C.RULES["wave_tile"][1]))
+    with pytest.raises(AssertionError, match=r"family 'swp_bf16', implementation 'model', "
+                                             r"rule='wave_tile'.*NaN rows"):
+        C.check(claim)
+
+
+def test_a_new_numeric_field_is_claimed_and_fails_without_a_value(monkeypatch):
+    """A numeric Semantics field the online model runs but ``NUMERIC`` gives no value:
+    enumerating the claims fails, naming the field."""
+    monkeypatch.setattr(SEM, "NUMERIC_FIELDS", (*SEM.NUMERIC_FIELDS, "new_knob"))
+    fam = FAMILIES["online"]
+    im = fam.implementations["model"]
+    caps = dataclasses.replace(im.caps, semantics=im.caps.semantics | {"new_knob"})
+    toy = Family("online", fam.description, {"model": dataclasses.replace(im, caps=caps)})
+    with pytest.raises(AssertionError, match=r"numeric semantics field 'new_knob'"):
+        C.claims({"online": toy})
 
 
 def test_a_new_semantics_value_is_claimed_and_refused_until_implemented(monkeypatch):

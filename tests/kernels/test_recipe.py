@@ -121,6 +121,19 @@ def test_the_recipes_family_routes_and_conforms(toy):
     assert fa_lab.api.plan(q, q, q).family != "toy"
 
 
+def test_the_recipes_family_passes_the_conformance_test(toy):
+    """The conformance test (``tests/kernels/_conformance.py``) picks the toy family up
+    with no edit: every (implementation, value, feature) its Caps claim, checked."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _conformance as C
+
+    claims = C.claims({"toy": toy})
+    assert {(c.impl, c.field, c.value, c.feature) for c in claims} == {
+        ("model", "vote", "tile", None), ("model", "rebase", "max", None)}
+    for claim in claims:
+        C.check(claim)
+
+
 def test_the_recipes_family_refuses_what_it_lacks(toy):
     q = torch.randn(1, 64, 2, 64).to(torch.bfloat16)
     with pytest.raises(ValueError, match="backend='interpret' has no toy kernel"):
