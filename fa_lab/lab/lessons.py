@@ -403,7 +403,7 @@ def round_verdict(rounds, *, name: str = "lazy") -> str:
 
 # ---- the attack (lesson 06) --------------------------------------------------------------
 
-#: The lab's record of lesson 06's searches (data/results/attack_lesson06.json), made by
+#: The name of the lab's record of lesson 06's searches (in its reference results), made by
 #: benchmarks/lesson06_attack.py: the lesson reads them back instead of searching again.
 LESSON06_RECORD = "attack_lesson06"
 
@@ -434,7 +434,7 @@ def attack_from_run(run: dict):
 def recorded_search(policy: str, *, live: bool = False, record: str = LESSON06_RECORD,
                     **kwargs):
     """``(attack, source)``: ``adversary.search(policy, **kwargs)`` as the lab's attack record
-    ``record`` (data/results/) holds it when one of its runs was asked for with exactly this
+    ``record`` (the lab's reference results) holds it when one of its runs was asked for with exactly this
     policy and these arguments (the record's ``params["calls"]``) and ``live`` is False;
     otherwise the search runs now. ``source`` says which: the record's device, date and
     commit, or "searched now". Nothing here writes a record: a search run here is the
