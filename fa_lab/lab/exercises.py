@@ -251,7 +251,7 @@ def _at(pol, threshold):
 def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
     """Lesson 02's puzzle: ``first_nan_tile(tile_max)``, the tile at which a row dies under the
     unfixed rule when its wave fires on every step (None if it never does). Returns the
-    hand-made rows and the answers."""
+    hand-made rows and the answers (a survivor's as "survives")."""
     rows = {"A": [0, 100, 40, -20, 90, -27, 60],       # deficits up to 127: never
             "B": [50, 10, -60, -77, -78, 0],           # 50 - (-78) = 128 at tile 4
             "C": [0, 120, 5, 130, 10, 3],              # against the record so far: never
@@ -268,8 +268,10 @@ def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
                     "D": "measure against the best tile max so far, not the first tile's"}[name]
             raise AssertionError(f"row {name} {row}: dies at {want[name]}, you said "
                                  f"{got[name]}: {hint}")
+    # object dtype: a survivor shows "survives", not the NaN a float column would make of None
     return pd.DataFrame({"tile maxima": {n: r for n, r in rows.items()},
-                         "first NaN tile": got})
+                         "first NaN tile": pd.Series({n: "survives" if t is None else int(t)
+                                                      for n, t in got.items()}, dtype=object)})
 
 
 # ---- lesson 03: the saturation bound --------------------------------------------------------

@@ -399,3 +399,56 @@ def round_verdict(rounds, *, name: str = "lazy") -> str:
     if (r < 1).all():
         return f"{name} slower in every round"
     return "within noise"
+
+
+# ---- the attack (lesson 06) --------------------------------------------------------------
+
+#: The name of the lab's record of lesson 06's searches (in its reference results), made by
+#: benchmarks/lesson06_attack.py: the lesson reads them back instead of searching again.
+LESSON06_RECORD = "attack_lesson06"
+
+
+def attack_from_run(run: dict):
+    """An ``adversary.Attack`` rebuilt from one run of an attack record (``Attack.to_dict()``
+    with ``wall_s``; ``fa_lab.studies.adversary.record``)."""
+    from fa_lab.studies.adversary import Attack, Candidate
+
+    def candidate(d):
+        return None if d is None else Candidate(**{k: x for k, x in d.items() if k != "size"})
+
+    return Attack(
+        policy=run["policy"], space=run["space"], budget_s=run["budget_s"], seed=run["seed"],
+        threshold=run["threshold"], found=run["found"], evals=run["evals"],
+        search_s=run["search_s"], time_to_first_s=run["time_to_first_s"],
+        evals_to_first=run["evals_to_first"], first=candidate(run["first"]),
+        shrunk=candidate(run["shrunk"]), shrink_evals=run["shrink_evals"],
+        shrink_s=run.get("shrink_s", 0.0), best=candidate(run["best"]),
+        best_fitness=run["best_fitness"], bad_rows=list(run["bad_rows"]),
+        trace=list(run.get("trace", [])), history=list(run["history"]),
+        structured=run["structured"], baseline=run["baseline"],
+        optimizer=run.get("optimizer", "cma"),
+        classes=tuple(run.get("classes", ("nonfinite",))),
+        found_classes=list(run.get("found_classes", [])), outside=run.get("outside_region", 0))
+
+
+def recorded_search(policy: str, *, live: bool = False, record: str = LESSON06_RECORD,
+                    **kwargs):
+    """``(attack, source)``: ``adversary.search(policy, **kwargs)`` as the lab's attack record
+    ``record`` (the lab's reference results) holds it when one of its runs was asked for with exactly this
+    policy and these arguments (the record's ``params["calls"]``) and ``live`` is False;
+    otherwise the search runs now. ``source`` says which: the record's device, date and
+    commit, or "searched now". Nothing here writes a record: a search run here is the
+    caller's alone (benchmarks/lesson06_attack.py makes the lab's)."""
+    from fa_lab.studies import adversary
+
+    if not isinstance(policy, str):
+        raise TypeError(f"policy must be a policy name (str), got {type(policy).__name__}")
+    if not live:
+        rec = adversary.load_record(record, reference=True)
+        call = {"policy": policy, **kwargs}
+        for asked, run in zip(rec["params"].get("calls", []), rec["runs"]):
+            if asked == call:
+                p = rec["provenance"]
+                return attack_from_run(run), (f"recorded on {p['device']}, {p['date'][:10]}, "
+                                              f"commit {str(p['git_commit'])[:7]}")
+    return adversary.search(policy, **kwargs), "searched now"

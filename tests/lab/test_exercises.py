@@ -167,7 +167,8 @@ def test_rule_check(small_rule_cases):
 
 
 def test_first_nan_tile_check():
-    ex.check_first_nan_tile(sol.first_nan_tile)
+    shown = ex.check_first_nan_tile(sol.first_nan_tile)["first NaN tile"]
+    assert shown.to_dict() == {"A": "survives", "B": 4, "C": "survives", "D": 3}   # no NaN shown
 
     def summed_drops(tile_max):               # accumulation: each drop adds to the deficit
         deficit = 0.0
