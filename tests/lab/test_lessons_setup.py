@@ -1,6 +1,5 @@
 """``lessons.setup``: the lessons compute on one CPU thread, whatever started their kernel,
-unless ``OMP_NUM_THREADS`` chooses; a GPU run is left alone. And what importing ``fa_lab.lab``
-does for a lesson kernel's start (the grammar jsonschema would import)."""
+unless ``OMP_NUM_THREADS`` chooses; a GPU run is left alone."""
 
 import pytest
 import torch
@@ -36,27 +35,3 @@ def test_a_gpu_run_keeps_its_threads(threads, monkeypatch):
     lessons.setup(device="cuda")
     assert torch.get_num_threads() == 2
 
-
-def test_the_lab_keeps_jsonschema_from_the_iri_grammar(monkeypatch):
-    """fa_lab.lab marks rfc3987_syntax absent while jsonschema is not in yet (then jsonschema
-    skips its two "iri" formats, as without the package), and leaves things alone after;
-    nbformat still validates a notebook and plotly still renders one."""
-    import sys
-
-    import nbformat
-    import plotly.graph_objects as go
-    import plotly.io as pio
-
-    import fa_lab.lab as lab
-
-    monkeypatch.delitem(sys.modules, "jsonschema", raising=False)
-    monkeypatch.delitem(sys.modules, "rfc3987_syntax", raising=False)
-    lab._skip_iri_grammar()
-    assert sys.modules["rfc3987_syntax"] is None
-    monkeypatch.setitem(sys.modules, "jsonschema", object())
-    monkeypatch.delitem(sys.modules, "rfc3987_syntax")
-    lab._skip_iri_grammar()
-    assert "rfc3987_syntax" not in sys.modules
-    monkeypatch.undo()
-    nbformat.validate(nbformat.v4.new_notebook())
-    assert "text/html" in pio.renderers["notebook_connected"].to_mimebundle(go.Figure().to_dict())
