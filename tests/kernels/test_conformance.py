@@ -2,8 +2,9 @@
 value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
 
 The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
-is picked up with no edit here. Split-K, paged KV and the SWA kernel's window are
-checked against fp64 attention on the logical inputs. Each value of each fixed-set
+is picked up with no edit here. Split-K, paged KV (in the call form the implementation's
+``Caps.paged_call`` names) and the SWA kernel's window are checked against fp64
+attention on the logical inputs. Each value of each fixed-set
 ``Semantics`` field an implementation runs (``Caps.semantics``) is a claim too, against
 the reference of ``_semantic_conformance`` on an input that tells the field's values
 apart; each numeric field it runs, and each numeric policy parameter (threshold, rebase
