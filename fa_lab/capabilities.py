@@ -31,6 +31,31 @@ DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 
 
 @dataclass(frozen=True)
+class PagedCall:
+    """The form of the paged call a family's kernel takes (``Caps.paged_call`` names one of
+    ``PAGED_CALLS``): ``packed``: q packed varlen ``[total_q, H, D]`` with ``cu_seqlens_q``,
+    ``cu_seqlens_kv`` and ``max_seqlen_q`` (else dense ``[B, Sq, H, D]``); ``causal``: the
+    ``causal`` values it takes (True: bottom-right); ``layouts``: the ``kv_cache_layout``
+    values it takes (``fa_lab.paged``); ``what``: whose call it is and what checks it."""
+
+    packed: bool
+    causal: tuple
+    layouts: tuple
+    what: str
+
+
+#: The paged call forms by name. Every form reads 64-row pages through ``block_table``
+#: with ``seqlen_k`` per sequence.
+PAGED_CALLS = {
+    "dense": PagedCall(False, (False, True), ("linear", "vectorized"),
+                       "FlyDSL main's paged DUALWAVE_SWP: dense q (fa_lab.paged.check)"),
+    "packed_causal": PagedCall(True, (True,), ("vectorized",),
+                               "FlyDSL #1066's paged fp8 prefill: packed q, seqlen_k equal to "
+                               "cu_seqlens_kv's lengths (fa_lab.paged.check_fp8)"),
+}
+
+
+@dataclass(frozen=True)
 class Caps:
     """dtypes ("bf16", "f16", "fp8"), head dims, features (``FEATURES``), the vote and
     rebase values it runs (``votes``, ``rebases``: each by name, as ``fa_lab.values``
@@ -38,8 +63,10 @@ class Caps:
     implementation lists it), whether it runs Python rules (``Policy.from_rule``), the
     ``fa_lab.semantics`` fields it runs away from their defaults (``semantics``: a policy
     that sets any other is refused, naming it), whether a numeric P offset
-    (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only), and
-    the V/output head dims it takes (``head_dims_v``; None: Dv must equal D)."""
+    (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only), the
+    V/output head dims it takes (``head_dims_v``; None: Dv must equal D), and, where it
+    claims the "paged" feature, the form of paged call it takes (``paged_call``, a name of
+    ``PAGED_CALLS``: "dense" unless it says otherwise)."""
 
     dtypes: frozenset
     head_dims: tuple
@@ -50,8 +77,15 @@ class Caps:
     semantics: frozenset = frozenset()
     headroom_any_dtype: bool = False
     head_dims_v: tuple | None = None
+    paged_call: str = "dense"
 
     def __post_init__(self):
+        if self.paged_call not in PAGED_CALLS:
+            raise ValueError(f"Caps.paged_call={self.paged_call!r} is not a paged call form; "
+                             f"the forms are {tuple(PAGED_CALLS)}")
+        if self.paged_call != "dense" and "paged" not in self.features:
+            raise ValueError(f"Caps.paged_call={self.paged_call!r} names a paged call form, but "
+                             "the features do not claim 'paged'")
         # the vote and rebase values an implementation runs, each by name: a declared value
         # (fa_lab.values) that is not listed here is refused, never run as another
         for field, names in (("vote", self.votes), ("rebase", self.rebases)):

@@ -23,13 +23,17 @@ _FAST_VOTES = frozenset({"tile", "wave"})
 #: ``faithful_split``); the fast kernel the dense D = 128 body.
 _MODEL_HEAD_DIMS, _MODEL_HEAD_DIMS_V = (128, 192), (64, 96, 128, 160, 192)
 _MODEL_FEATURES = frozenset({"trace", "num_kv_splits", "varlen", "paged"})
+#: #1066's paged call: packed q, causal, the vectorized cache (``fa_lab.paged.check_fp8``).
+_PAGED_CALL = "packed_causal"
 
 FAMILY = Family(
     "swp_fp8", "the fp8 (e4m3) DUALWAVE_SWP kernel: raw-domain maxima, 128-column decisions",
     {"model": Implementation("model", Caps(FP8, _MODEL_HEAD_DIMS, _MODEL_FEATURES, _VOTES, _REBASES,
-                                           rules=True, head_dims_v=_MODEL_HEAD_DIMS_V)),
+                                           rules=True, head_dims_v=_MODEL_HEAD_DIMS_V,
+                                           paged_call=_PAGED_CALL)),
      "faithful": Implementation("faithful_split", Caps(FP8, _MODEL_HEAD_DIMS, _MODEL_FEATURES,
                                                        _VOTES, _REBASES,
-                                                       head_dims_v=_MODEL_HEAD_DIMS_V)),
+                                                       head_dims_v=_MODEL_HEAD_DIMS_V,
+                                                       paged_call=_PAGED_CALL)),
      "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))},
     rule=FP8_DUALWAVE, raw_units=True)

@@ -39,7 +39,19 @@ Features whose kernels do more than plain attention are checked against the same
 reference on the logical (dense) inputs, since they do not change the math:
 
 * ``paged``: k and v are scattered into a page cache of 64-row pages in a shuffled order
-  (the unused pages hold NaN, so a wrong gather shows), read through a block table;
+  (the unused pages hold NaN, so a wrong gather shows), read through a block table, in
+  the call form the implementation's ``Caps.paged_call`` names
+  (``fa_lab.capabilities.PAGED_CALLS``), built by ``paged_call``: its first layout, non-causal
+  where the form takes it, else bottom-right causal, q packed with cu_seqlens (one
+  sequence) where the form is packed (the fp8 family's, FlyDSL #1066: causal, packed,
+  vectorized only). A causal call's reference masks the scores past the diagonal to
+  -inf, as the window below does. Row i sees keys up to i + 384, so every row's events
+  (at column 128) stay visible and the rows break as above; the
+  masked columns lie in tiles 6 and 7, and no row has a wholly masked 128-column pair
+  (the fp8 kernel's decision unit, whose causal floor would then apply). Tile 7 is
+  wholly masked for rows 0-63: the reference decides on tile 6 and skips tile 7 (no
+  vote, no move, P = 0); the fp8 kernel decides once on the pair's max, which is tile
+  6's, and adds P = 0 for tile 7: the same decision and sums;
 * ``num_kv_splits`` (split-K, 2 splits): upstream takes split-K from 384 query rows and
   cuts at least 6 tiles per split (a remainder under 4 joins the split before it), so the
   input is 384 rows by 640 columns (1280 for fp8, whose tiles are 128 wide), with a third
@@ -67,7 +79,8 @@ import torch
 import _semantic_conformance as SEM
 
 import fa_lab
-from fa_lab import dispatch, values
+from fa_lab import dispatch, paged, values
+from fa_lab.capabilities import PAGED_CALLS
 from fa_lab.kernels import FAMILIES
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder, normalize_rows
@@ -328,14 +341,27 @@ def make_case(dtype: str, D: int, rows: int, cols: int, third: int | None = None
     return q.to(tdt), k.to(tdt), v.to(tdt), c
 
 
+def offsets(rows: int, cols: int) -> torch.Tensor:
+    """[rows, cols] fp64: i + cols - rows - j, row i's distance past key j on the
+    bottom-right diagonal (negative: masked under causal)."""
+    return torch.arange(rows, dtype=torch.float64)[:, None] + (cols - rows) - torch.arange(cols)
+
+
+def causal_mask(rows: int, cols: int) -> torch.Tensor:
+    """[rows, cols] fp64: -inf past the bottom-right diagonal, 0 elsewhere (added to s2)."""
+    return torch.where(offsets(rows, cols) < 0, -math.inf, 0.0)
+
+
 def _dtype(caps) -> str:
     return "bf16" if "bf16" in caps.dtypes else sorted(caps.dtypes)[0]
 
 
-def page_cache(k: torch.Tensor, v: torch.Tensor):
-    """k and v [1, C, Hkv, D] (C a multiple of ``PAGE``) as a linear page cache
-    [PAGE_BLOCKS, PAGE, Hkv, D] (logical page t at physical page ``PAGES[t]``, the unused
-    pages NaN), the int32 block table [1, pages] and seqlen_k [1]."""
+def page_cache(k: torch.Tensor, v: torch.Tensor, layout: str = "linear"):
+    """k and v [1, C, Hkv, D] (C a multiple of ``PAGE``) as a page cache of ``PAGE_BLOCKS``
+    pages (logical page t at physical page ``PAGES[t]``, the unused pages NaN) in
+    ``layout`` ("linear": [PAGE_BLOCKS, PAGE, Hkv, D]; "vectorized": k [PAGE_BLOCKS, Hkv,
+    D/kVS, PAGE, kVS], v [PAGE_BLOCKS, Hkv, PAGE/kVS, D, kVS]), the int32 block table
+    [1, pages] and seqlen_k [1]."""
     n = k.shape[1] // PAGE
     assert n == len(PAGES), "the case's columns fill the page table"
     caches = []
@@ -344,8 +370,39 @@ def page_cache(k: torch.Tensor, v: torch.Tensor):
         for page, phys in enumerate(PAGES):
             cache[phys] = t[0, page * PAGE:(page + 1) * PAGE]
         caches.append(cache)
+    if layout == "vectorized":
+        caches = _vectorized(*caches)
+    elif layout != "linear":
+        raise AssertionError(f"the conformance page cache has no layout {layout!r}: add it here")
     table = torch.tensor([PAGES], dtype=torch.int32, device=k.device)
     return (*caches, table, torch.tensor([k.shape[1]], dtype=torch.int32, device=k.device))
+
+
+def _vectorized(kc: torch.Tensor, vc: torch.Tensor):
+    """A linear cache [NB, P, Hkv, D] in the vectorized 5-D layout (``fa_lab.paged``):
+    k [NB, Hkv, D/kVS, P, kVS], v [NB, Hkv, P/kVS, D, kVS], kVS = 16 bytes / element."""
+    nb, ps, hkv, d = kc.shape
+    kvs = paged.vector_size(kc.dtype)
+    k5 = kc.reshape(nb, ps, hkv, d // kvs, kvs).permute(0, 2, 3, 1, 4).contiguous()
+    v5 = vc.reshape(nb, ps // kvs, kvs, hkv, vc.shape[-1]).permute(0, 3, 1, 4, 2).contiguous()
+    return k5, v5
+
+
+def paged_call(caps, q, k, v):
+    """The paged call the implementation's ``Caps.paged_call`` form takes, over
+    ``page_cache`` of k and v in the form's first layout, for one sequence of q [1, R, H, D]:
+    (args, the keyword arguments, causal). Non-causal where the form takes it, else
+    bottom-right causal; q packed [R, H, D] with cu_seqlens where the form is packed."""
+    form = PAGED_CALLS[caps.paged_call]
+    kc, vc, table, seqlen_k = page_cache(k, v, form.layouts[0])
+    kw = {"block_table": table, "seqlen_k": seqlen_k, "kv_cache_layout": form.layouts[0]}
+    if not form.packed:
+        return (q, kc, vc), kw, False not in form.causal
+    rows, cols = q.shape[1], k.shape[1]
+    kw.update(cu_seqlens_q=torch.tensor([0, rows], dtype=torch.int32, device=q.device),
+              cu_seqlens_kv=torch.tensor([0, cols], dtype=torch.int32, device=q.device),
+              max_seqlen_q=rows)
+    return (q[0], kc, vc), kw, False not in form.causal
 
 
 def _run_entry_point(claim: Claim, q, k, v, policy, backend, rows):
@@ -394,7 +451,11 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     if fp8:
         kw.update(q_descale=1.0, k_descale=1.0, v_descale=1.0)
     mods, bias2, sink2 = {}, None, None
-    pos = torch.arange(rows, dtype=torch.float64)[:, None] + (cols - rows) - torch.arange(cols)
+    pos = offsets(rows, cols)
+    if claim.feature == "paged":  # the form the implementation's paged kernel takes
+        args, mods, kw["causal"] = paged_call(caps, q, k, v)
+    else:
+        args = (q, k, v)
     if claim.feature == "bias":
         g = torch.Generator().manual_seed(3)
         bias = (torch.rand(rows, cols, generator=g) - 0.5).to(torch.bfloat16)
@@ -407,6 +468,8 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
         sink2 = torch.tensor([1.5 * math.log2(math.e)], dtype=torch.float64)
     elif claim.feature == WINDOW:  # row i sees keys from i - WINDOW_LEFT on
         bias2 = torch.where(pos > WINDOW_LEFT, -math.inf, 0.0)
+    if kw["causal"]:  # bottom-right: row i sees keys up to i + cols - rows
+        bias2 = causal_mask(rows, cols) + (0.0 if bias2 is None else bias2)
 
     def ref_one(qs, ks, vs):
         qd, kd = qs.cpu().double()[0, :, 0], ks.cpu().double()[0, :, 0]
@@ -424,11 +487,6 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
             return _run_entry_point(claim, q, k, v, policy, backend, rows), ref_one(q, k, v)
         if split:
             mods["num_kv_splits"] = SPLITS
-        if claim.feature == "paged":
-            kc, vc, table, seqlen_k = page_cache(k, v)
-            args, mods = (q, kc, vc), {"block_table": table, "seqlen_k": seqlen_k}
-        else:
-            args = (q, k, v)
         planned = fa_lab.api.plan(*args, kernel=claim.family, **kw, **mods)
         assert (planned.family, planned.backend) == (claim.family, backend), (
             f"{claim}: planned {planned.family}/{planned.backend}")
@@ -445,6 +503,7 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
             tr = fa_lab.trace(q, k, v, rows=range(rows), kernel=claim.family, **kw)
             return tr.out.cpu().double(), ref_one(q, k, v)
         out = fa_lab.flash_attn_func(*args, kernel=claim.family, **kw, **mods)
+        out = out[None] if out.dim() == 3 else out  # a packed call's [rows, H, D]
         return out.cpu().double()[0, :, 0], ref_one(q, k, v)
 
 

@@ -2,8 +2,9 @@
 value as ``fa_lab.values`` declares it, against an fp64 reference (``_conformance``).
 
 The claims are enumerated from ``fa_lab.kernels.FAMILIES``: a new family, value or feature
-is picked up with no edit here. Split-K, paged KV and the SWA kernel's window are
-checked against fp64 attention on the logical inputs. Each value of each fixed-set
+is picked up with no edit here. Split-K, paged KV (in the call form the implementation's
+``Caps.paged_call`` names) and the SWA kernel's window are checked against fp64
+attention on the logical inputs. Each value of each fixed-set
 ``Semantics`` field an implementation runs (``Caps.semantics``) is a claim too, against
 the reference of ``_semantic_conformance`` on an input that tells the field's values
 apart; each numeric field it runs, and each numeric policy parameter (threshold, rebase
@@ -29,7 +30,8 @@ import _conformance as C  # noqa: E402
 import _semantic_conformance as SEM  # noqa: E402
 
 from fa_lab import Policy, dispatch, values  # noqa: E402
-from fa_lab.capabilities import FEATURES, Caps, Family, Implementation  # noqa: E402
+from fa_lab.capabilities import FEATURES, PAGED_CALLS, Caps, Family, Implementation  # noqa: E402
+from fa_lab.paged import LAYOUTS, PagedFp8, PagedKV  # noqa: E402
 from fa_lab.kernels import FAMILIES, module  # noqa: E402
 from fa_lab.semantics import Semantics  # noqa: E402
 
@@ -159,18 +161,24 @@ def test_the_case_tells_each_parameter_value_apart(param):
     assert broken[0] != broken[1], broken
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("dtype, D", [("bf16", 64), ("fp8", 128)])
 @pytest.mark.parametrize("field", values.POLICY_FIELDS)
-def test_the_case_tells_every_value_apart(field):
+def test_the_case_tells_every_value_apart(field, dtype, D, causal):
     """On the conformance input the reference's broken rows (NaN, inf or zero) differ
-    between any two values of a field, so a value run as another cannot pass."""
+    between any two values of a field, so a value run as another cannot pass; so too on
+    the fp8 input (P cast saturating) and under the bottom-right causal mask a paged call
+    form may take (``PAGED_CALLS``)."""
     full = Caps(frozenset({"bf16"}), (64,), frozenset(), frozenset(values.names("vote")),
                 frozenset(values.names("rebase")))
-    q, k, v, c = C.make_case("bf16", 64, C.ROWS, C.COLS)
+    q, k, v, c = C.make_case(dtype, D, C.ROWS, C.COLS)
     s2 = (q.double()[0, :, 0] @ k.double()[0, :, 0].T) * c
+    if causal:
+        s2 = s2 + C.causal_mask(C.ROWS, C.COLS)
     patterns = {}
     for value in values.names(field):
         pol = C.policy_for(C.Claim("x", "model", field, value, None), full)
-        out = C.reference(s2[None], v.double()[0, :, 0], pol, fp8=False)[0]
+        out = C.reference(s2[None], v.double()[0, :, 0], pol, fp8=dtype == "fp8")[0]
         broken = ~torch.isfinite(out).all(-1) | (out == 0).all(-1)
         patterns[value] = tuple(broken.nonzero().flatten().tolist())
     assert len(set(patterns.values())) == len(patterns), patterns
@@ -218,6 +226,68 @@ def test_a_value_claimed_but_mis_run_fails_naming_family_and_value(monkeypatch):
 
     monkeypatch.setattr(models, "choose", as_declared)
     C.check(plain)
+
+
+#: Each paged model's page lookup, patched to ignore the block table: tile t reads
+#: physical page t, so the unused (NaN) pages 4 and 6 are read.
+_LOGICAL_PAGES = {
+    "swp_bf16": (PagedKV, lambda self, n: torch.arange(n).expand(self.block_table.shape[0], n)),
+    "swp_fp8": (PagedFp8, lambda self, b, n: torch.arange(n)),
+}
+
+
+@pytest.mark.parametrize("family", _LOGICAL_PAGES)
+def test_a_paged_claim_fails_when_the_gather_is_wrong(monkeypatch, family):
+    """The paged model reading its pages in logical order, past the block table: the
+    unused pages of the conformance cache hold NaN, so its paged claim fails, naming the
+    family and the feature, in the call form its Caps name."""
+    claim = C.Claim(family, "model", "vote", "wave", "paged")
+    assert claim in CLAIMS
+    cls, logical = _LOGICAL_PAGES[family]
+    monkeypatch.setattr(cls, "page_ids", logical)
+    with pytest.raises(AssertionError, match=rf"family '{family}', implementation 'model', "
+                                             r"vote='wave', feature paged.*NaN rows \[0, 1, 2"):
+        C.check(claim)
+
+
+def test_a_value_mis_run_on_the_fp8_paged_call_fails_naming_it(monkeypatch):
+    """The fp8 paged model (packed, causal, vectorized: its ``Caps.paged_call``) running
+    rebase "capped" as "tile": its paged claim fails on row 1 (whose drop "capped" skips),
+    naming the family, the value and the feature; unpatched it passes."""
+    import fa_lab.kernels._common.models as models
+
+    claim = C.Claim("swp_fp8", "model", "rebase", "capped", "paged")
+    assert claim in CLAIMS and FAMILIES["swp_fp8"].caps("model").paged_call == "packed_causal"
+    choose = models.choose
+
+    def mis_run(policy, *a, **kw):
+        if policy.rebase == "capped":
+            policy = dataclasses.replace(policy, rebase="tile", rebase_bound=None)
+        return choose(policy, *a, **kw)
+
+    monkeypatch.setattr(models, "choose", mis_run)
+    with pytest.raises(AssertionError, match=r"family 'swp_fp8', implementation 'model', "
+                                             r"rebase='capped', feature paged.*NaN rows \[1, 33\]"):
+        C.check(claim)
+    monkeypatch.setattr(models, "choose", choose)
+    C.check(claim)
+
+
+def test_the_paged_call_forms():
+    """Each form's layouts are ones ``fa_lab.paged`` takes; the fp8 family names the packed
+    causal form, the bf16 one takes the default; a form unknown, or named without the
+    paged feature, is refused."""
+    for form in PAGED_CALLS.values():
+        assert set(form.layouts) <= set(LAYOUTS) and form.layouts and form.causal
+    assert PAGED_CALLS["packed_causal"].causal == (True,) and PAGED_CALLS["packed_causal"].packed
+    assert FAMILIES["swp_bf16"].caps("model").paged_call == "dense"
+    for impl in ("model", "faithful"):
+        assert FAMILIES["swp_fp8"].caps(impl).paged_call == "packed_causal"
+    args = (frozenset({"fp8"}), (128,), frozenset({"paged"}), frozenset({"tile"}), frozenset({"max"}))
+    with pytest.raises(ValueError, match=r"Caps.paged_call='ragged' is not a paged call form"):
+        Caps(*args, paged_call="ragged")
+    with pytest.raises(ValueError, match=r"features do not claim 'paged'"):
+        Caps(*args[:2], frozenset(), *args[3:], paged_call="packed_causal")
 
 
 def test_a_semantics_value_mis_run_fails_naming_family_and_value(monkeypatch):
