@@ -33,8 +33,10 @@ EPS = 1e-3
 
 @dataclass
 class Case:
-    """One input: q, k, v, a bool mask [Sq, Skv] (True = visible) or None, seqlen_kv, causal;
-    ``kind``: "online" (fp32, log2-unit scores) or "swp" (bf16 for the DUALWAVE_SWP model)."""
+    """One input: q, k, v, a bool mask [Sq, Skv] (True = visible) or None, seqlen_kv;
+    ``kind``: "online" (fp32, log2-unit scores) or "swp" (bf16 for the DUALWAVE_SWP model);
+    ``v_descale`` set: an fp8 call (q, k, v float8_e4m3fn, q and k descales 1), which runs
+    the online model on fp8 inputs or, for a DUALWAVE_SWP policy, the fp8 kernel."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -42,6 +44,18 @@ class Case:
     mask: torch.Tensor | None = None
     seqlen_kv: int | None = None
     kind: str = "online"
+    v_descale: float | None = None
+
+    @property
+    def dtype(self) -> str:
+        if self.v_descale is not None:
+            return "fp8"
+        return "fp32" if self.kind == "online" else "bf16"
+
+    def descales(self) -> dict:
+        if self.v_descale is None:
+            return {}
+        return {"q_descale": 1.0, "k_descale": 1.0, "v_descale": float(self.v_descale)}
 
 
 @dataclass
@@ -98,15 +112,15 @@ def _bias(case: Case):
 def region_and_measure(pol, case: Case, tol: float = 0.25):
     from fa_lab.kernels.online.model import LOG2_UNITS
 
+    region = bound(pol, dtype=case.dtype, tolerance=tol)
     if case.kind == "online":
-        region = bound(pol, dtype="fp32", tolerance=tol)
         m = measure(case.q, case.k, case.v, policy=pol, bias=case.mask,
-                    seqlen_kv=case.seqlen_kv, softmax_scale=LOG2_UNITS, dtype="fp32")
+                    seqlen_kv=case.seqlen_kv, softmax_scale=LOG2_UNITS, dtype=case.dtype,
+                    **case.descales())
     else:
-        region = bound(pol, dtype="bf16", tolerance=tol)
         b = _bias(case)
         m = measure(case.q, case.k, case.v, policy=pol, bias=None if b is None else b.expand(
-            case.q.shape[1], case.k.shape[1]))
+            case.q.shape[1], case.k.shape[1]), dtype=case.dtype, **case.descales())
     return region, m
 
 
@@ -126,9 +140,11 @@ def _online_fails(pol, case: Case, tol: float) -> dict:
 
     rec: list = []
     out, _ = forward(case.q, case.k, case.v, policy=pol, mask=case.mask,
-                     seqlen_kv=case.seqlen_kv, softmax_scale=LOG2_UNITS, record=rec)
+                     seqlen_kv=case.seqlen_kv, softmax_scale=LOG2_UNITS, record=rec,
+                     **case.descales())
     n = case.k.shape[1] if case.seqlen_kv is None else case.seqlen_kv
-    k, v = case.k[:, :n].double(), case.v[:, :n].double()
+    vd = 1.0 if case.v_descale is None else float(case.v_descale)
+    k, v = case.k[:, :n].double(), case.v[:, :n].double() * vd
     bias = None
     if case.mask is not None:
         vis = case.mask[:, :n]
@@ -162,13 +178,15 @@ def fails(pol, case: Case, tol: float = 0.25) -> list:
                                  .to(torch.bfloat16)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        kernel = "swp_bf16" if case.v_descale is None else "swp_fp8"
         out = api.flash_attn_func(case.q, case.k, case.v, causal=False, rescale=pol,
-                                  backend="emulator", kernel="swp_bf16", **mods).double()
+                                  backend="emulator", kernel=kernel, **mods,
+                                  **case.descales()).double()
     ref, lse = reference.attention(case.q, case.k, case.v, causal=False, dtype=torch.float64,
-                                   **mods)
+                                   **mods, **case.descales())
     defined = torch.isfinite(lse).permute(0, 2, 1)
     fin = torch.isfinite(out).all(-1)
-    vmax = float(case.v.double().abs().max())
+    vmax = float(case.v.double().abs().max()) * (case.v_descale or 1.0)
     err = torch.where(defined & fin, (out - ref).abs().amax(-1), torch.zeros_like(out[..., 0]))
     found = {"nonfinite": bool((~fin & defined).any()),
              "empty": bool((~defined & (~fin | (out != 0).any(-1))).any()),
@@ -232,6 +250,46 @@ def _overflow(pol, kind):
     if sem.kv_split is not None:
         slack = 1.01       # n counts both partials' keys; each overflows with its own
     return "log2 max|V|", case, 100.0, 127.99, ("nonfinite",), slack
+
+
+#: log2 of the smallest fp32 output that the bf16 cast rounds to inf (2^128 - 2^119, the
+#: midpoint above bf16's largest value).
+BF16_INF_LOG2 = math.log2(2.0 ** 128 - 2.0 ** 119)
+
+
+def _out_overflow(pol, kind):
+    """The output's cast, driven by the only factor outside the accumulators: an fp8
+    call's ``v_descale`` (O = sum P v stays at the keys' V while the epilogue multiplies
+    by v_descale). Every key scores 0 and reads V = 1, so ``out = v_descale`` exactly; the
+    region's (1 + u_P) allows for a P cast rounding up, which these P (2^H, exact) do
+    not, so the failure (bf16 inf) lies past the edge by at most log2(1 + u_P) plus the gap
+    from bf16's largest value to its rounding midpoint. In a bf16 or fp32 call
+    (``v_descale`` 1) the output cannot overflow before O does: out = O / l with
+    l >= 2^H >= 1 (``test_onset_bound_edges`` shows this margin dominance)."""
+    fp8 = torch.float8_e4m3fn
+    if kind == "swp":
+        def case(t):
+            q = torch.zeros(1, 32, 1, 128).to(fp8)
+            k = torch.zeros(1, 128, 1, 128).to(fp8)
+            v = torch.ones(1, 128, 1, 128).to(fp8)
+            return Case(q, k, v, None, None, "swp", 2.0 ** t)
+        unit = FORMATS["e4m3"][2]
+    else:
+        sem = pol.semantics
+        # one visible key; a split: one in each of two partials (no empty partial, no
+        # base-2 gap), whose merge sums both outputs before dividing
+        split = sem.kv_split
+        bn = sem.block_n or 64
+        n = 2 * split * bn if split else 1
+        mask = None if not split else torch.tensor([[j in (0, split * bn) for j in range(n)]])
+
+        def case(t):
+            return Case(torch.ones(1, 1, 1, 1).to(fp8), torch.zeros(1, n, 1, 1).to(fp8),
+                        torch.ones(1, n, 1, 1).to(fp8), mask, None, "online", 2.0 ** t)
+        unit = FORMATS[_fmt(pol, "fp8", "online")][2]
+    top = math.log2(FORMATS["bf16"][0])
+    slack = math.log2(1 + unit) + (BF16_INF_LOG2 - top) + 1e-4
+    return "log2 v_descale", case, 120.0, BF16_INF_LOG2 + 1e-3, ("nonfinite",), slack
 
 
 def _saturation(pol, kind):
@@ -347,12 +405,27 @@ def _tail(pol, kind):
 
 def _mass(pol, kind):
     """V's scale: the max key (v = 0) and one key per later tile at -3 (v = 2^t): each
-    tile's PV is 2^(t - 3), lost below 2^-150, and 8 tiles carry half the output."""
-    if kind == "swp":
-        return "bf16 V stops at 2^-133, where the PV sums are still exact in fp32"
+    tile's PV is 2^(t - 3), lost below 2^-150, and 8 tiles carry half the output. Where
+    no tile's PV can be lost alone (bf16 V stops at 2^-133, where the PV sums are exact in
+    fp32; a split normalises each partial) the output's own cast is what fails: two keys
+    of equal weight with V = 2^t and 0 give 2^(t - 1), which the output's format rounds
+    (a tie to even) to 0 once 2^t is its smallest subnormal."""
     sem = pol.semantics
+    if kind == "swp":
+        def case(t):  # 64 keys of one tile, V alternating 2^t and 0
+            return _swp([[0.0] * 64], values=[2.0 ** t if j % 2 == 0 else 0.0
+                                              for j in range(64)])
+        return "log2 max|V|", case, -120.0, -133.0, ("silent",), "=-133"
     if sem.kv_split is not None:
-        return "a split-KV partial normalises its own tiles: no tile's PV meets 2^-150 alone"
+        bn = sem.block_n or 64
+        n = 2 * sem.kv_split * bn
+        at = (0, sem.kv_split * bn)   # the first key of each partial
+
+        def case(t):
+            vals = [0.0] * n
+            vals[at[0]] = 2.0 ** t
+            return _online_row([0.0] * n, vals, [j in at for j in range(n)])
+        return "log2 max|V|", case, -130.0, -149.0, ("silent",), "=-149"
     bn = sem.block_n or 64
     T = 9
     first = 0 if sem.kv_order == "ascending" else T - 1
@@ -449,6 +522,25 @@ def _sentinel(pol, kind):
     return "s_max - sigma_mask (log2)", case, 40.0, 0.0, ("silent",), 1.0
 
 
+def _fixed_over(pol, kind):
+    """One key at score t against the fixed max F: its P = 2^(t - F + H) overflows."""
+    F, H = float(pol.semantics.fixed_max), float(pol.p_headroom)
+
+    def case(t):
+        return _online_row([F - H + t], [1.0])
+    return "s - F + H (log2)", case, 120.0, 130.0, ("nonfinite",), 0.0
+
+
+def _fixed_under(pol, kind):
+    """One key at score t against the fixed max F: its P = 2^(t - F + H) flushes to 0 and
+    the row is silently zero."""
+    F, H = float(pol.semantics.fixed_max), float(pol.p_headroom)
+
+    def case(t):
+        return _online_row([F - H + t], [1.0])
+    return "s - F + H (log2)", case, -120.0, -140.0, ("silent", "empty", "nonfinite"), 0.0
+
+
 #: The builders, by hazard name (``bound``'s); a builder returns a str (why) where it has no
 #: input for that policy's kernel.
 BUILDERS = {
@@ -461,7 +553,8 @@ BUILDERS = {
     "late mask lifts the max": _late_lift, "late mask over a non-finite score": _late_nan,
     "softcap's exp ratio overflows": _softcap, "P before the vote drops a kept jump": _kept_jump,
     "base-2 LSE merged as natural": _base2, "finite sentinel": _sentinel,
-    "non-finite V": _v_inf,
+    "non-finite V": _v_inf, "output overflow": _out_overflow,
+    "overflow at the fixed max": _fixed_over, "underflow at the fixed max": _fixed_under,
 }
 
 #: A tolerance other than the attack's 0.25 where a hazard's failure stays below it: two
@@ -470,12 +563,8 @@ TOLERANCE_FOR = {"base-2 LSE merged as natural": 0.1}
 
 #: Hazards with no builder here, and why (the edge test fails on a live hazard in neither).
 SKIPPED = {
-    "output overflow": "implied by the accumulator's edge on every fp32 and bf16 input (O "
-                       "overflows first); it bites only an fp8 call's v_descale",
     "exp floor keeps masked and flushed weight": "the floor is 2^-127.7: the margin needs "
                                                  "2^124 keys",
-    "overflow at the fixed max": "tests/studies/test_onset_bound_fixed_max.py",
-    "underflow at the fixed max": "tests/studies/test_onset_bound_fixed_max.py",
     "fp8 addend loses the row max": "sufficient at 448^2 D per score: unreachable with fp8 "
                                     "inputs at a descale near 1",
     "fp8 causal floor overflows": "boundcheck.fp8_floor_sweep",
@@ -514,6 +603,9 @@ def edge(policy, hazard: str, *, eps: float = EPS) -> Edge | None:
     if built is None or isinstance(built, str):
         return None
     param, case, lo, hi, classes, slack = built
+    if case(lo).dtype != region.dtype:   # built on another call (an fp8 call's descale)
+        region = bound(pol, dtype=case(lo).dtype, tolerance=tol)
+        h = next(h for h in region.hazards if h.name == hazard)
     ok_lo, _ = margin_of(pol, hazard, case(lo), tol)
     ok_hi, _ = margin_of(pol, hazard, case(hi), tol)
     if not ok_lo or ok_hi:
