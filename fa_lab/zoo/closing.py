@@ -3,13 +3,12 @@ sources read and the attack time, generated from the committed data.
 
 * a finding (``docs/findings/<name>.md``): its ``**Symptom:**`` line; the files and line
   numbers its ``## Where`` section names; the attack time from the record its
-  ``**Attack:**`` line names (``data/results/findings_attack.json``: the runs for that
-  page; another ``attack_*.json``: its ``timing``), or the line's reason for none;
+  ``**Attack:**`` line names (the ``findings_attack`` record: the runs for that page;
+  another attack record: its ``timing``), or the line's reason for none;
 * a zoo entry: the reports it was checked against (``Entry.sources``); the shrunk input's
   symptom of the first run before the fix that found it (random starts, seed 0, where one
-  did) in ``data/results/zoo_attack.json``; the slowest first find over the seeds, from
-  the zoo's starting points and from random starts only; and what the search against the
-  fix found.
+  did) in the ``zoo_attack`` record; the slowest first find over the seeds, from the zoo's
+  starting points and from random starts only; and what the search against the fix found.
 
 ``table()`` is the Markdown that ``docs/findings/index.md`` holds between its
 ``closing-table`` markers (``tests/studies/test_zoo_closing.py`` checks that it still
@@ -42,11 +41,15 @@ def _line(text: str, label: str) -> str:
 
 def sources_read(text: str) -> str:
     """The files (backticked paths) and line numbers (``l.N`` / ``l.N-M``) a page's
-    ``## Where`` section names, in order, each once."""
+    ``## Where`` section names, in order, each once; where it names no line, its first
+    sentence (why)."""
     where = _section(text, "Where")
     files = list(dict.fromkeys(re.findall(r"`([\w./+-]+/[\w.+-]+\.(?:py|cuh|cu|cpp|h))`", where)))
     lines = list(dict.fromkeys(re.findall(r"l\.(\d+(?:-\d+)?)", where)))
-    return f"{', '.join(files)}: l.{', l.'.join(lines)}" if lines else ", ".join(files)
+    if lines:
+        return f"{', '.join(files)}: l.{', l.'.join(lines)}"
+    # a page that read no lines says why in its first sentence
+    return "no lines: " + " ".join(where.split()).split(":")[0].split(". ")[0]
 
 
 def _fmt_s(xs) -> str:
@@ -60,11 +63,20 @@ def finding_attack(name: str, text: str) -> str:
     if m is None:
         return att
     rec = json.loads((RESULTS / m.group(1)).read_text())
-    if m.group(1) == "findings_attack.json":
+    note = att.split(". ", 1)[1] if ". " in att else ""
+    return _record_time(name, m.group(1), rec) + (f"; {note}" if note else "")
+
+
+def _record_time(name: str, file: str, rec: dict) -> str:
+    if file == "findings_attack.json":
         runs = [r for r in rec["runs"] if r["finding"] == name]
         found = [r["time_to_first_s"] for r in runs if r["found"]]
+        classes = ", ".join(runs[0]["classes"]) if runs else "-"
+        if not found:
+            return (f"not found in {len(runs)} random-start runs of {rec['budget_s']:g} s "
+                    f"(class {classes})")
         return (f"{_fmt_s(found)} (slowest of {len(found)}/{len(runs)} random-start runs "
-                f"that found it, {rec['budget_s']:g} s budget)")
+                f"that found it, class {classes}, {rec['budget_s']:g} s budget)")
     t = rec["timing"]
     found = [x for x in t["time_to_first_s"] if x is not None]
     return (f"{_fmt_s(found)} wall, {max(t['cpu_s']):.1f} s CPU (slowest of "
@@ -82,13 +94,18 @@ def finding_rows() -> list[dict]:
     return rows
 
 
+def _num(x) -> str:
+    """A recorded number; None is how the record stores a non-finite value."""
+    return "non-finite" if x is None else f"{x:.4g}"
+
+
 def _symptom(s: dict, n_rows: int) -> str:
     rows = s["bad_rows"]
     more = "+" if len(rows) >= 8 else ""
     out = f"{', '.join(s['classes'])}: {len(rows)}{more} of {n_rows} rows"
     if "out" in s:
-        out += f"; row {s['row']}: {s['out'][0]:.4g} for {s['ref'][0]:.4g}"
-    return out + f"; error {s['max_err_over_vmax']:.3g} max|V|"
+        out += f"; row {s['row']}: {_num(s['out'][0])} for {_num(s['ref'][0])}"
+    return out + f"; error {_num(s['max_err_over_vmax'])} max|V|"
 
 
 def entry_rows() -> list[dict]:
