@@ -13,7 +13,8 @@ bisects ``t`` on the margin that ``measure`` reads off the input (so the scores 
 kernel's own, every cast included) down to ``eps``, and runs the policy's kernel at both
 ends: the online-softmax model for a policy with semantics of its own (one query row,
 D = 1, log2-unit scores, fp32), the DUALWAVE_SWP model for a FlyDSL policy (bf16, D = 64,
-one 32-row wave). An *exact* hazard must fail at ``t_outside``; a sufficient one must fail
+one 32-row wave; a drag's wave on the online model: 32 rows, D = 32). An *exact* hazard
+must fail at ``t_outside``; a sufficient one must fail
 by ``t_outside + slack`` (``Edge.beyond``), the slack its builder states.
 """
 
@@ -84,6 +85,19 @@ def _online_row(scores, values, mask=None, seqlen_kv=None):
     return Case(q, k, v, m, seqlen_kv)
 
 
+def _online_wave(rows_scores, mask):
+    """fp32 [1, 32, 1, 32] q and [1, n, 1, 32] k, v = 1 for the online model's 32-row
+    wave: row r's log2-unit scores per key are ``rows_scores[r]`` (rows past the list score
+    0; row r reads dimension r); ``mask`` [32, n] bool."""
+    n = len(rows_scores[0])
+    q, k = torch.zeros(1, 32, 1, 32), torch.zeros(1, n, 1, 32)
+    for r in range(32):
+        q[0, r, 0, r] = 1.0
+    for r, sc in enumerate(rows_scores):
+        k[0, :, 0, r] = torch.tensor(sc, dtype=torch.float64).float()
+    return Case(q, k, torch.ones(1, n, 1, 32), torch.tensor(mask, dtype=torch.bool))
+
+
 def _swp(rows_scores, values=1.0, mask=None):
     """bf16 [1, 32, 1, 64] q and [1, 64 T, 1, 64] k, v: row r's log2-unit scores per key are
     ``rows_scores[r]`` (rows past the list score 0; row r reads dimension r), V = ``values``
@@ -148,7 +162,8 @@ def _online_fails(pol, case: Case, tol: float) -> dict:
     bias = None
     if case.mask is not None:
         vis = case.mask[:, :n]
-        k = torch.where(vis.T[None, :, :, None], k, 0.0)
+        if vis.shape[0] == 1:   # one row: its masked keys' K takes no part
+            k = torch.where(vis.T[None, :, :, None], k, 0.0)
         bias = torch.where(vis, 0.0, -math.inf).double()
     ref, rl = reference.attention(case.q.double(), k, v, dtype=torch.float64,
                                   softmax_scale=LOG2_UNITS, bias=bias)
@@ -378,8 +393,20 @@ def _partial(pol, kind):
 
 def _drag_hollow(pol, kind):
     if kind != "swp":
-        return "the online family's drag needs a wave of rows; its edge is built on the "\
-               "DUALWAVE_SWP policies"
+        # the same wave on the online model: tiles of block_n keys
+        bn = pol.semantics.block_n or 64
+        trigger = [0.0] * (2 * bn) + [20.0] * (4 * bn)
+        victim = [1.0] * (6 * bn)
+
+        def case(L):  # each row sees one key a tile (few keys: no flushed mass), the
+            L = int(round(L))   # victim its third tile's keys up to L from its end
+            mask = torch.zeros(32, 6 * bn, dtype=torch.bool)
+            mask[:, ::bn] = True
+            mask[1, 2 * bn:3 * bn] = False
+            mask[1, 2 * bn:3 * bn - L] = True
+            return _online_wave([trigger, victim], mask.tolist())
+        return "masked keys of the victim's third tile", case, 0.0, float(bn), (
+            "nonfinite", "nan_factor"), 0.0
     # row 0 (the trigger) jumps by 20 at tile 2 and fires the wave; row 1 (the victim) sees
     # keys of tile 0 only: the masked keys of its tile 2 run from its end
     trigger = [0.0] * 128 + [20.0] * 64 + [20.0] * 192
