@@ -277,26 +277,19 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
              "tight when n keys all sit at the stale base's full excess and their P casts "
              "round up"))
 
-    # 2. saturation of the P cast. A P itself never sees a drag's deficit: a tile whose vote
-    #    fires moves each row's base to that tile's own max before its P (P <= 2^H), and a
-    #    tile that does not fire has every row within THR of its base (P <= 2^(H + THR));
-    #    the deficit reaches O and l only, through the factor (the accumulators above).
-    #    (A P taken before the vote, ``p_before_vote``, is refused with a drag.)
-    never_sat = not math.isfinite(fmax) or (not lag and H + tau <= log_fmax)
-    p_dev = "Jup" if lag else "min(THR, Jup)"
+    # 2. saturation of the P cast
+    never_sat = not math.isfinite(fmax) or (not drags and not lag and H + tau <= log_fmax)
 
     def saturation(m):
         ok = m.defined
-        stale = m.Jup if lag else np.minimum(m.Jup, tau)
-        margin = log_fmax - H - float(stale[ok].max()) if ok.any() else math.inf
+        margin = log_fmax - H - float(excess(m)[ok].max()) if ok.any() else math.inf
         return margin >= 0, margin
 
     hz.append(Hazard(
         "P saturation", "saturation",
-        f"H + {p_dev} <= log2({fmax:g}) = {log_fmax:.4f} ({fmt} P)", saturation,
-        never=never_sat, exact=True,
-        note=(f"H + THR = {H + tau:g} <= {log_fmax:.4f}: no P can pass the format (a drag's "
-              "deficit scales O and l, never a P)" if never_sat
+        f"H + {dev} <= log2({fmax:g}) = {log_fmax:.4f} ({fmt} P)", saturation,
+        never=never_sat, exact=not drags,
+        note=(f"H + THR = {H + tau:g} <= {log_fmax:.4f}: no P can pass the format" if never_sat
               else "the clipped P keeps its full weight in l: the row loses mass silently")))
 
     # 3. P values below half the format's smallest subnormal round to 0; O's fp32 sums
