@@ -308,10 +308,11 @@ def _out_overflow(pol, kind):
 
 
 def _saturation(pol, kind):
-    if kind == "swp":
-        return "a bf16 P saturates only past 2^128, where its fp32 exp2 is already inf"
     if _drags(pol):
-        return "a drag's excess needs the wave's other rows; the one-row edge has none"
+        return ("a drag's P passes the format through the ballot's staircase, which depends "
+                "on the wave's other rows: no one-parameter family builds it yet")
+    if kind == "swp":
+        return "a DUALWAVE_SWP P saturates only under a drag"
     bn = pol.semantics.block_n or 64
     first, other = _first_other(pol, bn)
 
