@@ -45,7 +45,7 @@ def _symptom(entry, cand, policy, classes) -> dict:
            "undefined_rows": len(v.undefined_rows)}
     if A.kernel_for(policy) != A.KERNEL and v.bad_rows:
         o, lse, rec, pol, (q, k, vv, mods) = A.run_online(cand, policy)
-        ref, rl = A.reference_of(cand, q, k, vv, mods)
+        ref, rl = A.reference_of(cand, q, k, vv, mods, softcap=pol.semantics.softcap)
         r = v.bad_rows[0]
         out.update(row=r, out=o[0, r, 0, :4].float().tolist(), ref=ref[0, r, 0, :4].tolist(),
                    lse=float(lse[0, 0, r]), ref_lse=float(rl[0, 0, r]),

@@ -171,10 +171,11 @@ ROUND2 = (
         _policy("vllm_softcap_exp_ratio:after", desc="#56579: 1 - 2 / (e^(2u) + 1)",
                 softcap=50.0, softcap_form="exp_sum", **_VLLM),
         large_logits, nan_in_visible_rows, failure=("nonfinite",),
-        note="The fp64 reference has no softcap, so only the NaN is judged (the attack's "
-             "class is nonfinite); the capped output differs from an uncapped softmax by "
-             "design. Both presets keep the unified kernel's guard that sets a -inf running "
-             "max to 0 (a row or tile with nothing visible)."),
+        note="The attack's fp64 reference caps its scores too (cap tanh(t / cap), exact "
+             "tanh: ``adversary.softcap_reference``), so a capped output is judged against "
+             "the attention asked for; the entry's class is the reported NaN. Both presets "
+             "keep the unified kernel's guard that sets a -inf running max to 0 (a row or "
+             "tile with nothing visible)."),
     Entry(
         "lse_base2_merge", "vLLM / SGLang chunked-prefix merge: a base-2 LSE read as a "
         "natural log",

@@ -107,3 +107,18 @@ def test_mla_decode_p_cast_loses_half_the_mass_without_the_lift():
     assert out0 == pytest.approx(1 / (1 + 1023 / 1024), rel=2 ** -8)
     assert out8 == pytest.approx(1.0, abs=2 ** -8)
     assert lse0 == pytest.approx(r["exact_lse"], abs=1e-5) and lse8 == pytest.approx(r["exact_lse"], abs=1e-5)
+
+
+def test_pa_decode_inf_path_nan_from_m_of_minus_128_on_several_m_tiles():
+    mod = load("pa_decode_inf_path")
+    r = mod.repro()
+    for g in (16, 17):
+        assert -128.0 < r[(g, "inside")]["m"] < -127.99998 and r[(g, "outside")]["m"] == -128.0
+        assert r[(g, "inside")]["nan_rows"] == 0 and r[(g, "inside")]["max_err"] < 2e-3
+    assert r[(16, "outside")]["nan_rows"] == 0 and r[(16, "outside")]["max_err"] < 2e-3
+    assert r[(17, "outside")]["nan_rows"] == 17 and r[(17, "outside")]["max_err"] is None
+
+
+def test_pa_decode_inf_path_edge_is_found_by_bisection():
+    mod = load("pa_decode_inf_path")
+    assert mod.edge_key_scale() == mod.EDGE_KEY_SCALES

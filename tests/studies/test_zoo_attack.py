@@ -200,3 +200,44 @@ def test_a_one_hot_input_with_fewer_rows_than_victims_builds():
         c = C(n_rows=n_rows, n_victims=8, n_tiles=1)
         q, k, v = A.build(c)
         assert q.shape[1] == n_rows and int((q[0, :, 0] != 0).sum()) == n_rows
+
+
+def test_the_softcap_reference_is_the_capped_softmax():
+    """``softcap_reference`` against a direct sum in Python floats (math.tanh, math.exp),
+    causal and with a bias; with a cap far above the scores it is the plain reference."""
+    from fa_lab import reference
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, n, 1, 8, generator=g) * 6 for n in (3, 5, 5))
+    bias = torch.zeros(3, 5)
+    bias[1, 0] = -math.inf
+    bias[2, 4] = 0.5
+    out, lse = A.softcap_reference(q, k, v, 2.0, causal=True, bias=bias)
+    for i in range(3):
+        s = [2.0 * math.tanh(float(q[0, i, 0].double() @ k[0, j, 0].double()) / math.sqrt(8)
+                             / 2.0) + float(bias[i, j]) for j in range(5) if j <= i + 2]
+        top = max(s)
+        w = [math.exp(x - top) for x in s]
+        want = [sum(wj * float(v[0, j, 0, d]) for j, wj in enumerate(w)) / sum(w)
+                for d in range(8)]
+        assert out[0, i, 0].tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
+        assert float(lse[0, 0, i]) == pytest.approx(top + math.log(sum(w)), rel=1e-12)
+    plain, plse = reference.attention(q, k, v, causal=False, dtype=torch.float64)
+    big, blse = A.softcap_reference(q, k, v, 1e9)
+    assert torch.allclose(big, plain, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="softcap"):
+        A.softcap_reference(q, k, v, 0.0)
+
+
+def test_a_softcap_policy_is_judged_against_the_capped_reference():
+    """Scores up to 126 under a cap of 50: the capped output is off the uncapped softmax by
+    about 1.9 max|V|, which the judge used to call a silent failure of the fixed preset;
+    against the capped reference it is within its fp32 rounding."""
+    c = C(family="scores", spread=60.0, n_rows=4, n_tiles=2, v_kind="randn")
+    q, k, v = A.build(c)
+    mods = A.build_mods(c)
+    capped, _ = A.reference_of(c, q, k, v, mods, softcap=50.0)
+    plain, _ = A.reference_of(c, q, k, v, mods)
+    assert float((capped - plain).abs().max()) > 1.0
+    verdict = A.judge(c, "vllm_softcap_exp_ratio:after", classes="silent")
+    assert not verdict.failed and verdict.max_err < 5e-3

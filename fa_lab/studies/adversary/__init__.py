@@ -115,7 +115,8 @@ from .space import (FIELDS, MODS, MOD_ALIASES, parse_mods, Space, SPACES, Candid
                     RANDOM_ONLY, canonical, build, SPARSE_BLOCK_ROWS, mask_of, build_mods, KERNEL,
                     check_mods, ZOO_FIELDS, kernel_for, check_space, visible, first_tile_visible)
 from .judge import (Verdict, judged_rows, judge, CLASSES, SILENT_TOL, default_classes,
-                    check_classes, zoo_judge, run_online, reference_of)
+                    check_classes, zoo_judge, run_online, reference_of,
+                    softcap_reference)
 from .optimize import (random_candidate, mutate, STARTS, MOD_STARTS, ZOO_STARTS, Attack,
                        OPTIMIZERS, search, summary)
 from .shrink import shrink_candidate, trace_rows
@@ -127,6 +128,7 @@ __all__ = ["FIELDS", "MODS", "MOD_ALIASES", "parse_mods", "Space", "SPACES", "Ca
            "KERNEL", "check_mods", "ZOO_FIELDS", "kernel_for", "check_space", "visible",
            "first_tile_visible", "Verdict", "judged_rows", "judge", "CLASSES", "SILENT_TOL",
            "default_classes", "check_classes", "zoo_judge", "run_online", "reference_of",
+           "softcap_reference",
            "random_candidate", "mutate", "STARTS", "MOD_STARTS", "ZOO_STARTS", "Attack",
            "OPTIMIZERS", "search", "summary", "shrink_candidate", "trace_rows", "tensor_digest",
            "save_regression", "load_regression", "run_regression", "RECORD_KEYS", "RUN_KEYS",

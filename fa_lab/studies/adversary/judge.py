@@ -162,11 +162,14 @@ def run_online(c: Candidate, policy, *, threshold=None, recorder=None):
     return out, lse, records, planned.call.policy, (q, k, v, mods)
 
 
-def reference_of(c: Candidate, q, k, v, mods):
+def reference_of(c: Candidate, q, k, v, mods, *, softcap: float | None = None):
     """The fp64 reference of ``c`` over its valid keys (``kv_used``): (out, lse); a row
     with no valid key gives 0 and LSE -inf. A bias entry whose log2-unit value overflows
     fp32 (bf16's ``finfo.min``, -3.4e38, times log2 e) masks its key here as it does in
-    every kernel that folds log2 e into the bias: such a key is a mask, not a logit."""
+    every kernel that folds log2 e into the bias: such a key is a mask, not a logit.
+    ``softcap`` (a policy's ``semantics.softcap``): each scaled score t becomes
+    ``cap * tanh(t / cap)`` (exact tanh, fp64) before the bias and the masks, the
+    attention the capped kernel is asked for (``softcap_reference``)."""
     from fa_lab import reference
     from fa_lab.numerics import LOG2E
 
@@ -178,8 +181,35 @@ def reference_of(c: Candidate, q, k, v, mods):
     if bias is not None:
         bias = bias[:, :n].double()
         bias = bias.masked_fill(torch.isinf((bias * LOG2E).float()), -math.inf)
+    if softcap:
+        return softcap_reference(q, k[:, :n], v[:, :n], softcap, causal=c.causal, bias=bias)
     return reference.attention(q, k[:, :n], v[:, :n], causal=c.causal, dtype=torch.float64,
                                bias=bias)
+
+
+def softcap_reference(q, k, v, cap: float, *, causal: bool = False, bias=None,
+                      softmax_scale: float | None = None):
+    """fp64 attention with a softcapped score: q [B, Sq, H, D], k and v [B, Skv, Hkv, D];
+    ``s = cap * tanh(scale * q . k / cap) + bias`` (``bias`` [Sq, Skv] natural-log units,
+    -inf = masked), causal bottom-right aligned; returns (out [B, Sq, H, D], lse [B, H, Sq])
+    in fp64, a row that sees no key giving 0 and LSE -inf."""
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+        raise ValueError(f"softcap must be a positive number, got {cap!r}")
+    B, Sq, H, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+    idx = torch.arange(H) // (H // Hkv)
+    qf = q.double().permute(0, 2, 1, 3)
+    kf, vf = (t.double().permute(0, 2, 1, 3)[:, idx] for t in (k, v))
+    s = float(cap) * torch.tanh((qf @ kf.transpose(-1, -2)) * scale / float(cap))
+    if bias is not None:
+        s = s + bias.double()
+    if causal:
+        cols, rows = torch.arange(Skv), torch.arange(Sq)
+        s = s.masked_fill(cols[None, :] > rows[:, None] + (Skv - Sq), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return (p @ vf).permute(0, 2, 1, 3).contiguous(), lse
 
 
 def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
@@ -195,7 +225,7 @@ def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
 
     t0 = time.perf_counter()
     out, lse, records, pol, (q, k, v, mods) = run_online(c, policy, threshold=threshold)
-    ref, ref_lse = reference_of(c, q, k, v, mods)
+    ref, ref_lse = reference_of(c, q, k, v, mods, softcap=pol.semantics.softcap)
     o = out.double()[0, :, 0]
     defined = torch.isfinite(ref_lse)[0, 0]
     finite = torch.isfinite(o).all(-1)

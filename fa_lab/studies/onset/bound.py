@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 
 from fa_lab import values
 from fa_lab.kernels._common.hazard import Hazard, HazardChecks
@@ -57,9 +58,9 @@ from .measure import Measure, block_n as _block_n, resolve as _resolve
 #: log2 of the fp32 overflow boundary.
 OVERFLOW = SH.OVERFLOW_LOG2
 #: Each P format: (largest finite value, log2 of half its smallest subnormal (a P below it
-#: rounds to 0), its unit roundoff 2^-(mantissa bits + 1)).
+#: rounds to 0), its unit roundoff 2^-(stored mantissa bits + 1)).
 FORMATS = {"e4m3": (E4M3_MAX, -10.0, 2.0 ** -4), "e5m2": (57344.0, -17.0, 2.0 ** -3),
-           "f16": (65504.0, -25.0, 2.0 ** -11), "bf16": (3.3895313892515355e38, -134.0, 2.0 ** -9),
+           "f16": (65504.0, -25.0, 2.0 ** -11), "bf16": (3.3895313892515355e38, -134.0, 2.0 ** -8),
            "none": (math.inf, -150.0, 2.0 ** -24)}
 #: The default tolerance of the silent hazards, as the attack's ``silent`` class.
 TOLERANCE = 0.25
@@ -68,7 +69,7 @@ FP8_ADDEND_LOG2 = 32.0
 
 #: The output's format per input dtype (an fp8 call writes bf16): (the smallest subnormal's
 #: half, log2, below which an output rounds to 0; its unit roundoff; its largest value).
-OUTPUTS = {"bf16": (-134.0, 2.0 ** -9, 3.3895313892515355e38),
+OUTPUTS = {"bf16": (-134.0, 2.0 ** -8, 3.3895313892515355e38),
            "f16": (-25.0, 2.0 ** -11, 65504.0), "none": (-150.0, 2.0 ** -24, math.inf)}
 #: log2 of half fp32's smallest subnormal: an fp32 result below it rounds to 0.
 F32_FLUSH = -150.0
@@ -245,7 +246,6 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     #    l = sum P <= n 2^(H + excess)
     log_fmax = math.log2(fmax)
 
-    up = math.log2(1 + unit)   # a P's cast rounds up by at most its unit roundoff
 
     def overflow(m):
         ok = m.defined
@@ -254,7 +254,9 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         # O's and l's fp32 sums round up by at most 2^-24 per operation (4 T + 3 of them)
         tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
         acc = math.log2(1 + (4 * tiles + 3) * 2.0 ** -24)
-        o = np.minimum(e + up, log_fmax) + log_n + math.log2(max(m.v_max, 2.0 ** -149)) + acc
+        # every P <= 2^e, and the cast rounds monotonically: cast(P) <= cast(2^e)
+        o = np.minimum(_cast_log2(e, fmt), log_fmax) + log_n + math.log2(
+            max(m.v_max, 2.0 ** -149)) + acc
         top = np.maximum(o, e + log_n + acc)
         margin = OVERFLOW - float(top[ok].max()) if ok.any() else math.inf
         return margin > 0, margin
@@ -263,9 +265,10 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
         "Jup" if lag else "min(THR, Jup)")
     hz.append(Hazard(
         "accumulator overflow", "overflow",
-        f"min(H + {dev} + log2(1 + u_P), log2 Fmax) + log2 n + log2 max|V| + a < 128 and "
+        f"min(log2 cast(2^(H + {dev})), log2 Fmax) + log2 n + log2 max|V| + a < 128 and "
         f"H + {dev} + log2 n + a < 128 (H = {H:g}, THR = {tau:g}, Fmax = {fmax:g}, the largest "
-        f"{fmt} P, u_P its unit roundoff; a = log2(1 + (4 T + 3) 2^-24), fp32's roundings "
+        f"{fmt} P; cast: the P cast's rounding, at most 1 + u_P up; a = log2(1 + (4 T + 3) "
+        "2^-24), fp32's roundings "
         "over T tiles)", overflow,
         exact=not drags,
         note=("a dragged row's deficit reaches at most R, but whether a ballot drags it that far "
@@ -320,18 +323,29 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     out_top = OUTPUTS["bf16" if dtype == "fp8" else {"fp32": "none"}.get(dtype, dtype)][2]
     out_edge = min(math.log2(out_top), OVERFLOW)
 
+    split = sem.kv_split
+
     def out_overflow(m):
         if m.v_max <= 0:
             return True, math.inf
-        margin = out_edge - math.log2(m.v_max * (1 + unit) * m.v_descale)
+        top = math.log2(m.v_max * (1 + unit) * m.v_descale)
+        margin = out_edge - top
+        if split:  # the merge's fp32 sum of k partial outputs, each weight <= 1
+            tiles = float(((m.n + m.n_masked) / m.block_n).max()) if m.n.size else 1.0
+            k = math.ceil(tiles / split)
+            margin = min(margin, OVERFLOW - top - math.log2(k * (1 + k * 2.0 ** -24)))
         return margin > 0, margin
 
+    merge = (f" and k (1 + u_P) max|V| v_descale (1 + k 2^-24) < 2^128 (the merge's fp32 sum "
+             f"of k = ceil(T / {split}) partials)") if split else ""
     hz.append(Hazard(
         "output overflow", "overflow",
-        f"(1 + u_P) max|V| v_descale < {out_top:g} (the output's largest value)",
+        f"(1 + u_P) max|V| v_descale < {out_top:g} (the output's largest value){merge}",
         out_overflow, exact=False,
         note="the output is a weighted mean of V, each weight's cast off by at most u_P, "
-             "times the V descale: sufficient"))
+             "times the V descale" + (": a split's merge sums its partial outputs with "
+                                      "weights up to 1 before dividing" if split else "")
+             + ": sufficient"))
 
     # 4. structural NaN: a row's max is -inf after a tile with nothing visible
     guard = (sem.tile_max_floor == "always" or sem.empty_row_guard != "none" or sem.clamp_exp_diff
@@ -553,6 +567,18 @@ def _fixed_max_region(pol, family: str, dtype: str, tolerance: float) -> Region:
         note="l = 0, and the epilogue's guard gives 0" if zero_empty else "1/l with l = 0"))
     hz.append(_v_nonfinite())
     return Region(pol, family, dtype, tolerance, tuple(hz))
+
+
+_TORCH_FORMATS = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn,
+                  "e5m2": torch.float8_e5m2, "none": torch.float32}
+
+
+def _cast_log2(e, fmt: str) -> np.ndarray:
+    """log2 of the P cast's round-to-nearest of fp32 2^e (per element), the format's largest
+    value where 2^e passes it: the most any P <= 2^e becomes after its cast."""
+    p = torch.exp2(torch.as_tensor(np.asarray(e, dtype=np.float64)).float())
+    p = p.clamp(max=FORMATS[fmt][0]).to(_TORCH_FORMATS[fmt]).double()
+    return torch.log2(p).numpy()
 
 
 def _floor_ls() -> float:

@@ -47,12 +47,11 @@ def region_filter(policy, *, dtype: str = "bf16", tolerance: float | None = None
 
 
 def judged_classes(pol) -> tuple:
-    """The attack's classes a zoo preset is judged on inside its region: every class, but
-    ``silent`` for a softcap (the fp64 reference has none, so a capped row differs from it
-    by design; the zoo judges the softcap's NaN only)."""
+    """The attack's classes a zoo preset is judged on inside its region: every class (a
+    softcap's too: the fp64 reference caps its scores as well, ``adversary.softcap_reference``)."""
     from fa_lab.studies import adversary as A
 
-    return tuple(c for c in A.CLASSES if not (pol.semantics.softcap and c == "silent"))
+    return tuple(A.CLASSES)
 
 
 def attack_inside(policy, *, budget_s: float = 20.0, seed: int = 0, max_evals=None) -> dict:
