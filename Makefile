@@ -187,9 +187,12 @@ docs: setup $(VENDOR_OK)
 	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -E -b html -c docs -j $(DOCS_JOBS) \
 		-d _build/doctrees . $(DOCS_OUT)
 
-# The built site in headless Chromium, offline (tests/project/test_docs_site.py).
+# The built site in headless Chromium, offline (tests/project/test_docs_site.py), its tests
+# spread over TEST_WORKERS workers test by test (--dist worksteal): two of them visit every
+# lesson, and each worker opens its own browser on the site.
 docs-test: docs
-	$(PY) -m pytest -q -p no:cacheprovider tests/project/test_docs_site.py
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
+		--dist worksteal,) tests/project/test_docs_site.py
 
 docs-clean:
 	rm -rf _build docs/generated
