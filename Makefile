@@ -67,16 +67,26 @@ test-wheel: setup
 # The oldest Triton that pyproject.toml admits (the lent H200's version) beside the newest
 # that .venv gets: the tests that compile kernels for sm_90 or run them on Triton's
 # interpreter run again in a venv of their own with that Triton, so an API the older
-# version lacks fails here and not on a GPU.
+# version lacks fails here and not on a GPU. Every kernel and every entry point into it
+# (dense, split-K, varlen, fp8, V^T, the API's backends, the sm_90 builds) is reached by
+# the tests kept here; FLOOR_DESELECT leaves out the bench's slow end-to-end runs, which
+# time those same entry points through fa_lab.studies.bench (test_fast_kernels.py and
+# test_swp_bf16_fast_features.py run each of them), and the sweep's tests (Dask's
+# orchestration; their kernel calls go through flash_attn_func, as the API tests' do) are
+# not listed.
 TRITON_FLOOR := 3.6.0
 FLOOR_VENV   ?= .venv-triton$(TRITON_FLOOR)
 FLOOR_STAMP  := $(FLOOR_VENV)/.fa_lab-installed
 FLOOR_TESTS  := tests/kernels/_triton tests/kernels/test_fast_kernels.py \
 	tests/kernels/*/test_*_faithful*.py tests/kernels/*/test_*_fast*.py \
 	tests/kernels/swp_bf16/test_swp_bf16_hopper.py tests/kernels/swp_bf16/test_swp_bf16_model_features.py \
-	tests/studies/test_bench.py tests/studies/test_sweep.py tests/api/test_api_routing.py \
+	tests/studies/test_bench.py tests/api/test_api_routing.py \
 	tests/api/test_api_errors.py tests/api/test_policy_backends.py tests/api/test_edge_inputs.py \
 	tests/api/test_flydsl_compare.py tests/api/test_api_properties.py tests/api/test_policies.py
+FLOOR_DESELECT := $(addprefix --deselect tests/studies/test_bench.py::,\
+	test_split_k_runners_on_the_interpreter \
+	test_run_times_split_k_and_varlen_beside_dense_end_to_end \
+	test_run_checks_the_fast_kernels_against_fp32_on_the_interpreter)
 
 $(FLOOR_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
@@ -87,7 +97,7 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 
 test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
-		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS)
+		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS) $(FLOOR_DESELECT)
 
 # make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
 # (tests/gpu_record.py): the shared tests with GPU_WORKERS xdist workers, the gpu_alone ones
@@ -149,7 +159,11 @@ VENDOR_OK := _build/vendor-js.stamp
 HTML_MANAGER := 1.0.15
 REQUIREJS    := 2.3.8
 MATHJAX      := 3.2.2
-DOCS_ENV  := OMP_WAIT_POLICY=PASSIVE
+# DOCS_JOBS Sphinx processes (-j): each reads its share of the pages, so on the 2-core CI
+# machine two lessons execute at once (jupyter-cache takes both into its one cache); one
+# OpenMP thread per lesson kernel, as in make test.
+DOCS_JOBS ?= 2
+DOCS_ENV  := OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
 
 $(VENDOR_OK): Makefile
 	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/npm $(VENDOR)/jupyter-widgets $(VENDOR)/mathjax/output/chtml/fonts
@@ -170,12 +184,15 @@ $(VENDOR_OK): Makefile
 # autosummary never deletes a stub: docs/generated/ is rebuilt each time from docs/api.md.
 docs: setup $(VENDOR_OK)
 	rm -rf docs/generated
-	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -E -b html -c docs \
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -n -q -E -b html -c docs -j $(DOCS_JOBS) \
 		-d _build/doctrees . $(DOCS_OUT)
 
-# The built site in headless Chromium, offline (tests/project/test_docs_site.py).
+# The built site in headless Chromium, offline (tests/project/test_docs_site.py), its tests
+# spread over TEST_WORKERS workers test by test (--dist worksteal): two of them visit every
+# lesson, and each worker opens its own browser on the site.
 docs-test: docs
-	$(PY) -m pytest -q -p no:cacheprovider tests/project/test_docs_site.py
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
+		--dist worksteal,) tests/project/test_docs_site.py
 
 docs-clean:
 	rm -rf _build docs/generated
