@@ -19,9 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOSSARY = ROOT / "notebooks" / "glossary.ipynb"
-#: The lessons whose first uses are linked (08 and 09 keep their own links).
+#: The lessons whose first uses are linked.
 LESSONS = ["00_tour", "01_online_softmax", "02_lazy_rescale", "03_fp8", "04_kernel_set",
-           "06_atlas_and_attack", "07_failure_zoo"]
+           "06_atlas_and_attack", "07_failure_zoo", "08_decode", "09_training"]
 
 #: heading -> the regular expression of its prose forms (None: not looked for in prose).
 #: Unlisted headings are found as their own words, case-insensitively, plural or not.
@@ -41,9 +41,10 @@ FORMS = {
     "fmax": r"`fmax`|fmax", "predictor": r"predictors?", "policy": r"polic(?:y|ies)",
     "tile (online model)": None, "FA4's split": None, "upstream version": None,
     "binade": r"binades?", "hazard": r"hazards?", "partition": r"partitions?",
+    "page, block table": r"block tables?",
 }
 #: Words that must not follow a match (a longer term starts there): "tile" in "tile max".
-_LONGER = {"tile": r"(?!\s+(?:max|pair|level))", "record": r"(?!\s+key)",
+_LONGER = {"tile": r"(?!\s+(?:max|pair|level))", "block": r"(?!\s+tables?)", "record": r"(?!\s+key)",
            "sentinel": r"(?!\s+cancellation)", "rebase": r"(?!\s+bound)"}
 #: What a link may not be inside: fenced code, inline code, math, links, headings, HTML.
 _PROTECTED = re.compile(r"```.*?```|`[^`\n]+`|\$\$.*?\$\$|\$[^$\n]+\$|\[[^\]]*\]\([^)]*\)"
