@@ -351,7 +351,16 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     guard = (sem.tile_max_floor == "always" or sem.empty_row_guard != "none" or sem.clamp_exp_diff
              or sem.mask_value != -math.inf or sem.m_init != -math.inf
              or sem.exp_floor is not None or sem.mask_stage == "p")
-    causal_floor = sem.tile_max_floor == "causal" and not guard
+    # the online family floors every tile's max; the FlyDSL kernels floor the prologue's
+    # only (kernels/swp_bf16/model.py: a loop tile's max is masked, not floored), so a
+    # drag, which rebases a row to a later tile's raw max (-inf for an all-masked tile),
+    # takes a causal row past the floor: there the floor protects nothing
+    floored = sem.tile_max_floor == "causal" and not guard
+    causal_floor = floored and (family == "online" or not drags)
+    unfloored = floored and not causal_floor
+    past_floor = (" (a causal call's floor holds the prologue's max only, and a vote's drag "
+                  "rebases the row below it: sufficient, the exact condition also needs its "
+                  "wave to fire at a loop tile that shows it nothing)") if unfloored else ""
 
     def hollow(m):
         bad = m.hollow_first & m.defined
@@ -361,8 +370,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     hz.append(Hazard(
         "NaN from a first tile with nothing visible", "nan",
         f"every row sees a key in the first {_block_n(pol, family)}-column tile it visits"
-        + (" (or the call is causal: its tile max is floored)" if causal_floor else ""), hollow,
-        never=guard or one_tile, note=(
+        + (" (or the call is causal: its tile max is floored)" if causal_floor else "")
+        + past_floor, hollow, never=guard or one_tile, exact=not unfloored, note=(
             "each split-KV partial is one tile: a partial with nothing visible is an empty "
             "partial (its own hazard)" if one_tile and not guard else
             "a floor, an empty-row guard, a clamp, a finite sentinel, an exp "
@@ -399,7 +408,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     zero_empty = l_zero and gives_zero
     hz.append(Hazard(
         "a row that sees nothing gives 0", "nan",
-        "every row sees a key", empty, never=zero_empty,
+        "every row sees a key" + past_floor, empty, never=zero_empty,
+        exact=not (unfloored and gives_zero and sem.exp_floor is None),
         note=("the guard keeps P at 0, l = 0, and the " + ("merge" if split else "epilogue")
               + " gives 0" if zero_empty else
               "NaN (no guard, 1/l with l = 0, or a merge of empty partials that gives NaN) or "
