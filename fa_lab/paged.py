@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_lab.checks import caller_stacklevel
+from fa_lab.varlen import cu_seqlens
 
 #: ``_PAGED_PAGE_SIZE`` (l.375): the one page size the paged DUALWAVE_SWP build takes.
 PAGE_SIZES = (64,)
@@ -325,16 +326,7 @@ def _cu_list(name, x, device) -> list:
     if x is None:
         raise ValueError(f"paged fp8 KV needs {name}: upstream's paged fp8 kernel runs packed "
                          "varlen q only (cu_seqlens_q, cu_seqlens_kv, max_seqlen_q)")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.int32 or x.dim() != 1 or x.numel() < 2:
-        raise ValueError(f"{name} must be an int32 [B+1] tensor, got {x.dtype} of shape {list(x.shape)}")
-    if x.device != device:
-        raise ValueError(f"{name} is on {x.device} but q is on {device}")
-    vals = x.tolist()
-    if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])):
-        raise ValueError(f"{name} must start at 0 and be non-decreasing, got {vals}")
-    return vals
+    return cu_seqlens(name, x, None, device)
 
 
 def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,

@@ -40,7 +40,10 @@ class Packing:
             yield b, self.cu_q[b], self.cu_q[b + 1], self.cu_kv[b], self.cu_kv[b + 1]
 
 
-def _cu(name, x, total, device) -> list[int]:
+def cu_seqlens(name, x, total, device) -> list[int]:
+    """``x`` as a list of sequence boundaries after checking it: an int32 [B+1] tensor on
+    ``device`` from 0, non-decreasing, ending at ``total`` (None: any end). TypeError or
+    ValueError naming ``name``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.int32 or x.dim() != 1 or x.numel() < 2:
@@ -52,7 +55,7 @@ def _cu(name, x, total, device) -> list[int]:
         raise ValueError(f"{name} must start at 0, got {vals[0]}")
     if any(b < a for a, b in zip(vals, vals[1:])):
         raise ValueError(f"{name} must be non-decreasing (monotonic), got {vals}")
-    if vals[-1] != total:
+    if total is not None and vals[-1] != total:
         raise ValueError(f"{name} ends at {vals[-1]} but the packed tensor has {total} rows")
     return vals
 
@@ -72,8 +75,8 @@ def check(q, k, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv) -> Pac
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"varlen {name} must be packed [total, H, D], got {shape}")
-    cu_q = _cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-    cu_kv = _cu("cu_seqlens_kv", cu_seqlens_kv, k.shape[0], q.device)
+    cu_q = cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    cu_kv = cu_seqlens("cu_seqlens_kv", cu_seqlens_kv, k.shape[0], q.device)
     if len(cu_q) != len(cu_kv):
         raise ValueError(f"cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_kv has {len(cu_kv) - 1}")
     lq = [b - a for a, b in zip(cu_q, cu_q[1:])]

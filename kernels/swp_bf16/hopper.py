@@ -63,6 +63,7 @@ from fa_lab.capabilities import check_policy
 from fa_lab.policies import Policy
 
 from . import FAMILY
+from .hopper_grid import unread_counter, work_counter
 from .._triton import fast as common
 from .._triton import tuner
 
@@ -105,31 +106,6 @@ def _capability(index: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-_COUNTERS: dict = {}
-#: One-program-per-item launches never read the counters: one buffer per device serves them.
-_NO_COUNTER: dict = {}
-
-
-def _unread_counter(device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":  # arguments built on the CPU (tests, compiles): a fresh pair
-        return torch.empty(2, device=device, dtype=torch.int32)
-    if device.index not in _NO_COUNTER:
-        _NO_COUNTER[device.index] = torch.empty(2, device=device, dtype=torch.int32)
-    return _NO_COUNTER[device.index]
-
-
-def _counter(device: torch.device) -> torch.Tensor:
-    """The persistent grid's two work counters on ``device``, zeroed once: the kernel
-    leaves them at zero, so every launch on the device's streams takes them in turn (launches
-    on one stream run one after another)."""
-    if device.type != "cuda":  # arguments built on the CPU (tests, compiles): a fresh pair
-        return torch.zeros(2, device=device, dtype=torch.int32)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(2, device=device, dtype=torch.int32)
-    return _COUNTERS[key]
 
 
 _BLOCK_M = gl.constexpr(BLOCK_M)
@@ -568,7 +544,7 @@ def launch_args(q, k, v, causal: bool, policy: Policy, config: HopperConfig, num
     scale_log2, threshold, _, rebase = common.policy_args(policy, D)
     # the persistent grid's work counters (the kernel leaves them at zero, so these args
     # can be launched again); one-program-per-item launches never read them
-    counter = _counter(q.device) if config.persistent else _unread_counter(q.device)
+    counter = work_counter(q.device) if config.persistent else unread_counter(q.device)
     n_m = triton.cdiv(Sq, BLOCK_M)
     heads_per_group = min(B * H, triton.cdiv(GROUP_ITEMS, n_m)) if causal else 1
     args = (*descs, lse, counter, B * H, H, heads_per_group, H // Hkv, Sq, Skv, scale_log2,
