@@ -34,9 +34,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def release_gpu_memory(request):
     """After each GPU test, hand the memory torch's caching allocator keeps back to the
-    device: ``make test-gpu`` shares one GPU between its xdist workers, and a kernel launch
-    that must reserve local (spill) memory fails with CUDA's out-of-memory when the other
-    workers' caches hold the rest."""
+    device: ``make test-gpu`` shares one GPU between its xdist workers, so memory one worker
+    no longer uses should not sit in its cache while another allocates or launches a kernel
+    that reserves local (spill) memory. (CUDA contexts and those reservations themselves stay
+    with each worker: the worker count bounds them.)"""
     yield
     if HAS_GPU and "gpu" in request.keywords:
         torch.cuda.empty_cache()
