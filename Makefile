@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test test-quick test-wheel test-triton-floor test-gpu check-gpu-record lab table strip \
+.PHONY: setup test test-quick test-wheel test-triton-floor test-gpu merge-gpu-record check-gpu-record lab table strip \
 	screenshots clean docs docs-test docs-clean
 
 setup: $(STAMP)
@@ -105,13 +105,18 @@ test-triton-floor: $(FLOOR_STAMP)
 # make setup's venv pins the CPU build. RECORD chooses where the record goes (default
 # fa_lab_results/gpu_record.json); the lab's committed record is GPU_RECORD, and
 # make check-gpu-record says whether it vouches for HEAD's fa_lab/, kernels/ and tests/.
+# Where one sitting is too short, GPU_SHARD=I/N runs the I-th of N shards, and
+# make merge-gpu-record PARTS="p1.json p2.json" joins the N shard records into RECORD.
 GPU_PYTHON  ?= python3
 GPU_WORKERS ?= 8
 GPU_RECORD  ?= data/results/gpu_record.json
 
 test-gpu:
 	OMP_WAIT_POLICY=PASSIVE $(GPU_PYTHON) tests/gpu_record.py --workers $(GPU_WORKERS) \
-		$(if $(RECORD),--record $(RECORD))
+		$(if $(RECORD),--record $(RECORD)) $(if $(GPU_SHARD),--shard $(GPU_SHARD))
+
+merge-gpu-record:
+	$(PYTHON) tests/gpu_record.py --merge $(PARTS) --record $(or $(RECORD),$(GPU_RECORD))
 
 check-gpu-record:
 	$(PYTHON) tests/gpu_record.py --check $(GPU_RECORD)

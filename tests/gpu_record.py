@@ -16,7 +16,15 @@ the files themselves the way git hashes a tree (``tree_hash``), so they need no 
 repository: a GPU machine gets a copy of the working tree without one. Where git is at
 hand the record also says whether those directories matched ``HEAD``.
 
-    python3 tests/gpu_record.py [--record PATH] [--workers 8]
+A run that does not fit one sitting (a lent machine's calls are time-limited) splits into
+shards: ``--shard I/N`` runs the I-th of N disjoint sets of test files, chosen from the
+collected GPU tests and balanced by the per-file times of the committed record, and
+``--merge`` joins the N shard records into one. A shard record alone vouches for nothing;
+the merged record does when its shards ran the same trees on the same GPU and together
+cover exactly the tests every shard collected.
+
+    python3 tests/gpu_record.py [--record PATH] [--workers 8] [--shard I/N]
+    python3 tests/gpu_record.py --merge PART1 PART2 ... --record PATH
     python3 tests/gpu_record.py --check PATH     # does PATH vouch for this checkout's HEAD?
 """
 
@@ -180,14 +188,21 @@ def _test_id(parts: list[str], name: str) -> str:
     return ".".join(parts) + "::" + name
 
 
-def run_phase(marker: str, workers: int, phase: int, python: str, env: dict, cwd: Path) -> dict:
-    """One pytest run of the tests marked ``marker``, from ``cwd`` (see importable_env) with
-    the checkout as pytest's rootdir, so test ids read as they do in the checkout."""
+def _pytest(python: str, marker: str, targets, *extra) -> list[str]:
+    return [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *extra,
+            f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), *map(str, targets)]
+
+
+def run_phase(marker: str, workers: int, phase: int, python: str, env: dict, cwd: Path,
+              targets=None) -> dict:
+    """One pytest run of the tests marked ``marker`` in ``targets`` (default: all of
+    ``tests/``), from ``cwd`` (see importable_env) with the checkout as pytest's rootdir, so
+    test ids read as they do in the checkout."""
+    targets = [ROOT / "tests"] if targets is None else [ROOT / t for t in targets]
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
-               "--durations=15", f"--junitxml={junit}", "-o", "junit_family=xunit2",
-               f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), str(ROOT / "tests")]
+        cmd = _pytest(python, marker, targets, "--durations=15", f"--junitxml={junit}",
+                      "-o", "junit_family=xunit2")
         if workers > 1:
             cmd[3:3] = ["-n", str(workers)]
         print("$", " ".join(cmd), flush=True)
@@ -198,6 +213,55 @@ def run_phase(marker: str, workers: int, phase: int, python: str, env: dict, cwd
     # 5: pytest collected nothing for this marker, which is no failure
     return {"phase": phase, "marker": marker, "workers": workers, "command": " ".join(cmd[1:]),
             "seconds": round(seconds, 1), "exit": code, "ok": code in (0, 5), "rows": rows}
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+def collect(marker: str, python: str, env: dict, cwd: Path) -> list[str]:
+    """The ids of the tests marked ``marker``, as pytest collects them here."""
+    got = subprocess.run(_pytest(python, marker, [ROOT / "tests"], "--collect-only"),
+                         cwd=cwd, env=env, capture_output=True, text=True)
+    if got.returncode not in (0, 5):
+        raise SystemExit(f"collecting the {marker!r} tests failed:\n{got.stdout[-3000:]}{got.stderr[-2000:]}")
+    return sorted(line.strip() for line in got.stdout.splitlines() if "::" in line)
+
+
+def file_weights(record: Path, phase: int = 1) -> dict[str, float]:
+    """Seconds per test file in phase ``phase`` of ``record`` (empty where there is none)."""
+    try:
+        rows = json.loads(Path(record).read_text())["tests"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    out: dict[str, float] = {}
+    for r in rows:
+        if r.get("phase") == phase:
+            f = r["test"].split("::")[0]
+            out[f] = out.get(f, 0.0) + r["seconds"]
+    return out
+
+
+def plan_shards(shared_ids, n: int, weights, workers: int, alone_seconds: float) -> list[dict]:
+    """Split the shared tests' files into ``n`` shards of about equal expected wall time: a
+    file weighs its recorded seconds over ``workers`` (a file the record lacks weighs as much
+    as the heaviest known one), and the ``gpu_alone`` phase, which runs one test at a time,
+    goes to the last shard with its ``alone_seconds``. Deterministic for the same input."""
+    files = sorted({i.split("::")[0] for i in shared_ids})
+    unknown = max(weights.values(), default=60.0)
+    load = [0.0] * n
+    load[-1] = alone_seconds * workers
+    shards = [{"index": k + 1, "of": n, "files": []} for k in range(n)]
+    for f in sorted(files, key=lambda f: (-weights.get(f, unknown), f)):
+        k = min(range(n), key=lambda k: (load[k], k))
+        load[k] += weights.get(f, unknown)
+        shards[k]["files"].append(f)
+    for sh in shards:
+        sh["files"].sort()
+    return shards
+
+
+def collection_digest(shared_ids, alone_ids) -> str:
+    text = "\n".join(["shared", *shared_ids, "alone", *alone_ids])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def summarize(rows) -> dict:
@@ -253,7 +317,8 @@ def importable_env(python: str) -> tuple[dict, Path]:
     return env, links.parent
 
 
-def record_run(record: Path, workers: int, python: str = sys.executable) -> dict:
+def record_run(record: Path, workers: int, python: str = sys.executable,
+               shard: tuple[int, int] | None = None, weights_from: Path | None = None) -> dict:
     gpu = gpu_info()
     env, cwd = importable_env(python)
     if workers > 1 and subprocess.run([python, "-c", "import xdist"]).returncode:
@@ -262,8 +327,23 @@ def record_run(record: Path, workers: int, python: str = sys.executable) -> dict
     started = datetime.datetime.now(datetime.timezone.utc)
     hashes = trees()
     state = git_state()
-    phases = [run_phase(SHARED, workers, 1, python, env, cwd),
-              run_phase(ALONE, 1, 2, python, env, cwd)]
+    part = None
+    if shard is None:
+        phases = [run_phase(SHARED, workers, 1, python, env, cwd),
+                  run_phase(ALONE, 1, 2, python, env, cwd)]
+    else:
+        index, n = shard
+        shared_ids, alone_ids = collect(SHARED, python, env, cwd), collect(ALONE, python, env, cwd)
+        past = weights_from or ROOT / "data" / "results" / "gpu_record.json"
+        plan = plan_shards(shared_ids, n, file_weights(past), max(workers, 1),
+                           sum(file_weights(past, phase=2).values()))
+        part = {**plan[index - 1], "collected": collection_digest(shared_ids, alone_ids),
+                "collected_ids": shared_ids + alone_ids}
+        phases = []
+        if part["files"]:
+            phases.append(run_phase(SHARED, workers, 1, python, env, cwd, targets=part["files"]))
+        if index == n:
+            phases.append(run_phase(ALONE, 1, 2, python, env, cwd))
     rows = [r for p in phases for r in p.pop("rows")]
     after = trees()
     out = {
@@ -274,6 +354,7 @@ def record_run(record: Path, workers: int, python: str = sys.executable) -> dict
         "trees": hashes,
         "trees_unchanged_during_run": after == hashes,
         "git": state,
+        **({"shard": part} if part else {}),
         "phases": phases,
         "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
         "summary": summarize(rows),
@@ -283,6 +364,52 @@ def record_run(record: Path, workers: int, python: str = sys.executable) -> dict
     }
     atomic_write_json(record, out)
     return out
+
+
+def merge(parts) -> dict:
+    """One record from the records of all N shards of one run: they must name the same trees,
+    GPU, versions and collection, and be shards 1..N once each. Refuses anything else."""
+    recs = [json.loads(Path(p).read_text()) for p in parts]
+    if not recs or any("shard" not in r for r in recs):
+        raise ValueError("--merge takes the records of a sharded run (each made with --shard)")
+    n = recs[0]["shard"]["of"]
+    if sorted(r["shard"]["index"] for r in recs) != list(range(1, n + 1)) \
+            or any(r["shard"]["of"] != n for r in recs):
+        raise ValueError(f"--merge needs shards 1..{n} once each, got "
+                         + ", ".join(f"{r['shard']['index']}/{r['shard']['of']}" for r in recs))
+    for key in ("trees", "versions"):
+        if any(r[key] != recs[0][key] for r in recs):
+            raise ValueError(f"the shards ran different {key}: they are not one run")
+    for key in ("collected",):
+        if any(r["shard"][key] != recs[0]["shard"][key] for r in recs):
+            raise ValueError("the shards collected different tests: they are not one run")
+    if any(r["gpu"]["name"] != recs[0]["gpu"]["name"] for r in recs):
+        raise ValueError("the shards ran on different GPUs")
+    recs.sort(key=lambda r: r["shard"]["index"])
+    files = [f for r in recs for f in r["shard"]["files"]]
+    if len(files) != len(set(files)):
+        raise ValueError("two shards ran the same test file")
+    rows = [t for r in recs for t in r["tests"]]
+    missing = sorted(set(recs[0]["shard"]["collected_ids"]) - {t["test"] for t in rows})
+    if missing:
+        raise ValueError(f"{len(missing)} collected tests ran in no shard, e.g. {missing[:3]}")
+    phases = [{**p, "shard": r["shard"]["index"]} for r in recs for p in r["phases"]]
+    return {
+        "name": "make test-gpu",
+        "date": min(r["date"] for r in recs),
+        "gpu": recs[0]["gpu"],
+        "versions": recs[0]["versions"],
+        "trees": recs[0]["trees"],
+        "trees_unchanged_during_run": all(r["trees_unchanged_during_run"] for r in recs),
+        "git": recs[0]["git"],
+        "shards": [{**{k: v for k, v in r["shard"].items() if k != "collected_ids"},
+                    "date": r["date"], "seconds": r["seconds"]} for r in recs],
+        "phases": phases,
+        "seconds": round(sum(r["seconds"] for r in recs), 1),
+        "summary": summarize(rows),
+        "passed": all(r["passed"] for r in recs),
+        "tests": sorted(rows, key=lambda t: t["test"]),
+    }
 
 
 def check(record_path: Path, root: Path = ROOT) -> list[str]:
@@ -298,6 +425,9 @@ def check(record_path: Path, root: Path = ROOT) -> list[str]:
                             f"{str(rec['trees'].get(name))[:12]}")
     if not rec.get("passed"):
         problems.append(f"the run did not pass: {rec.get('summary')}")
+    if "shard" in rec:
+        problems.append(f"it is shard {rec['shard']['index']} of {rec['shard']['of']}: "
+                        "merge the shards' records (--merge) into one")
     if not rec.get("trees_unchanged_during_run", False):
         problems.append("the files changed while the tests ran")
     return problems
@@ -310,7 +440,17 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=8, help="xdist workers for the shared phase")
     ap.add_argument("--check", type=Path, metavar="RECORD",
                     help="only check that RECORD vouches for this checkout's HEAD")
+    ap.add_argument("--shard", metavar="I/N", type=_shard,
+                    help="run only the I-th of N shards of the tests (see --merge)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="PART",
+                    help="join the records of shards 1..N into the record --record")
     args = ap.parse_args(argv)
+    if args.merge:
+        out = merge(args.merge)
+        atomic_write_json(args.record, out)
+        print(f"{len(args.merge)} shards: {out['summary']} in {out['seconds']} s; "
+              f"passed {out['passed']}; record {args.record}")
+        return 0 if out["passed"] else 1
     if args.check is not None:
         problems = check(args.check)
         for p in problems:
@@ -318,10 +458,20 @@ def main(argv=None) -> int:
         if not problems:
             print(f"{args.check} vouches for HEAD's {', '.join(TREES)}")
         return 1 if problems else 0
-    out = record_run(args.record, args.workers)
+    out = record_run(args.record, args.workers, shard=args.shard)
     print(f"{out['gpu']['name']}: {out['summary']} in {out['seconds']} s; trees "
           + ", ".join(f"{k} {v[:12]}" for k, v in out["trees"].items()) + f"; record {args.record}")
     return 0 if out["passed"] else 1
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes I/N, e.g. 1/2, not {text!r}") from None
+    if not 1 <= index <= n:
+        raise argparse.ArgumentTypeError(f"--shard {text}: I must be in 1..N")
+    return index, n
 
 
 if __name__ == "__main__":

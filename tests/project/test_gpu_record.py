@@ -117,6 +117,85 @@ def test_check_vouches_only_for_matching_passing_records(tmp_path):
     assert "changed while" in gpu_record.check(path)[0]
 
 
+def _ids(files, per_file=2):
+    return [f"{f}::test_{k}" for f in files for k in range(per_file)]
+
+
+def test_shards_split_the_files_disjointly_and_in_balance():
+    files = [f"tests/t{i}.py" for i in range(9)]
+    weights = {f: float(10 * (i + 1)) for i, f in enumerate(files[:-1])}  # t8 unknown
+    plan = gpu_record.plan_shards(_ids(files), 3, weights, workers=2, alone_seconds=30.0)
+    assert [sh["index"] for sh in plan] == [1, 2, 3] and all(sh["of"] == 3 for sh in plan)
+    got = [f for sh in plan for f in sh["files"]]
+    assert sorted(got) == files and len(got) == len(set(got))
+    # the unknown file weighs as the heaviest; the alone phase's 30 s sit in the last shard
+    load = [sum(weights.get(f, 80.0) for f in sh["files"]) / 2 for sh in plan]
+    load[-1] += 30.0
+    assert max(load) - min(load) <= 80.0 / 2
+    assert plan == gpu_record.plan_shards(_ids(files), 3, weights, 2, 30.0)
+
+
+def _shard_record(index, n, files, trees, collected, passed=True, gpu="H100"):
+    tests = [{"test": t, "phase": 1, "outcome": "passed" if passed else "failed", "seconds": 1.0}
+             for t in _ids(files)]
+    return {"name": "make test-gpu", "date": f"2026-12-0{index}T00:00:00+00:00",
+            "gpu": {"name": gpu}, "versions": {"torch": "x"}, "trees": trees,
+            "trees_unchanged_during_run": True, "git": None, "phases": [{"phase": 1, "ok": passed}],
+            "shard": {"index": index, "of": n, "files": files,
+                      "collected": gpu_record.collection_digest(collected, []),
+                      "collected_ids": collected},
+            "seconds": 10.0, "summary": {}, "passed": passed, "tests": tests}
+
+
+def test_merged_shards_vouch_and_a_lone_shard_does_not(tmp_path):
+    state = gpu_record.git_state()
+    if state is None:
+        pytest.skip("not a git checkout")
+    a, b = ["tests/a.py"], ["tests/b.py", "tests/c.py"]
+    collected = _ids(a + b)
+    parts = []
+    for i, files in ((2, b), (1, a)):
+        parts.append(tmp_path / f"p{i}.json")
+        parts[-1].write_text(json.dumps(_shard_record(i, 2, files, state["trees"], collected)))
+    out = tmp_path / "merged.json"
+    assert gpu_record.main(["--merge", *map(str, parts), "--record", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["summary"] == {"passed": 6} and [s["index"] for s in merged["shards"]] == [1, 2]
+    assert gpu_record.check(out) == []
+    assert any("shard 2 of 2" in p for p in gpu_record.check(parts[0]))
+
+
+@pytest.mark.parametrize("spoil, says", [
+    (lambda r: r["shard"].update(index=1), "shards 1..2 once each"),
+    (lambda r: r.update(trees={"fa_lab": "0"}), "different trees"),
+    (lambda r: r["gpu"].update(name="H200"), "different GPUs"),
+    (lambda r: r["shard"].update(collected="0"), "collected different tests"),
+    (lambda r: r["shard"].update(files=["tests/a.py"]), "same test file"),
+    (lambda r: r.update(tests=r["tests"][:1]), "ran in no shard"),
+])
+def test_merge_refuses_shards_that_are_not_one_whole_run(tmp_path, spoil, says):
+    a, b = ["tests/a.py"], ["tests/b.py"]
+    collected = _ids(a + b)
+    recs = [_shard_record(1, 2, a, {"fa_lab": "1"}, collected),
+            _shard_record(2, 2, b, {"fa_lab": "1"}, collected)]
+    spoil(recs[1])
+    paths = []
+    for k, r in enumerate(recs):
+        paths.append(tmp_path / f"{k}.json")
+        paths[-1].write_text(json.dumps(r))
+    with pytest.raises(ValueError, match=says):
+        gpu_record.merge(paths)
+    with pytest.raises(ValueError, match="shards 1..2 once each"):
+        gpu_record.merge(paths[:1])
+
+
+@pytest.mark.parametrize("text", ["2", "0/2", "3/2", "a/b"])
+def test_shard_argument_is_checked(text, capsys):
+    with pytest.raises(SystemExit):
+        gpu_record.main(["--shard", text])
+    assert "--shard" in capsys.readouterr().err
+
+
 def test_record_is_written_atomically_with_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
