@@ -173,6 +173,37 @@ def test_shuffled_pages_equal_the_dense_walk_bit_for_bit(dims, lens_q, lens_k):
         assert torch.equal(bits(out[cq[b]:cq[b + 1]]), bits(o.to(torch.bfloat16)))
 
 
+@pytest.mark.slow
+def test_no_headroom_flushes_keys_10_below_the_max():
+    """One wave over a key at score 0 and 4095 keys ``gap`` log2 units below it, V = 1
+    (exact output 1), D = 192 so the bare call runs per tile: with no P headroom a P of
+    2**-10 ties to e4m3's 0, so at gap 10 O keeps the one key while l counts all; the
+    BN128 kernel's lift of log2(448) - 8 keeps it (docs/findings/fp8_paged_threshold.md)."""
+    from fa_lab.numerics import LOG2E, f32
+
+    D, n = 192, 4095
+    kd = 1.0 / f32(f32(1 / math.sqrt(D)) * f32(LOG2E))  # ls = 1: raw scores in log2 units
+    res = {}
+    for gap in (9.0, 10.0):
+        q = torch.zeros(32, 1, D)
+        q[:, 0, 0] = 1.0
+        k = torch.zeros(n + 1, 1, D)
+        k[1:, 0, 0] = -gap
+        kc = k.reshape(-1, PAGE, 1, D).to(FP8)
+        vc = torch.ones(n + 1, 1, 128).reshape(-1, PAGE, 1, 128).to(FP8)
+        call = dict(cu_seqlens_q=torch.tensor([0, 32], dtype=torch.int32),
+                    cu_seqlens_kv=torch.tensor([0, n + 1], dtype=torch.int32), max_seqlen_q=32,
+                    block_table=torch.arange(kc.shape[0], dtype=torch.int32)[None],
+                    seqlen_k=torch.tensor([n + 1], dtype=torch.int32),
+                    kv_cache_layout="vectorized", q_descale=1.0, k_descale=kd, v_descale=1.0)
+        q8 = q.to(FP8)
+        res[gap] = [float(run(q8, kc, vc, call, **kw)[0, 0, 0])
+                    for kw in ({}, dict(p_headroom=True))]
+    assert res[9.0][0] == 1.0  # 2**-9 is e4m3's smallest subnormal: kept
+    assert res[10.0][0] == pytest.approx(1 / (1 + n * 2.0 ** -10), rel=1e-2)
+    assert res[10.0][1] > 1  # lifted by 0.807: kept, rounded up as a subnormal
+
+
 # ---- what is read --------------------------------------------------------------------
 
 def test_nan_in_pages_no_tile_reads_changes_nothing():
