@@ -1,5 +1,5 @@
 """Faithful Triton port of FlyDSL #1066's per-tile paged fp8 kernel (the model:
-``paged_tile``; docs/semantics.md §17.2).
+``paged_tile``; docs/semantics.md §17.3).
 
 One launch over the packed batch: a program owns one (sequence, head, group of waves of
 one 256-row block), reads its sequence's bounds from ``cu_seqlens_q`` and its key count

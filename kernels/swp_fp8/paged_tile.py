@@ -1,5 +1,5 @@
 """Exact model of FlyDSL #1066's paged fp8 prefill on its per-tile (BN64) kernel
-(docs/semantics.md §17.2).
+(docs/semantics.md §17.3).
 
 Read at ROCm/FlyDSL 6aeb4321 (the #1066 commit in the code index; it gives files by
 character offset, not line, so places are named by function):
