@@ -60,6 +60,11 @@ differently:
   t < ceil(seqlen_k[b] / 64), else entry 0 of the whole flat table, ``block_table[0, 0]``.
   So each row's own pages are read, and the first row's first entry by every padding tile.
 
+For one sequence the interface builds the BN128 kernel without varlen
+(``paged_bn128_varlen`` needs B > 1): it then takes ``max_seqlen_q`` and the KV length
+as the sequence's lengths and stores every row up to ``max_seqlen_q``, so ``check_fp8``
+refuses a one-sequence BN128 call where they differ from ``cu_seqlens``.
+
 Either way the rows of those pages past seqlen_k are masked in S but enter P V with P = 0.
 """
 
@@ -433,6 +438,11 @@ def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     if schedule == "bn128" and block_table.shape[1] < n_pages:
         raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short: the "
                          f"paired-page kernel needs ceil({skv}/{page}) = {n_pages}")
+    if schedule == "bn128" and B == 1 and (max_seqlen_q, skv) != (lq[0], lens[0]):
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} and the KV length {skv} (max_seqlen_kv, else "
+                         f"max(seqlen_k)) must equal the one sequence's {lq[0]} rows and "
+                         f"{lens[0]} keys: for one sequence upstream builds the BN128 kernel "
+                         "without varlen, which takes them as the lengths, not cu_seqlens")
     own = math.ceil(max(lens) / page)
     if block_table.shape[1] < own:
         raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short for "

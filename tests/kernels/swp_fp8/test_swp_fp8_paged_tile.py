@@ -291,6 +291,20 @@ def test_the_first_entry_must_be_in_range_even_when_only_padding_tiles_read_it()
                            policy=fa_lab.policies.get("eager"), paged=pk)
 
 
+def test_one_sequence_on_bn128_takes_the_launch_lengths_so_they_must_match():
+    """``paged_bn128_varlen`` is ``use_bn128 and B > 1``: a one-sequence BN128 call runs the
+    dense build, whose lengths are max_seqlen_q and the KV length, not cu_seqlens; the
+    per-tile kernel reads cu_seqlens whatever B."""
+    q8, kc, vc, call, _ = make_case([60], [128], D=128, Dv=128)
+    assert checked(q8, kc, vc, call).schedule == "bn128"
+    with pytest.raises(ValueError, match="max_seqlen_q=64 and the KV length 128"):
+        run(q8, kc, vc, {**call, "max_seqlen_q": 64})
+    with pytest.raises(ValueError, match="max_seqlen_q=60 and the KV length 256"):
+        run(q8, kc, vc, {**call, "max_seqlen_kv": 256})
+    q8, kc, vc, call, _ = make_case([60], [100])  # D 192: per tile
+    assert torch.equal(bits(run(q8, kc, vc, {**call, "max_seqlen_q": 64})), bits(run(q8, kc, vc, call)))
+
+
 # ---- the faithful port -----------------------------------------------------------------
 
 def both(q8, kc, vc, call, backend, **kw):
