@@ -370,6 +370,14 @@ def _warn_once(key, message: str) -> None:
         warnings.warn(message, RoutingWarning, stacklevel=caller_stacklevel())
 
 
+def _paged_kernel(call: Call) -> bool | str:
+    """What ``Version.default_policy`` reads of a paged call: the paged fp8 kernel it runs
+    (``fa_lab.paged.PagedFp8.schedule``), True for another paged call, False for none."""
+    if "paged" not in call.features:
+        return False
+    return getattr(call.mods.get("paged"), "schedule", True)
+
+
 def route(call: Call, notes: list) -> str:
     """The family that runs ``call``: ``kernel=``'s, or the one that runs the asked
     policy's semantics, or upstream's routing (each upstream family's ``Rule``), where a
@@ -382,7 +390,7 @@ def route(call: Call, notes: list) -> str:
         if wanted is None:
             wanted = call.version.default_policy(fp8=call.fp8,
                                                  lazy_flag=call.request.lazy_flag is not False,
-                                                 paged="paged" in call.features)
+                                                 paged=_paged_kernel(call))
     family, upstreams, policy_only = _route(call, wanted, call.kernel_asked,
                                             IMPLEMENTATION.get(call.backend))
     if policy_only:
@@ -406,7 +414,7 @@ def resolve_policy(call: Call, family: str, notes: list) -> Policy:
     default = None
     if call.request.rescale is None:
         default = call.version.default_policy(fp8=call.fp8, lazy_flag=call.request.lazy_flag is not False,
-                                              paged="paged" in call.features)
+                                              paged=_paged_kernel(call))
         if not call.policy_asked and capabilities.policy_refusal(caps, default, family) is not None:
             default = get("eager")  # upstream hands the lazy flag to DUALWAVE_SWP only
     policy = call.request.resolve(fp8=call.fp8, seqlen_kv=call.seqlen_kv, default=default,

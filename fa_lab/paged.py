@@ -43,16 +43,29 @@ and ``max_seqlen_q``, a causal (bottom-right) mask, the vectorized page-64 cache
 and descales of one fp32 element each. ``check_fp8`` checks it into a ``PagedFp8``: the
 per-sequence KV lengths come from ``cu_seqlens_kv`` (the kernel's sequence lengths);
 ``seqlen_k`` must agree with them (upstream reads it only for max(seqlen_k)), and fa_lab
-refuses a call where they differ rather than guess. The interface runs (128, 128) head
-dims with an even number of pages of max(seqlen_k) on the paired-page BN128 kernel
-(``use_bn128``), the rest on a generic per-tile schedule that fa_lab does not model: those
-calls are refused by name. The kernel loads page ids two at a time, for a pair of
-64-key tiles (``DualwaveFp8KernelContext.load_page_id_pair`` in flash_attn_utils.py): a
-pair that starts inside the sequence's pages reads that entry and the next one, even past
-the sequence's last page (an odd page count), and a pair past them reads the row's first
-two entries. So each row's first max(2, its page count rounded up to even) entries are
-read and must name pages of the cache; the rows of those pages past seqlen_k are masked in
-S but enter P V with P = 0.
+refuses a call where they differ rather than guess. The interface picks one of two
+kernels of the same builder by ``use_bn128``: (128, 128) head dims with an even number of
+pages of ``max_seqlen_kv`` (else max(seqlen_k)) run on the paired-page BN128 kernel
+(``schedule="bn128"``, ``fa_lab.kernels.swp_fp8.paged``); every other call, (192, 128),
+(192, 192), an odd page count or one page, runs on the per-tile kernel
+(``schedule="tile"``, ``fa_lab.kernels.swp_fp8.paged_tile``). They read pages
+differently:
+
+* BN128 loads page ids two at a time, for a pair of 64-key tiles
+  (``DualwaveFp8KernelContext.load_page_id_pair``): a pair that starts inside the
+  sequence's pages reads that entry and the next one, and a pair past them reads the
+  row's first two entries. So each row's first max(2, its page count rounded up to even)
+  entries are read and must name pages of the cache.
+* The per-tile kernel loads one id per tile (``load_page_id``): entry t of the row while
+  t < ceil(seqlen_k[b] / 64), else entry 0 of the whole flat table, ``block_table[0, 0]``.
+  So each row's own pages are read, and the first row's first entry by every padding tile.
+
+For one sequence the interface builds the BN128 kernel without varlen
+(``paged_bn128_varlen`` needs B > 1): it then takes ``max_seqlen_q`` and the KV length
+as the sequence's lengths and stores every row up to ``max_seqlen_q``, so ``check_fp8``
+refuses a one-sequence BN128 call where they differ from ``cu_seqlens``.
+
+Either way the rows of those pages past seqlen_k are masked in S but enter P V with P = 0.
 """
 
 from __future__ import annotations
@@ -251,10 +264,18 @@ def check(q, k, v, block_table, seqlen_k, kv_cache_layout, *, head_dims) -> Page
 
 #: The page size the paged fp8 builder takes at 6aeb4321 (page-64 vectorized KV only).
 FP8_PAGE_SIZES = (64,)
-#: (D, Dv) pairs the paged fp8 interface accepts; fa_lab models the first, which runs on
-#: the paired-page BN128 kernel (the others run on its generic per-tile schedule).
+#: (D, Dv) pairs the paged fp8 interface accepts.
 FP8_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
-FP8_MODELLED_HEAD_DIMS = ((128, 128),)
+#: (D, Dv) pairs ``use_bn128`` admits (with an even page count); the rest run per tile.
+FP8_BN128_HEAD_DIMS = ((128, 128),)
+#: The two kernels of the paged fp8 builder, as ``PagedFp8.schedule`` names them.
+FP8_SCHEDULES = ("bn128", "tile")
+
+
+def fp8_schedule(head_dims: tuple, n_pages: int) -> str:
+    """The interface's ``use_bn128``: "bn128" for (128, 128) head dims and an even count
+    of pages of the length it sizes the build by, else "tile"."""
+    return "bn128" if head_dims in FP8_BN128_HEAD_DIMS and n_pages % 2 == 0 else "tile"
 
 
 @dataclass(frozen=True)
@@ -263,7 +284,8 @@ class PagedFp8:
     ``cu_q`` (host list), each sequence's KV length ``seqlen_k`` (host tuple),
     ``max_seqlen_q``, ``seqlen_kv`` (the length the interface sizes the build by:
     ``max_seqlen_kv``, else max(seqlen_k)), the page size, the cache's block and kv-head
-    counts and v's head dim."""
+    counts, v's head dim and the kernel the interface picks (``schedule``,
+    ``fp8_schedule``)."""
 
     block_table: torch.Tensor
     cu_q: tuple
@@ -274,6 +296,7 @@ class PagedFp8:
     num_blocks: int
     num_kv_heads: int
     head_dim_v: int
+    schedule: str = "bn128"
     layout: str = "vectorized"
 
     @property
@@ -285,19 +308,24 @@ class PagedFp8:
         return _linear(self.layout, k, v)
 
     def entries_read(self, b: int) -> int:
-        """How many leading block-table entries of row ``b`` the kernel reads: its pages
-        rounded up to even (a pair's partner is read with it), at least 2 (padding pairs
-        read entries 0 and 1)."""
+        """How many leading block-table entries of row ``b`` the kernel reads: BN128 its
+        pages rounded up to even (a pair's partner is read with it), at least 2 (padding
+        pairs read entries 0 and 1); per tile its pages (padding tiles read
+        ``block_table[0, 0]``)."""
         n = math.ceil(self.seqlen_k[b] / self.page_size)
-        return max(2, n + n % 2)
+        return max(2, n + n % 2) if self.schedule == "bn128" else n
 
     def page_ids(self, b: int, n_tiles: int) -> torch.Tensor:
-        """[n_tiles] int64 (n_tiles even): the page sequence ``b``'s KV tile t reads. The
-        kernel loads the ids of a tile pair (2p, 2p + 1) together, from entries 2p and
-        2p + 1 of the row when 2p < ceil(seqlen_k[b] / 64) (so an odd page count also reads
-        the entry after its last page), else from entries 0 and 1."""
+        """[n_tiles] int64: the page sequence ``b``'s KV tile t reads. BN128 (n_tiles even)
+        loads the ids of a tile pair (2p, 2p + 1) together, from entries 2p and 2p + 1 of
+        the row when 2p < ceil(seqlen_k[b] / 64) (so an odd page count also reads the
+        entry after its last page), else from entries 0 and 1. Per tile: entry t of the
+        row when t < ceil(seqlen_k[b] / 64), else ``block_table[0, 0]``."""
         n = math.ceil(self.seqlen_k[b] / self.page_size)
         t = torch.arange(n_tiles, device=self.block_table.device)
+        if self.schedule == "tile":
+            own = self.block_table[b, torch.where(t < n, t, torch.zeros_like(t))]
+            return torch.where(t < n, own, self.block_table[0, 0]).long()
         first = t - t % 2
         entry = torch.where(first < n, first, torch.zeros_like(first)) + t % 2
         return self.block_table[b, entry].long()
@@ -378,10 +406,6 @@ def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     if (D, dv) not in FP8_HEAD_DIMS:
         raise ValueError(f"head dims (D, Dv) = ({D}, {dv}) are not supported by the paged fp8 "
                          f"kernel; it takes {FP8_HEAD_DIMS}")
-    if (D, dv) not in FP8_MODELLED_HEAD_DIMS:
-        raise ValueError(f"head dims (D, Dv) = ({D}, {dv}) run on upstream's generic paged fp8 "
-                         "schedule, which fa_lab does not model; (128, 128) runs on the "
-                         "paired-page BN128 kernel, which it does")
     if min(nb, hkv) < 1 or H % hkv:
         raise ValueError(f"paged k has {nb} blocks and {hkv} kv heads; q's H={H} must be a "
                          "multiple of the kv heads and the cache must hold a block")
@@ -408,22 +432,33 @@ def check_fp8(q, k, v, *, causal, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
             raise ValueError(f"max_seqlen_kv={max_seqlen_kv} is below max(seqlen_k)={skv}")
         skv = max_seqlen_kv
     n_pages = math.ceil(skv / page)
-    if n_pages < 2 or n_pages % 2:
-        raise ValueError(f"seqlen_k up to {skv} gives {n_pages} page(s) of {page}: upstream runs an "
-                         "odd page count (or one page) on its generic paged fp8 schedule, which "
-                         "fa_lab does not model; the paired-page BN128 kernel takes an even count")
+    schedule = fp8_schedule((D, dv), n_pages)
     if block_table.dim() != 2 or block_table.shape[0] != B:
         raise ValueError(f"block_table must be [B={B}, max_pages], got shape {tuple(block_table.shape)}")
-    if block_table.shape[1] < n_pages:
+    if schedule == "bn128" and block_table.shape[1] < n_pages:
         raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short: the "
                          f"paired-page kernel needs ceil({skv}/{page}) = {n_pages}")
+    if schedule == "bn128" and B == 1 and (max_seqlen_q, skv) != (lq[0], lens[0]):
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} and the KV length {skv} (max_seqlen_kv, else "
+                         f"max(seqlen_k)) must equal the one sequence's {lq[0]} rows and "
+                         f"{lens[0]} keys: for one sequence upstream builds the BN128 kernel "
+                         "without varlen, which takes them as the lengths, not cu_seqlens")
+    own = math.ceil(max(lens) / page)
+    if block_table.shape[1] < own:
+        raise ValueError(f"block_table has {block_table.shape[1]} pages per row, too short for "
+                         f"seqlen_k up to {max(lens)}: the kernel reads ceil({max(lens)}/{page}) = {own}")
     bt = block_table.to(torch.int32).contiguous()
-    checked = PagedFp8(bt, tuple(cu_q), lens, max_seqlen_q, skv, page, nb, hkv, dv)
+    checked = PagedFp8(bt, tuple(cu_q), lens, max_seqlen_q, skv, page, nb, hkv, dv, schedule)
+    why = ("its pages, rounded up to a whole pair" if schedule == "bn128"
+           else "its pages, on the per-tile kernel")
     for b in range(B):
         read = block_table[b, :checked.entries_read(b)]
-        if int(read.min()) < 0 or int(read.max()) >= nb:
+        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= nb):
             raise ValueError(f"block_table row {b} holds block ids in [{int(read.min())}, "
                              f"{int(read.max())}] among the {read.numel()} entries the kernel "
-                             f"reads for sequence {b} (its pages, rounded up to a whole pair), "
-                             f"out of range for a cache of {nb} blocks")
+                             f"reads for sequence {b} ({why}), out of range for a cache of "
+                             f"{nb} blocks")
+    if schedule == "tile" and not 0 <= int(block_table[0, 0]) < nb:
+        raise ValueError(f"block_table[0, 0] = {int(block_table[0, 0])} is out of range for a "
+                         f"cache of {nb} blocks: the per-tile kernel's padding tiles read it")
     return checked

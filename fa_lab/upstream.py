@@ -93,11 +93,13 @@ class Version:
         """Why this version cannot run a bare call of that dtype (None: it can)."""
         return dict(self.refuses).get("fp8" if fp8 else "bf16")
 
-    def default_policy(self, *, fp8: bool, lazy_flag: bool, paged: bool = False) -> Policy:
+    def default_policy(self, *, fp8: bool, lazy_flag: bool, paged: bool | str = False) -> Policy:
         """The policy a call with no ``rescale=`` runs under this version; ValueError for a
         dtype the version refuses (``refuses``), naming the policy that runs its body. A
-        paged fp8 call (``paged``) runs the paged builder's defaults (``fp8_paged``, a name
-        in ``FP8_PAGED_VERSIONS``); a version without that kernel refuses it."""
+        paged fp8 call (``paged``: True, or the kernel ``fa_lab.paged.PagedFp8.schedule``
+        names) runs the paged builder's defaults (``fp8_paged``, a name in
+        ``FP8_PAGED_VERSIONS``): its threshold, and the P headroom of that kernel; a
+        version without that kernel refuses it."""
         if fp8 and paged:
             if self.fp8_paged is None:
                 raise ValueError(f"upstream={self.name!r} has no paged fp8 kernel (FlyDSL #1066 "
@@ -105,7 +107,8 @@ class Version:
             paged_version = FP8_PAGED_VERSIONS[self.fp8_paged]
             base = (dataclasses.replace(policies.get("lazy"), threshold=paged_version.threshold)
                     if lazy_flag else policies.get("eager"))
-            return dataclasses.replace(base, p_headroom=True)
+            lift = paged_version.tile_p_lift if paged == "tile" else True
+            return dataclasses.replace(base, p_headroom=lift) if lift else base
         why = self.refusal(fp8=fp8)
         if why is not None:
             raise ValueError(f"upstream={self.name!r} has no {'fp8' if fp8 else 'bf16/f16'} "
@@ -189,10 +192,11 @@ DEFAULT = "fixed"
 @dataclass(frozen=True)
 class Fp8PagedVersion:
     """One version of FlyDSL #1066's paged fp8 prefill builder (``docs/semantics.md`` §17;
-    ``fa_lab.kernels.swp_fp8.paged``): the lazy ``threshold`` its builder defaults to (the
-    P headroom is log2(448) - threshold), the page sizes and (D, Dv) pairs it takes.
-    ``read``: the files and places read; ``approximates``: what the lab does not place
-    exactly."""
+    ``fa_lab.kernels.swp_fp8.paged``, ``paged_tile``): the lazy ``threshold`` its builder
+    defaults to, the page sizes and (D, Dv) pairs it takes, and whether its per-tile kernel
+    lifts P (``tile_p_lift``; the paired-page BN128 kernel's headroom is log2(448) -
+    threshold; ``fa_lab.paged.fp8_schedule`` says which kernel a call runs). ``read``: the files and places read; ``approximates``: what
+    the lab does not place exactly."""
 
     name: str
     repository: str
@@ -201,6 +205,7 @@ class Fp8PagedVersion:
     threshold: float
     page_sizes: tuple
     head_dims: tuple
+    tile_p_lift: bool = False
     read: tuple[str, ...] = ()
     approximates: str = ""
 
@@ -216,12 +221,19 @@ FP8_PAGED_VERSIONS: dict[str, Fp8PagedVersion] = {v.name: v for v in (
               "pair loop, _merge_tile_max, _correct_o, _subtile_tail, the epilogue; "
               "_validate_paged_bn128_launch)",
               "kernels/attention/flash_attn_interface.py (_flydsl_flash_attn_paged: the fp8 "
-              "checks, use_bn128 = (D, Dv) == (128, 128) and an even page count)",
+              "checks, use_bn128 = (D, Dv) == (128, 128) and an even page count; "
+              "_build_paged_fp8 passes no rescale_threshold)",
+              "kernels/attention/flash_attn_fp8_paged_gfx950.py (flash_attn_dualwave_swp_fp8_"
+              "gfx950_kernel: the per-tile prologue, loop clusters 0-7 and epilogue C0-C13)",
               "kernels/attention/flash_attn_utils.py (DualwaveFp8SoftmaxHelper.lazy_correct_o, "
-              "_lazy_correction, sub_m; init_tile_bounds; the page-id loader's zero fill)"),
-        approximates="the (192, 128) and (192, 192) head dims and odd page counts run on the "
-                     "builder's generic per-tile schedule, which is not modelled (refused by "
-                     "name); the code index gives these files by character offset, not line"),
+              "_lazy_rescale_o_paged, rescale_o, _lazy_correction, sub_m (no headroom for "
+              "paged per-tile), cast_p, scale_v_p; DualwaveFp8GemmHelper._pv_step_fp8, "
+              "_pv_step_fp8_segmented, _p_to_fp8_i32x8; _make_dualwave_swp_fp8_traits; "
+              "init_tile_bounds; load_page_id and load_page_id_pair)"),
+        approximates="fp32 sums (QK, P V, the row sums) in the model's order, not the MFMA's; "
+                     "ls as log2_scale rounds it ((c * qd) * kd where the kernel takes "
+                     "c * (qd * kd) with a fast rsqrt); the code index gives these files by "
+                     "character offset, not line"),
 )}
 FP8_PAGED_DEFAULT = "flydsl-6aeb4321"
 

@@ -8,9 +8,11 @@
 - ``split``: FlyDSL #1097's path on the model: head dims (D, Dv), split-K and its combine,
   the LSE with the P headroom removed; varlen runs one dense call per sequence.
 - ``paged``: FlyDSL #1066's paged prefill on the model: the same pair loop over a page
-  cache (packed q, causal, threshold 8 by default; ``fa_lab.paged.check_fp8``).
-- ``faithful_paged``: the faithful port of ``paged``, pages read through the block table
-  inside the kernel.
+  cache (packed q, causal, threshold 8 by default; ``fa_lab.paged.check_fp8``) for its
+  paired-page BN128 kernel; ``paged_tile``: its per-tile kernel (D = 192, odd page
+  counts), the bf16 schedule on fp8 scores with no P headroom.
+- ``faithful_paged``, ``faithful_paged_tile``: their faithful ports, pages read through
+  the block table inside the kernel.
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation

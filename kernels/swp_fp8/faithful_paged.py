@@ -135,16 +135,23 @@ def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: 
             k_descale: float, v_descale: float, causal: bool, policy, paged: PagedFp8,
             saturate: bool = True, recorder=None, interpret: bool = False,
             rows_per_program: int | None = None):
-    """The model's contract (``paged.forward``): q8 packed [total_q, H, 128], k8 and v8 the
-    vectorized page-64 cache, ``paged`` the checked call. Returns (out [total_q, H, 128]
-    bf16, lse [B, H, max_seqlen_q] fp32). ``interpret=True`` runs Triton's interpreter on
-    CPU tensors."""
+    """The model's contract (``paged.forward``): q8 packed [total_q, H, D], k8 and v8 the
+    vectorized page-64 cache, ``paged`` the checked call (a per-tile one runs
+    ``faithful_paged_tile``; BN128 takes D = Dv = 128). Returns (out [total_q, H, Dv] bf16,
+    lse [B, H, max_seqlen_q] fp32). ``interpret=True`` runs Triton's interpreter on CPU
+    tensors."""
     if not isinstance(paged, PagedFp8):
         raise TypeError(f"paged must be a fa_lab.paged.PagedFp8, got {type(paged).__name__}")
     if causal is not True:
         raise ValueError("the paged fp8 kernel is causal only (causal=True)")
     if recorder is not None:
         raise ValueError("the paged fp8 port records no trace; trace a dense fp8 call")
+    if paged.schedule == "tile":
+        from . import faithful_paged_tile
+        return faithful_paged_tile.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                                           v_descale=v_descale, policy=policy, paged=paged,
+                                           saturate=saturate, interpret=interpret,
+                                           rows_per_program=rows_per_program)
     for name, t in (("q8", q8), ("k8", k8), ("v8", v8)):
         if not isinstance(t, torch.Tensor) or t.dtype != _FP8:
             raise TypeError(f"{name} must be a float8_e4m3fn tensor")

@@ -1,5 +1,6 @@
 """Exact model of FlyDSL #1066's paged fp8 prefill on its paired-page BN128 kernel
-(docs/semantics.md §17).
+(docs/semantics.md §17), and the entry point of both its kernels: a call whose
+``PagedFp8.schedule`` is ``"tile"`` runs the per-tile kernel's model, ``paged_tile``.
 
 Read at ROCm/FlyDSL 6aeb4321 (the #1066 commit in the code index):
 ``kernels/attention/flash_attn_fp8_paged_gfx950.py``, ``build_flash_attn_paged_fp8_module``
@@ -37,7 +38,7 @@ from fa_lab.numerics import f32
 from fa_lab.paged import PagedFp8
 from fa_lab.policies import Policy
 
-from . import FAMILY
+from . import FAMILY, paged_tile
 from .split import log2_scale
 from .walk import run_group
 from .._common.geometry import BLOCK_N, block_groups, padded_rows
@@ -57,15 +58,20 @@ def gather(paged: PagedFp8, k8: torch.Tensor, v8: torch.Tensor, b: int, n_tiles:
 def forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_descale: float,
             k_descale: float, v_descale: float, causal: bool, policy: Policy, paged: PagedFp8,
             saturate: bool = True, recorder=None):
-    """q8 packed [total_q, H, 128], k8 and v8 the vectorized page-64 cache, float8_e4m3fn;
-    ``paged`` the call checked by ``fa_lab.paged.check_fp8``. Returns (out [total_q, H, 128]
-    bf16, lse [B, H, max_seqlen_q] fp32, -inf past each sequence's rows)."""
+    """q8 packed [total_q, H, D], k8 and v8 the vectorized page-64 cache, float8_e4m3fn;
+    ``paged`` the call checked by ``fa_lab.paged.check_fp8`` (BN128: D = Dv = 128).
+    Returns (out [total_q, H, Dv] bf16, lse [B, H, max_seqlen_q] fp32, -inf past each
+    sequence's rows)."""
     if not isinstance(paged, PagedFp8):
         raise TypeError(f"paged must be a fa_lab.paged.PagedFp8, got {type(paged).__name__}")
     if causal is not True:
         raise ValueError("the paged fp8 kernel is causal only (causal=True)")
     if recorder is not None:
         raise ValueError("the paged fp8 model records no trace; trace a dense fp8 call")
+    if paged.schedule == "tile":
+        return paged_tile.forward(q8, k8, v8, q_descale=q_descale, k_descale=k_descale,
+                                  v_descale=v_descale, policy=policy, paged=paged,
+                                  saturate=saturate)
     check_semantics(policy, FAMILY, "model")
     check_decidable(policy, f"the {FAMILY.name} paged model")
     qd, kd, vd = (check_descale(n, x) for n, x in
