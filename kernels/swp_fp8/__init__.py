@@ -11,6 +11,8 @@
   cache (packed q, causal, threshold 8 by default; ``fa_lab.paged.check_fp8``).
 - ``faithful_paged``: the faithful port of ``paged``, pages read through the block table
   inside the kernel.
+- ``paged_cases``: paged fp8 inputs (a shuffled page-64 table, what the cache holds past
+  ``seqlen_k``) and their fp64 reference, for the tests, the onset bound and the attack.
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
@@ -37,3 +39,5 @@ FAMILY = Family(
                                                        paged_call=_PAGED_CALL)),
      "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))},
     rule=FP8_DUALWAVE, raw_units=True)
+
+from . import paged, paged_cases  # noqa: E402,F401 -- the paged prefill's face for the layers above

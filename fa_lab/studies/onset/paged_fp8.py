@@ -11,7 +11,7 @@ tile pair, P lifted by H = log2(448) - THR before its e4m3 cast, a causal row's 
 floored) over the tiles its pages give (``kernels/swp_fp8/paged.py``'s ``gather``): a
 sequence is a dense causal (bottom-right) call of its own rows against its own
 ``seqlen_k`` keys. So every hazard of the dense fp8 region (``onset.bound(policy,
-dtype="fp8")``) holds per sequence, measured on the keys that sequence's pages hold, and the
+dtype="fp8")``) holds per sequence, read off the keys that sequence's pages hold, and the
 paged region is the dense one applied to each sequence (a margin: the smallest over the
 sequences). The builder's lazy threshold 8 leaves P a headroom of log2(448) - 8 = 0.807:
 P never saturates (H + THR = log2 448), and the silent mass-loss hazard's bound on the
@@ -34,6 +34,7 @@ region refuses, with its reason.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,10 +52,12 @@ class PagedMeasure:
     """What the paged region reads off one call: ``parts``, the dense ``Measure`` of each
     sequence with rows (on the keys its pages hold, ``seqlen_k`` of them, causal), and
     ``read_past``: (sequence, tile count) of each row group that reads a non-finite V row
-    past its sequence's ``seqlen_k``."""
+    past its sequence's ``seqlen_k``; ``pages``: per sequence with rows, the page each KV
+    tile it visits reads (its longest row group's tiles, in order)."""
 
     parts: list
     read_past: list
+    pages: list = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,8 @@ def measure(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q,
             policy=None) -> PagedMeasure:
     """The ``PagedMeasure`` of one paged fp8 call (``flash_attn_func``'s arguments, checked
     as it checks them, ``fa_lab.paged.check_fp8``) under ``policy`` (as ``region``'s)."""
+    from fa_lab.kernels import swp_fp8
     from fa_lab.kernels._common.geometry import block_groups
-    from fa_lab.kernels.swp_fp8.paged import gather
     from fa_lab.paged import check_fp8
 
     if not isinstance(q8, torch.Tensor) or q8.dtype != torch.float8_e4m3fn:
@@ -151,13 +154,15 @@ def measure(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q,
                       kv_cache_layout=kv_cache_layout)
     _, pol = _policy(policy)
     parts: list[Measure] = []
-    read_past = []
+    read_past, pages = [], []
     for b, skv in enumerate(paged.seqlen_k):
         q0, q1 = paged.cu_q[b], paged.cu_q[b + 1]
         if q1 == q0:
             continue
         groups = block_groups(q1 - q0, skv, True, q8.device)
-        kg, vg = gather(paged, k, v, b, max(g.n_tiles for g in groups))
+        n_tiles = max(g.n_tiles for g in groups)
+        kg, vg = swp_fp8.paged.gather(paged, k, v, b, n_tiles)
+        pages.append(paged.page_ids(b, n_tiles).tolist())
         parts.append(dense_measure(q8[q0:q1][None], kg, vg, policy=pol, causal=True,
                                    seqlen_kv=skv, q_descale=q_descale, k_descale=k_descale,
                                    v_descale=v_descale, dtype="fp8"))
@@ -165,7 +170,7 @@ def measure(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q,
             past = vg[0, skv:g.n_tiles * paged.page_size].float()
             if not bool(torch.isfinite(past).all()):
                 read_past.append((b, g.n_tiles))
-    return PagedMeasure(parts, read_past)
+    return PagedMeasure(parts, read_past, pages)
 
 
 def _family(policy, *, dtype, tolerance, seqlen_kv):
