@@ -227,6 +227,7 @@ def _first_max(m: DecodeMeasure):
 #: stays in l and leaves O). Per tensor w = 448: a token more than 6 + log2(448) = 14.807
 #: and 10 + log2(448) = 18.807 log2 units below the running max; per token, less by
 #: log2(vmax / v_scale[t]): a V-scale outlier in the tile flushes the other tokens sooner.
+#: Exact up to the fp32 rounding of the kernel's exponent (a few 2^-24 relative).
 CAST_SUBNORMAL_AT = 6.0
 CAST_FLUSH_AT = 10.0
 

@@ -153,6 +153,16 @@ for _family in ("pa_decode", "mla_decode"):
     register_family(_family, _decode_family(_family))
 
 
+def _swa_decode(version, *, dtype, tolerance, seqlen_kv):
+    """The sliding-window decode (``kernels/pa_decode/swa_bound.py``): its "policy" is the
+    upstream version, as for the other decode families."""
+    from fa_lab.kernels import pa_decode
+    return pa_decode.swa_bound.region(version or None)
+
+
+register_family("pa_decode_swa", _swa_decode)
+
+
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
           seqlen_kv: int | list = 4096, kernel: str | None = None) -> Region:
     """The safe region of ``policy`` on the kernel it runs on: the online-softmax family for
@@ -168,7 +178,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     ----------
     policy : str or fa_lab.Policy
         A registered policy's name (the zoo's presets included), a Policy, or a decode
-        family's name (``"pa_decode:main-11c4174d"``, ``"mla_decode"``).
+        family's name (``"pa_decode:main-11c4174d"``, ``"pa_decode_swa"``, ``"mla_decode"``,
+        and the paged fp8 prefill's ``"swp_fp8_paged"``).
     dtype : str
         The inputs' type: ``"bf16"`` (default), ``"f16"``, ``"fp8"`` or ``"fp32"``.
     tolerance : float

@@ -45,10 +45,13 @@ def test_per_tensor_flush_edge_plus_eps_keeps_minus_eps_loses():
     case = two_tokens()
     lo, hi = 0.1, 0.3            # the gap is 64 sm log2(e) - log2(448): 10 near sm = 0.204
     assert margin(case, lo) > 0 >= margin(case, hi)
-    for _ in range(50):
+    for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if margin(case, mid) > 0 else (lo, mid)
     assert 0 < hi - lo < 1e-6
+    # eps: 1e-5 relative in sm, about 1e-4 log2 units of gap, past the fp32 rounding of
+    # the kernel's exponent (a few 2^-24 relative), which the closed form does not carry
+    lo, hi = lo * (1 - 1e-5), hi * (1 + 1e-5)
     region = bound.region()
     inside = bound.measure(case, num_partitions=1, softmax_scale=lo)
     outside = bound.measure(case, num_partitions=1, softmax_scale=hi)
