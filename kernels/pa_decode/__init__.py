@@ -18,7 +18,7 @@ it; ``fa_lab.decode`` calls it with upstream's names (``pa_decode_tile``,
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
 
-from . import bound, cases, swa  # noqa: F401 -- the family's face for the layers above it
+from . import bound, cases, swa, swa_bound  # noqa: F401 -- the family's face for the layers above it
 
 # The decode kernel takes no rescale policy: each partition's softmax is eager by
 # construction, so it claims no vote or rebase value (its tests hold it to fp64).

@@ -121,7 +121,9 @@ class DecodeMeasure:
     context, the call's sizes and scale mode, ``first_max`` (per (seq, kv head, partition,
     row): the running max, log2 units, after the first tile of the partition in which the
     row sees a token; -inf where it sees none) and whether the cache holds a non-finite V
-    or V scale past a context inside its last tile (``tail_nonfinite``)."""
+    or V scale past a context inside its last tile (``tail_nonfinite``); ``p_cast_gap``
+    (per (seq, kv head, partition, row): ``model.p_cast_gap``, the largest -log2 of a valid
+    token's P times its cast factor; -inf where the row sees none)."""
 
     contexts: list
     query_length: int
@@ -130,6 +132,7 @@ class DecodeMeasure:
     per_token: bool
     first_max: torch.Tensor
     tail_nonfinite: bool
+    p_cast_gap: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -153,17 +156,19 @@ class DecodeRegion(HazardChecks):
                 "hazards": [h.to_dict() for h in self.hazards]}
 
 
-def measure(case, *, num_partitions: int, upstream: str = "main-11c4174d") -> DecodeMeasure:
+def measure(case, *, num_partitions: int, upstream: str = "main-11c4174d",
+            softmax_scale: float | None = None) -> DecodeMeasure:
     """``DecodeMeasure`` of a checked decode call (``cases.Case``, or anything with its
-    fields; the default softmax scale 1 / sqrt(D)), from one run of the model (its
-    recorder's ``first_max``) and the cache's tail."""
+    fields; ``softmax_scale`` None: 1 / sqrt(D)), from one run of the model (its
+    recorder's ``first_max`` and ``p_cast_gap``) and the cache's tail."""
     from fa_lab.upstream import check_decode
 
     from .model import forward
 
     rec: dict = {}
     d = case.query.shape[2]
-    forward(*case.args()[1:], softmax_scale=d ** -0.5, num_partitions=num_partitions,
+    sm = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    forward(*case.args()[1:], softmax_scale=sm, num_partitions=num_partitions,
             version=check_decode(upstream), out_dtype=case.query.dtype, recorder=rec)
     ctx = [int(c) for c in case.context_lengths]
     ql = case.query.shape[0] // len(ctx)
@@ -183,7 +188,8 @@ def measure(case, *, num_partitions: int, upstream: str = "main-11c4174d") -> De
         if per_token:
             bad = bad | ~torch.isfinite(case.value_scale[pages, :, t % bs]).all()
         tail = tail or bool(bad)
-    return DecodeMeasure(ctx, ql, group, num_partitions, per_token, rec["first_max"], tail)
+    return DecodeMeasure(ctx, ql, group, num_partitions, per_token, rec["first_max"], tail,
+                         rec["p_cast_gap"])
 
 
 def _sentinel(version: str):
@@ -216,10 +222,31 @@ def _first_max(m: DecodeMeasure):
     return margin > 0, margin
 
 
+#: The P cast's gaps (``model.p_cast_gap``) from which a valid token's P w is an e4m3
+#: subnormal (fewer than 4 significant bits) and from which it rounds to 0 (its mass
+#: stays in l and leaves O). Per tensor w = 448: a token more than 6 + log2(448) = 14.807
+#: and 10 + log2(448) = 18.807 log2 units below the running max; per token, less by
+#: log2(vmax / v_scale[t]): a V-scale outlier in the tile flushes the other tokens sooner.
+#: Exact up to the fp32 rounding of the kernel's exponent (a few 2^-24 relative).
+CAST_SUBNORMAL_AT = 6.0
+CAST_FLUSH_AT = 10.0
+
+
+def _gap_below(at: float):
+    def check(m: DecodeMeasure):
+        if m.p_cast_gap is None:
+            raise ValueError("this DecodeMeasure has no p_cast_gap; take it with measure()")
+        g = m.p_cast_gap[m.p_cast_gap > float("-inf")]
+        margin = at - float(g.max()) if g.numel() else float("inf")
+        return margin > 0, margin
+    return check
+
+
 def region(upstream: str | None = None) -> DecodeRegion:
     """The safe region of the paged decode at ``upstream`` (``fa_lab.upstream``; default
     main-11c4174d): the sentinel's NaN (``nan_rows``), the reduce's NaN on a context that
-    sees nothing, main's -inf-path correction overflow, and NaN in the cache's tail."""
+    sees nothing, main's -inf-path correction overflow, NaN in the cache's tail, and the P
+    cast's subnormal and flushed tokens (silent precision and mass loss)."""
     from fa_lab.upstream import check_decode
 
     name = check_decode(upstream).name
@@ -244,4 +271,16 @@ def region(upstream: str | None = None) -> DecodeRegion:
         Hazard("stale_v_tail", "nan", "V and its scales finite past c in the last tile",
                      lambda m: (not m.tail_nonfinite, None),
                      note="P = 0 times NaN in the PV product, both versions"),
+        Hazard("p_cast_subnormal", "precision",
+               f"every valid token's gap (m - x) - log2 w < {CAST_SUBNORMAL_AT:g} (w = 448 per "
+               "tensor, v_scale[t] 448 / (vmax + 1e-8) per token)",
+               _gap_below(CAST_SUBNORMAL_AT),
+               note="P is in (0, 1] (the max is eager per 256-token tile, so no lazy "
+                    "overflow) and its only headroom is w: below, P w keeps fewer than 4 bits"),
+        Hazard("p_cast_flush", "mass",
+               f"every valid token's gap (m - x) - log2 w < {CAST_FLUSH_AT:g}",
+               _gap_below(CAST_FLUSH_AT),
+               note="from there e4m3(P w) is 0: the token's P stays in l and leaves O, a "
+                    "silent mass loss; per token, one large V scale in a tile lowers w for "
+                    "every other token of it"),
     ))

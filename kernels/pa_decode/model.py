@@ -60,6 +60,8 @@ across the 4 waves). Maxima are maxNum (NaN scores are dropped, as ``v_max`` doe
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fa_lab.numerics import E4M3_MAX, e4m3, exact_dot, exp2, f32, fmax, round_to
@@ -186,6 +188,28 @@ def _tile_step(state, s_raw, valid, ks_tok, vs_tok, v8, scale, *, ver: DecodeVer
     return (m_new, l_new, o_new), p8
 
 
+def p_cast_gap(m_new, s_raw, valid, ks_tok, vs_tok, scale, *, ver: DecodeVersion) -> torch.Tensor:
+    """Per row, the largest -log2(P w) over the tile's valid tokens, in closed form: ``(m_new
+    - x) - log2 w`` with x the token's score in log2 units (fp32, as the kernel scales it)
+    and w the factor P meets before its e4m3 cast (448 per tensor; ``v_scale[t] * norm``
+    per token). The cast rounds P w to 0 from a gap of 10 (2^-10, the tie, goes to the even
+    0) and to a subnormal above 6; -inf for a row with no valid token. A token whose V
+    scale is 0 carries no value and is left out (``fa_lab.kernels.pa_decode.bound``)."""
+    per_token = ks_tok is not None
+    s = s_raw * ks_tok[None, :] if per_token else s_raw
+    x = (s * scale[:, None]).double()
+    d = m_new.double()[:, None] - x
+    if per_token:
+        vmax = _vmax(vs_tok, valid, ver)
+        norm = 1.0 / (vmax * f32(1.0 / E4M3_MAX) + f32(V_SCALE_EPS / E4M3_MAX))
+        w = (vs_tok[None, :] * norm[:, None]).double()
+        keep = valid & (w > 0)
+        gap = d - torch.log2(torch.where(w > 0, w, 1.0))
+    else:
+        keep, gap = valid, d - math.log2(E4M3_MAX)
+    return torch.where(keep, gap, float("-inf")).amax(dim=1)
+
+
 def _vmax(vs_tok: torch.Tensor, valid: torch.Tensor, ver: DecodeVersion) -> torch.Tensor:
     """The tile's largest V scale (and 0), per row: over all 256 tokens (main), or over
     the tokens valid for the M-tile's race row (before 985c653a)."""
@@ -207,7 +231,8 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     kernel stores them, ``first_max`` (the running max, log2 units, after the first tile
     of the partition in which the row sees a token; -inf where it sees none), the tile
     ranges (``tiles``), and the reduce's ``global_max``,
-    ``part_scale``, ``weights`` (``reduce.split_reduce``) when NP > 1."""
+    ``part_scale``, ``weights`` (``reduce.split_reduce``) when NP > 1; ``p_cast_gap`` (per
+    partition and row, float64: ``p_cast_gap``'s largest over the partition's tiles)."""
     num_seqs = context_lengths.shape[0]
     ql = query.shape[0] // num_seqs
     hq, d = query.shape[1], query.shape[2]
@@ -227,6 +252,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     pmax = torch.empty(num_seqs, hkv, npart, rows)
     psum = torch.empty_like(pmax)
     first_max = torch.empty_like(pmax)
+    gap = torch.full_like(pmax, float("-inf"), dtype=torch.float64)
     pout = torch.empty(num_seqs, hkv, npart, rows, d)
     tiles = []
     for seq in range(num_seqs):
@@ -249,8 +275,12 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                     valid = tok[None, :] < bounds[:, None]
                     ks = key_scale[pages, h, slot] if per_token else None
                     vs = value_scale[pages, h, slot] if per_token else None
-                    state, _ = _tile_step(state, exact_dot(q8, k8.T), valid, ks, vs, v8, scale,
+                    s_raw = exact_dot(q8, k8.T)
+                    state, _ = _tile_step(state, s_raw, valid, ks, vs, v8, scale,
                                           ver=version, multi=multi, per_token=per_token)
+                    if recorder is not None:
+                        gap[seq, h, p] = torch.maximum(gap[seq, h, p], p_cast_gap(
+                            state[0], s_raw, valid, ks, vs, scale, ver=version))
                     seen = valid.any(dim=1) & (first == float("-inf"))
                     first = torch.where(seen, state[0], first)
                 m, l, o = state
@@ -276,6 +306,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
             out[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group] = res.reshape(ql, group, d)
     if recorder is not None:
         recorder.update(pmax=pmax, psum=psum, pout=pout, tiles=tiles, first_max=first_max,
+                        p_cast_gap=gap,
                         pmax_units="natural" if version.pmax_natural else "log2")
     return out.to(out_dtype)
 

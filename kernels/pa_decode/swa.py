@@ -156,6 +156,33 @@ def tile(q8, qk_scale, k8, v8, ks, vs, tok, lo, hi, seq_end, *, per_token: bool,
     return out * inv[:, None], pmax, rsum
 
 
+def p_cast_gap(q8, qk_scale, k8, ks, vs, tok, lo, hi, seq_end, *, per_token: bool,
+               k_scale: float) -> torch.Tensor:
+    """Per row [R] of one tile, the largest -log2 of a windowed token's P times the factor
+    it meets before its e4m3 cast, in closed form: P f_w = 2^((x - M) log2 e) per tensor
+    (the wave's own max cancels), times v_scale[t] norm per token; so the gap is
+    (M - x) log2 e, less log2(v_scale[t] norm) per token. The cast rounds to 0 from a gap
+    of 10 and to a subnormal above 6 (no headroom: P f_w is in (0, 1]); -inf for a row
+    with no token in the window; a token whose V scale is 0 carries no value and is left
+    out (``bound.swa_region``)."""
+    acc = exact_dot(q8, k8.T)
+    if per_token:
+        s = acc * (ks[None, :] * qk_scale[:, None])
+    else:
+        s = acc * (qk_scale * f32(k_scale))[:, None]
+    inside = (tok[None, :] < hi[:, None]) & (tok[None, :] >= lo[:, None])
+    big = torch.where(inside, s, NEG_INF).amax(dim=1)
+    gap = (big.double()[:, None] - s.double()) * float(f32(LOG2E))
+    keep = inside
+    if per_token:
+        vmax = _maximum(torch.where(tok < seq_end, vs, 0.0), 0, 0.0)
+        norm = 1.0 / (vmax * f32(1.0 / FP8_RANGE) + f32(1e-8 / FP8_RANGE))
+        w = (vs * norm).double()
+        keep = inside & (w > 0)[None, :]
+        gap = gap - torch.log2(torch.where(w > 0, w, 1.0))[None, :]
+    return torch.where(keep, gap, NEG_INF).amax(dim=1)
+
+
 def forward(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
             value_scale, *, softmax_scale: float, sliding_window: int, num_partitions: int,
             version: DecodeVersion, out_dtype: torch.dtype,
@@ -164,7 +191,9 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     output [num_seqs * QL, Hq, D] in ``out_dtype``. ``recorder`` receives ``pmax`` (natural
     log units), ``psum`` [num_seqs, Hkv, NP, rows], ``pout`` [..., D] (bf16 values), the
     tile of each partition (``tiles``, None for an empty one), ``dropped`` (visible tiles
-    no partition runs, per sequence) and, with NP > 1, the reduce's record."""
+    no partition runs, per sequence), ``p_cast_gap`` (float64 [num_seqs, Hkv, NP, rows]:
+    ``p_cast_gap`` of the partition's tile, -inf for an empty one) and, with NP > 1, the
+    reduce's record."""
     del version  # main and the parent compute the same; only their launchers differ
     num_seqs = context_lengths.shape[0]
     ql = query.shape[0] // num_seqs
@@ -181,6 +210,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     pmax = torch.full((num_seqs, hkv, npart, rows), NEG_INF)
     psum = torch.zeros(num_seqs, hkv, npart, rows)
     pout = torch.zeros(num_seqs, hkv, npart, rows, d)
+    gap = torch.full((num_seqs, hkv, npart, rows), NEG_INF, dtype=torch.float64)
     out = torch.empty(num_seqs * ql, hq, d, dtype=torch.float32)
     qi = torch.arange(rows) // group
     tiles, dropped = [], []
@@ -207,6 +237,9 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                 o, m, l = tile(q8, qk_scale, k_all[page, h, slot], v_all[page, h, slot], ks, vs,
                                tok, lo, hi, ctx_m, per_token=per_token, k_scale=ksc, v_scale=vsc)
                 pout[seq, h, p], pmax[seq, h, p], psum[seq, h, p] = bf16(o), m, l
+                if recorder is not None:
+                    gap[seq, h, p] = p_cast_gap(q8, qk_scale, k_all[page, h, slot], ks, vs, tok,
+                                                lo, hi, ctx_m, per_token=per_token, k_scale=ksc)
             if npart == 1:
                 res = pout[seq, h, 0]
             else:
@@ -218,7 +251,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
             out[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group] = res.reshape(ql, group, d)
     if recorder is not None:
         recorder.update(pmax=pmax, psum=psum, pout=pout, tiles=tiles, dropped=dropped,
-                        pmax_units="natural")
+                        pmax_units="natural", p_cast_gap=gap)
     rnd = round_to(out_dtype) if out_dtype != torch.float32 else (lambda x: x)
     return rnd(out).to(out_dtype)
 

@@ -13,6 +13,8 @@
   counts), the bf16 schedule on fp8 scores with no P headroom.
 - ``faithful_paged``, ``faithful_paged_tile``: their faithful ports, pages read through
   the block table inside the kernel.
+- ``paged_cases``: paged fp8 inputs (a shuffled page-64 table, what the cache holds past
+  ``seqlen_k``) and their fp64 reference, for the tests, the onset bound and the attack.
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
@@ -39,3 +41,5 @@ FAMILY = Family(
                                                        paged_call=_PAGED_CALL)),
      "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))},
     rule=FP8_DUALWAVE, raw_units=True)
+
+from . import paged, paged_cases  # noqa: E402,F401 -- the paged prefill's face for the layers above

@@ -17,6 +17,7 @@ from fa_lab.lab import widgets
 
 MAIN, BEFORE = "pa_decode @ main-11c4174d", "pa_decode @ flydsl-985c653a^"
 MLA = "mla_decode @ main-11c4174d"
+PAGED = "swp_fp8_paged @ flydsl-6aeb4321"
 
 
 def test_the_view_shows_each_partition_and_the_merge():
@@ -46,7 +47,7 @@ def test_the_picker_reaches_the_version():
     assert "comes out NaN" in before["summary"] and "max |out - fp64|" in after["summary"]
     # partition 1 is tile 1, fully masked for row 0: the sentinel cancels to P = 1 before the fix
     assert before["parts"][1]["psum"] == 256.0 and after["parts"][1]["psum"] == 0.0
-    assert set(widgets.KERNELS) == {MAIN, BEFORE, MLA}
+    assert set(widgets.KERNELS) == {MAIN, BEFORE, MLA, PAGED}
 
 
 def test_the_picker_reaches_the_mla_decode():
@@ -77,6 +78,39 @@ def test_the_picker_reaches_the_mla_decode():
     assert len(fig.data) == 2 and "head 5" in fig.layout.title.text
     with pytest.raises(ValueError, match="row"):
         widgets.compute_decode_view(kernel=MLA, context=64, row=128)
+
+
+def test_the_picker_reaches_the_paged_fp8_prefill():
+    """One causal sequence of 4 positions x 2 heads over 200 keys (4 pages of 64, read two
+    at a time): per tile pair the pages read and the row's max and mass, checked against
+    the call's table and an fp64 pass over the same scores; the row against the fp64
+    reference under threshold 8 (the bare call) and 6."""
+    from fa_lab.kernels.swp_fp8 import paged_cases
+    from fa_lab.kernels.swp_fp8.split import log2_scale
+
+    v = widgets.compute_decode_view(kernel=PAGED, context=200, query_length=4, group=2, row=5,
+                                    seed=1, num_partitions=3, per_token=False)  # unused knobs
+    case = paged_cases.make([4], [200], H=2, Hkv=1, k_mult=4.0, seed=1, spare=1)
+    bt = case.call["block_table"][0].tolist()
+    assert [p["tiles"] for p in v["parts"]] == [(0, 128), (128, 256)]
+    assert [p["pages"] for p in v["parts"]] == [tuple(bt[0:2]), tuple(bt[2:4])]
+    c = case.call
+    ls = log2_scale(c["q_descale"], c["k_descale"], 128)
+    x = (case.q8[2, 1].double() @ case.dense[0][0][0, :, 0].double().T).float().double() * ls
+    assert v["bound"] == 199          # qi = 2 sees 200 - 4 + 1 + 2 keys
+    for p, (lo, hi) in zip(v["parts"], ((0, 128), (128, 199))):
+        assert p["pmax"] == pytest.approx(float(x[lo:hi].max()), rel=1e-6)
+        assert p["psum"] == pytest.approx(float(torch.exp2(x[lo:hi] - x[lo:hi].max()).sum()), rel=1e-6)
+    ref = paged_cases.reference(case).reshape(8, -1)[5]
+    assert torch.equal(v["ref"], ref)
+    assert v["max_err"] == pytest.approx(float((v["out"].double() - ref).abs().max()))
+    assert 0 < v["max_err"] < 0.05 and 0 < v["max_err_threshold_6"] < 0.05
+    assert v["threshold"] == 8.0 and v["violated"] == [] and v["nan_rows"] == []
+    assert "inside the paged region" in v["summary"]
+    fig = v["figures"]["partitions"]
+    assert len(fig.data) == 2 and "row 5" in fig.layout.title.text
+    with pytest.raises(ValueError, match="context=150.*page"):
+        widgets.compute_decode_view(kernel=PAGED, context=150, query_length=4, group=2)
 
 
 @pytest.mark.parametrize("kw, err, words", [

@@ -105,3 +105,32 @@ def test_the_attacks_find_on_main_the_inf_path_correction_overflow():
     assert v.failed and v.bad_rows == [[7, 0], [7, 1]]
     assert not decode.judge(c, BEFORE).failed
     assert not decode.judge(dataclasses.replace(c, num_partitions=1), MAIN).failed
+
+
+def test_the_sliding_window_kernel_in_the_decode_space():
+    """``window`` > 0 runs the sliding-window kernel over 1024-token pages: a NaN cache tail
+    inside a computed tile is stale_nan in every row (masked tokens enter P V too); a
+    zero context with NP > 1 is the reduce's empty-row NaN; the fitness reads the window's
+    tiles. The default spaces pin the window at 0."""
+    c = DecodeCandidate(tiles=2, last=100, tail="nan", group=2, window=300, num_partitions=3)
+    assert c.size["page"] == 1024 and c.size["window"] == 300
+    assert decode.canonical(dataclasses.replace(c, block_size=64)) == c
+    v = decode.judge(c, MAIN, classes="nonfinite,stale_nan")
+    assert v.classes == ["stale_nan"] and len(v.bad_rows) == 2
+    clean = dataclasses.replace(c, tail="finite")
+    ok = decode.judge(clean, MAIN, classes="nonfinite,stale_nan")
+    assert not ok.failed and ok.max_err < 0.1
+    # the window of row 0 (QL 1, 356 tokens, W 300) starts at token 55: tile 0 holds 201
+    # of its tokens, tile 1 holds 100
+    assert decode.closest_masked_tile(clean) == (100, 0.0)
+    empty = DecodeCandidate(n_seqs=2, ctx_step=40, tiles=1, last=0, num_partitions=2, window=64)
+    assert decode.judge(empty, MAIN, classes="empty").bad_rows == [[0, 0], [0, 1], [0, 2], [0, 3]]
+    assert decode.DECODE_SPACES["decode"].range("window") == (0, 0)
+    assert decode.DECODE_SPACES["decode_swa"].range("window") == (1, 1000)
+
+
+@pytest.mark.slow
+def test_the_search_finds_a_sliding_window_failure_from_its_space():
+    res = decode_search.search(MAIN, space="decode_swa", budget_s=60, seed=0,
+                               classes="stale_nan,empty")
+    assert res.found and res.time_to_first_s < 60 and res.shrunk.window > 0

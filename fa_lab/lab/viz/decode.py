@@ -17,6 +17,9 @@ PANELS = (("pmax", "partition max m_p"), ("psum", "partition sum l_p"),
           ("weights", "merge weight w_p"))
 #: The MLA decode's panels: its splits store an LSE, not a (max, sum) pair.
 MLA_PANELS = (("lse", "split LSE (natural log)"), ("weights", "merge weight w_j"))
+#: The paged fp8 prefill's panels: per tile pair, the chosen row's largest score and its
+#: mass there (``fa_lab.lab.widgets.paged_fp8``); it has no partitions to merge.
+PAGED_PANELS = (("pmax", "tile-pair max (log2)"), ("psum", "tile-pair mass sum 2^(s - max)"))
 BAR_COLOR = "#4c78a8"
 EMPTY_COLOR = "#fff3b0"
 

@@ -1,5 +1,5 @@
 """The decode dashboard: a kernel picker (the paged decode at each modelled upstream version,
-and the MLA decode) and one call's partitions, their (max, sum) or LSE and the merge, for a
+the MLA decode, and the paged fp8 prefill) and one call's partitions, their (max, sum) or LSE and the merge, for a
 chosen row.
 
 ``compute_decode_view`` is the plain function of the controls' values (what the tests
@@ -10,7 +10,10 @@ is checked against the fp64 reference. The MLA decode (``fa_lab.mla.mla_decode``
 token over ``context`` keys cut into ``num_partitions`` KV splits, with V = 1 and
 N(0, sigma**2) scores (``studies.mla_mass_loss.gaussian_inputs``), so the exact output is
 1 and the row (a head, 0..127) shows the unscaled P cast's mass loss; the paged decode's
-``query_length``, ``group``, ``per_token`` and ``block_size`` do not apply to it.
+``query_length``, ``group``, ``per_token`` and ``block_size`` do not apply to it. The paged
+fp8 prefill (FlyDSL #1066, ``paged_fp8.view``) runs ``query_length`` causal query positions
+of ``group`` heads over ``context`` keys in pages of 64, per tile pair instead of per
+partition; ``num_partitions``, ``per_token`` and ``block_size`` do not apply to it.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ import torch
 
 from fa_lab import decode, mla
 from fa_lab.kernels import mla_decode, pa_decode
-from fa_lab.upstream import DECODE_VERSIONS
+from fa_lab.upstream import DECODE_VERSIONS, FP8_PAGED_VERSIONS
 
 from ..viz.decode import MLA_PANELS, partitions_figure
+from . import paged_fp8
 from .views import _bool, _choice, _int
 
 #: The kernels the picker offers: label -> (family, upstream version).
 KERNELS = {**{f"pa_decode @ {name}": ("pa_decode", name) for name in DECODE_VERSIONS},
-           **{f"mla_decode @ {name}": ("mla_decode", name) for name in mla_decode.VERSIONS}}
+           **{f"mla_decode @ {name}": ("mla_decode", name) for name in mla_decode.VERSIONS},
+           **{f"{paged_fp8.FAMILY} @ {name}": (paged_fp8.FAMILY, name)
+              for name in FP8_PAGED_VERSIONS}}
 DEFAULT_KERNEL = "pa_decode @ main-11c4174d"
 #: The MLA view's score spread (the standard deviation of its natural-log scores).
 MLA_SIGMA = 4.0
@@ -56,6 +62,8 @@ def compute_decode_view(kernel=DEFAULT_KERNEL, context=257, query_length=4, grou
         return _mla_view(kernel, version, context, num_partitions, _int("row", row, 0, mla.NUM_HEADS),
                          seed, figures)
     row = _int("row", row, 0, query_length * group)
+    if family == paged_fp8.FAMILY:
+        return paged_fp8.view(kernel, version, context, query_length, group, row, seed, figures)
     case = pa_decode.cases.make([context], query_length=query_length, num_q_heads=group,
                                 block_size=block_size, per_token=per_token, seed=seed)
     rec = decode.partitions(case.query, case.key_cache, case.value_cache, case.block_tables,

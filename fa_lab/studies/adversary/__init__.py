@@ -103,7 +103,11 @@ is what ``save_regression`` checks in, modifiers included.
 **The paged decode** has a space of its own (``adversary.decode``: page tables, partition
 boundaries, fully masked tiles, empty contexts, stale or NaN cache tails, per-token scale
 outliers) and its own search (``adversary.decode_search``), run against a decode version:
-``fa-lab attack flydsl-985c653a^`` (docs/semantics.md §13.4a).
+``fa-lab attack flydsl-985c653a^`` (docs/semantics.md §13.4a). **The paged fp8 prefill**
+(FlyDSL #1066) has one too (``adversary.paged_fp8``: odd page counts and their partner
+pages, padding pairs, empty contexts, rows that see no key, stale or NaN slots without a
+key, outlier keys and values, q descales towards the causal floor's limit), with its own
+``search`` against a paged version (``fa_lab.upstream.FP8_PAGED_VERSIONS``).
 
 **Records**: ``record`` makes the one result file every attack run writes (``fa-lab
 attack`` and the campaigns in benchmarks/: ``RECORD_KEYS``, one summary row and one

@@ -21,6 +21,12 @@ A ``DecodeCandidate`` is one decode call (``DECODE_FIELDS``, ``DECODE_SPACE``):
   sequence 0 (``outlier_at``) whose K or V is ``2^outlier_log2`` times the rest before
   quantization (a per-token scale outlier, or a per-tensor scale that flushes the rest).
 
+* **the kernel**: ``window`` 0 runs ``pa_decode_tile``; a window W > 0 runs the
+  sliding-window kernel (``pa_decode_ps_launch(sliding_window=W)``, pages of 1024, one
+  256-token tile per partition from the window's first, ``num_partitions`` of them: fewer
+  than the visible tiles drop the newest). The ``decode`` spaces pin it at 0;
+  ``decode_swa`` draws it from 1..1000.
+
 **What fails** (``DECODE_CLASSES``): ``nonfinite``, a row that sees at least one token
 (its fp64 reference is defined) comes out NaN or inf with every slot past the contexts
 finite; ``stale_nan``, a row that is finite when those slots hold finite stale values and
@@ -72,6 +78,7 @@ DECODE_FIELDS = {
     "outlier_log2": ("float", (0.0, 16.0)),
     "outlier_at": ("float", (0.0, 1.0)),
     "outlier_in": ("choice", ("v", "k")),
+    "window": ("int", (0, 0)),
     "seed": ("int", (0, 2 ** 31 - 1)),
 }
 MAX_CONTEXT = 5 * model.TILE_TOK
@@ -110,6 +117,12 @@ DECODE_SPACES = {
     "decode": DECODE_SPACE,
     "decode_v_outliers": DecodeSpace("decode_v_outliers", (("outlier_in", ("v",)),),
                                      DECODE_SPACE.description + "; outliers in V only"),
+    "decode_swa": DecodeSpace("decode_swa", (("window", (1, 1000)),),
+                              "sliding-window decode calls (pa_decode_ps_launch with a window "
+                              "of 1..1000, pages of 1024): 1..3 sequences of up to 5 tiles, "
+                              "MTP query lengths 1..16, 1..8 partitions (fewer than the visible "
+                              "tiles drop the newest), empty contexts, finite, stale or NaN "
+                              "cache tails, per-tensor or per-token scales with an outlier token"),
 }
 
 
@@ -137,6 +150,7 @@ class DecodeCandidate:
     outlier_log2: float = 0.0
     outlier_at: float = 0.5
     outlier_in: str = "v"
+    window: int = 0
     seed: int = 0
 
     @property
@@ -149,10 +163,18 @@ class DecodeCandidate:
 
     @property
     def size(self) -> dict:
-        return {"contexts": self.contexts, "QL": self.query_length,
+        size = {"contexts": self.contexts, "QL": self.query_length,
                 "Hq": self.group * self.num_kv_heads, "Hkv": self.num_kv_heads,
-                "D": self.head_dim, "page": self.block_size, "NP": self.num_partitions,
+                "D": self.head_dim, "page": self.page, "NP": self.num_partitions,
                 "scales": "per_token" if self.per_token else "per_tensor"}
+        if self.window:
+            size["window"] = self.window
+        return size
+
+    @property
+    def page(self) -> int:
+        """The page size built: ``block_size``, or the sliding-window kernel's 1024."""
+        return pa_decode.swa.PAGE if self.window else self.block_size
 
     def mod_summary(self) -> dict:
         return {}
@@ -169,6 +191,8 @@ def canonical(c: DecodeCandidate) -> DecodeCandidate:
         vals.update(outlier_at=base.outlier_at, outlier_in=base.outlier_in)
     if c.n_seqs == 1:
         vals["ctx_step"] = base.ctx_step
+    if c.window:
+        vals["block_size"] = base.block_size   # the sliding-window kernel's pages are 1024
     return dataclasses.replace(c, **vals)
 
 
@@ -177,7 +201,7 @@ def build(c: DecodeCandidate) -> cases.Case:
     outlier = None if c.outlier_log2 == 0 else (c.outlier_in, c.outlier_at, 2.0 ** c.outlier_log2)
     return cases.make(c.contexts, query_length=c.query_length,
                       num_q_heads=c.group * c.num_kv_heads, num_kv_heads=c.num_kv_heads,
-                      head_dim=c.head_dim, block_size=c.block_size, per_token=c.per_token,
+                      head_dim=c.head_dim, block_size=c.page, per_token=c.per_token,
                       k_mult=2.0 ** c.k_log2, seed=int(c.seed), shuffle=c.shuffle,
                       spare_pages=c.spare_pages, trans_v=c.trans_v, tail=c.tail, outlier=outlier)
 
@@ -188,6 +212,15 @@ def run(c: DecodeCandidate, upstream: str, *, tail: str | None = None, recorder=
     from fa_lab import decode
 
     case = build(c if tail is None else dataclasses.replace(c, tail=tail))
+    if c.window:
+        out = torch.empty_like(case.query)
+        decode.pa_decode_ps_launch(out, case.query, case.key_cache, case.value_cache,
+                                   case.context_lengths, None, None, None, case.key_scale,
+                                   case.value_scale, sliding_window=c.window,
+                                   block_tables=case.block_tables,
+                                   max_context_partition_num=c.num_partitions,
+                                   upstream=upstream, recorder=recorder)
+        return out.float(), case
     out = decode.pa_decode_tile(*case.args(), num_partitions=c.num_partitions,
                                 upstream=upstream, recorder=recorder)
     return out.float(), case
@@ -215,15 +248,22 @@ def closest_masked_tile(c: DecodeCandidate) -> tuple[int, float]:
     token)."""
     fewest, rows_at_zero, rows = model.TILE_TOK + 1, 0, 0
     group = c.group
+    swa = pa_decode.swa
     for ctx in c.contexts:
         bounds = model.row_bounds(ctx, c.query_length, group)
-        ranges = model.partition_tiles(ctx, c.num_partitions)
+        if c.window:   # each partition runs one tile of the window (None: nothing)
+            tiles = [t for t in swa.partition_tiles(ctx, c.query_length, c.window,
+                                                    c.num_partitions) if t is not None]
+        else:
+            tiles = [t for t0, t1 in model.partition_tiles(ctx, c.num_partitions)
+                     for t in range(t0, t1)]
         for b in bounds:
             if b <= 0:
                 continue
             rows += 1
-            counts = [min(max(b - model.TILE_TOK * t, 0), model.TILE_TOK)
-                      for t0, t1 in ranges for t in range(t0, t1)]
+            lo = b - 1 - c.window if c.window else 0
+            counts = [min(max(min(b, model.TILE_TOK * (t + 1)) - max(lo, model.TILE_TOK * t), 0),
+                          model.TILE_TOK) for t in tiles]
             fewest = min(fewest, min(counts))
             rows_at_zero += min(counts) == 0
     return (-1, 0.0) if rows == 0 else (fewest, rows_at_zero / rows)
@@ -240,7 +280,7 @@ def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
     classes = check_decode_classes(classes)
     t0 = time.perf_counter()
     out, case = run(c, upstream)
-    ref = cases.reference(case)
+    ref = cases.reference(case, sliding_window=c.window)
     defined = torch.isfinite(ref).all(-1)
     bad_now = _bad(out)
     rows = {"nonfinite": bad_now & defined, "stale_nan": torch.zeros_like(defined),

@@ -40,7 +40,9 @@ def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandida
     vals = {}
     for f, (kind, _) in DECODE_FIELDS.items():
         r = sp.range(f)
-        if kind == "choice":
+        if kind != "choice" and r[0] == r[1]:   # a field the space pins (no draw)
+            vals[f] = r[0]
+        elif kind == "choice":
             vals[f] = r[rng.integers(len(r))]
         elif kind == "int":
             vals[f] = int(rng.integers(r[0], r[1] + 1))
@@ -57,7 +59,8 @@ def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
     half the time by a multiplicative step, so small values are reached), choices by a new
     draw; the seed is redrawn."""
     vals = c.to_dict()
-    names = [f for f in DECODE_FIELDS if f != "seed"]
+    names = [f for f in DECODE_FIELDS if f != "seed"
+             and (DECODE_FIELDS[f][0] == "choice" or sp.range(f)[0] != sp.range(f)[1])]
     n = max(1, int(rng.poisson(2.0)))
     for f in rng.choice(names, size=min(n, len(names)), replace=False):
         kind, r = DECODE_FIELDS[f][0], sp.range(f)

@@ -140,17 +140,21 @@ def register_family(name: str, fn: Callable) -> None:
     FAMILY_BOUNDS[name] = fn
 
 
-def _decode_family(family: str) -> Callable:
-    """The bound of a decode family (``kernels/<family>/bound.py``'s ``region``): its
+def _decode_family(family: str, module: str = "bound") -> Callable:
+    """The bound of a decode family (``kernels/<family>/<module>.py``'s ``region``): its
     "policy" is the upstream version (empty: the family's default)."""
     def region(version, *, dtype, tolerance, seqlen_kv):
         import importlib
-        return importlib.import_module(f"fa_lab.kernels.{family}").bound.region(version or None)
+        fam = importlib.import_module(f"fa_lab.kernels.{family}")
+        return getattr(fam, module).region(version or None)
     return region
 
 
-for _family in ("pa_decode", "mla_decode"):
-    register_family(_family, _decode_family(_family))
+# the sliding-window decode's region is its family's swa_bound.py
+for _name, _family, _module in (("pa_decode", "pa_decode", "bound"),
+                                ("mla_decode", "mla_decode", "bound"),
+                                ("pa_decode_swa", "pa_decode", "swa_bound")):
+    register_family(_name, _decode_family(_family, _module))
 
 
 def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
@@ -168,7 +172,8 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
     ----------
     policy : str or fa_lab.Policy
         A registered policy's name (the zoo's presets included), a Policy, or a decode
-        family's name (``"pa_decode:main-11c4174d"``, ``"mla_decode"``).
+        family's name (``"pa_decode:main-11c4174d"``, ``"pa_decode_swa"``, ``"mla_decode"``,
+        and the paged fp8 prefill's ``"swp_fp8_paged"``).
     dtype : str
         The inputs' type: ``"bf16"`` (default), ``"f16"``, ``"fp8"`` or ``"fp32"``.
     tolerance : float
