@@ -36,11 +36,15 @@ K_MULT = 4.0
 def view(kernel: str, version: str, context: int, query_length: int, group: int, row: int,
          seed: int, figures) -> dict:
     """The paged fp8 prefill's view (module docstring); ``row`` = qi * group + g. A
-    ``context`` the paired-page kernel does not take (an odd page count, one page) is
-    refused by the call's own check, ValueError naming it."""
+    ``context`` of an odd page count (which runs #1066's per-tile kernel, not the
+    paired-page kernel this view draws) is refused, ValueError naming it."""
     case = swp_fp8.paged_cases.make([query_length], [context], H=group, Hkv=1, k_mult=K_MULT,
                             seed=seed, spare=1)
     try:
+        if onset.paged_fp8.schedule(case.q8, case.k5, case.v5, **case.call) != "bn128":
+            raise ValueError(f"it is {-(-context // swp_fp8.paged_cases.PAGE)} pages of "
+                             f"{swp_fp8.paged_cases.PAGE}: an odd page count runs the per-tile "
+                             "kernel, and this view shows the paired-page kernel's tile pairs")
         out = fa_lab.flash_attn_func(case.q8, case.k5, case.v5, **case.call, backend="emulator")
     except ValueError as e:
         raise ValueError(f"context={context}: {e}") from None

@@ -12,8 +12,10 @@ A ``PagedCandidate`` (``PAGED_FIELDS``) is one packed causal call over a page-64
   ``last`` walks its last tile pair from one key (an odd page count: the pair's partner
   page is read past the context) to full; sequence i adds ``i * ctx_step`` (clamped to
   0 .. 384); ``empty_seq`` gives the first or last sequence no key (an empty context);
-  the build is sized by the longest context rounded up to a pair (``max_seqlen_kv``), as
-  the paired-page kernel needs;
+  a call of several sequences is sized by the longest context rounded up to a pair
+  (``max_seqlen_kv``), as the paired-page kernel needs; one sequence is sized by its own
+  length (upstream builds it without varlen), so an odd page count there runs the
+  per-tile kernel, which the search runs too but has no region to measure against;
 * **the query**: ``q_len`` packed query rows per sequence (``q_step`` more for each next
   one), causal bottom-right: more rows than keys leave rows that see nothing, whose tile
   maxima are floored (``descale_log2`` lifts q's descale, and with it the kernel's ls,
@@ -142,8 +144,8 @@ def canonical(c: PagedCandidate) -> PagedCandidate:
 
 
 def build(c: PagedCandidate, *, tail: str | None = None):
-    """The candidate's call (``paged_cases.Case``; ``call`` sized by the longest context
-    rounded up to a tile pair)."""
+    """The candidate's call (``paged_cases.Case``; a call of several sequences sized by the
+    longest context rounded up to a tile pair, one sequence by its own length)."""
     outlier = None if c.outlier_log2 == 0 else (c.outlier_in, c.outlier_at, 2.0 ** c.outlier_log2)
     probe = cases.make(c.lens_q, c.lens_k, H=c.heads, k_mult=2.0 ** c.k_log2, seed=int(c.seed),
                        shuffle=c.shuffle, spare=c.spare, tail=tail or c.tail, outlier=outlier)
@@ -152,7 +154,9 @@ def build(c: PagedCandidate, *, tail: str | None = None):
         probe = cases.make(c.lens_q, c.lens_k, H=c.heads, k_mult=2.0 ** c.k_log2,
                            seed=int(c.seed), shuffle=c.shuffle, spare=c.spare,
                            tail=tail or c.tail, outlier=outlier, q_descale=qd)
-    probe.call["max_seqlen_kv"] = 128 * math.ceil(max(c.lens_k) / 128)
+    if len(c.lens_k) > 1:
+        # one sequence builds without varlen: its own lengths are the build's (check_fp8)
+        probe.call["max_seqlen_kv"] = 128 * math.ceil(max(c.lens_k) / 128)
     return probe
 
 
@@ -222,6 +226,8 @@ def judge(c: PagedCandidate, version: str = "flydsl-6aeb4321", *, classes=None) 
             bad |= rows[name]
     if found:
         fit = 129.0
+    elif onset.paged_fp8.schedule(case.q8, case.k5, case.v5, **case.call) != "bn128":
+        fit = 0.0        # the per-tile kernel: no derived region to measure a distance to
     else:
         region = onset.bound(f"swp_fp8_paged:{version}")
         m = onset.paged_fp8.measure(case.q8, case.k5, case.v5, **case.call)

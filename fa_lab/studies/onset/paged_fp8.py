@@ -136,28 +136,45 @@ def region(policy=None, *, tolerance: float = 0.25, seqlen_kv=4096) -> PagedRegi
     return PagedRegion(version, dense, tuple(_per_sequence(h) for h in dense.hazards) + (READ_PAST,))
 
 
+def schedule(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call) -> str:
+    """Which of #1066's kernels a paged fp8 call (``flash_attn_func``'s paged arguments)
+    runs: "bn128" (the paired-page kernel this region bounds) or "tile" (the per-tile
+    kernel, ``fa_lab.paged.fp8_schedule``); the call is checked as ``flash_attn_func``
+    checks it."""
+    return _checked(q8, k, v, **call).schedule
+
+
+def _checked(q8, k, v, *, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, block_table, seqlen_k,
+             max_seqlen_kv=None, kv_cache_layout="vectorized", **_descales):
+    from fa_lab.paged import check_fp8
+
+    if not isinstance(q8, torch.Tensor) or q8.dtype != torch.float8_e4m3fn:
+        raise TypeError("q8 must be a float8_e4m3fn torch.Tensor [total_q, H, D]")
+    return check_fp8(q8, k, v, causal=True, cu_seqlens_q=cu_seqlens_q,
+                     cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_kv=max_seqlen_kv, block_table=block_table, seqlen_k=seqlen_k,
+                     kv_cache_layout=kv_cache_layout)
+
+
 def measure(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q, cu_seqlens_kv,
             max_seqlen_q, block_table, seqlen_k, q_descale: float, k_descale: float,
             v_descale: float, max_seqlen_kv=None, kv_cache_layout: str = "vectorized",
             policy=None) -> PagedMeasure:
     """The ``PagedMeasure`` of one paged fp8 call (``flash_attn_func``'s arguments, checked
-    as it checks them, ``fa_lab.paged.check_fp8``) under ``policy`` (as ``region``'s)."""
+    as it checks them, ``fa_lab.paged.check_fp8``) under ``policy`` (as ``region``'s). A
+    call that runs the per-tile kernel (``schedule``) is refused: its region is not derived."""
     from fa_lab.kernels import swp_fp8
     from fa_lab.kernels._common.geometry import block_groups
-    from fa_lab.paged import check_fp8
 
-    if not isinstance(q8, torch.Tensor) or q8.dtype != torch.float8_e4m3fn:
-        raise TypeError("q8 must be a float8_e4m3fn torch.Tensor [total_q, H, D]")
-    paged = check_fp8(q8, k, v, causal=True, cu_seqlens_q=cu_seqlens_q,
-                      cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                      max_seqlen_kv=max_seqlen_kv, block_table=block_table, seqlen_k=seqlen_k,
-                      kv_cache_layout=kv_cache_layout)
+    paged = _checked(q8, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+                     block_table=block_table, seqlen_k=seqlen_k, kv_cache_layout=kv_cache_layout)
     if paged.schedule != "bn128":
         raise ValueError(
             "onset.bound('swp_fp8_paged') bounds the paired-page BN128 kernel; this call "
-            f"(head dims {tuple(k.shape[-1:]) + (paged.head_dim_v,)}, an odd or single page "
-            "count) runs #1066's per-tile kernel (kernels/swp_fp8/paged_tile.py: the bf16 "
-            "schedule, no P headroom), whose region is not derived")
+            "(head dims other than (128, 128), or an odd page count of the length the build "
+            "is sized by) runs #1066's per-tile kernel (kernels/swp_fp8/paged_tile.py: the "
+            "bf16 schedule, no P headroom), whose region is not derived")
     _, pol = _policy(policy)
     parts: list[Measure] = []
     read_past, pages = [], []
