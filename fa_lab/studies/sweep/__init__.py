@@ -53,15 +53,19 @@ with ``reference(name)`` and listed by ``references()``; no run writes there unl
 """
 
 from .grid import (ROOT, ATLAS, REFERENCE_ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
-                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError, SweepError,
-                   Grid, check_name)
+                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, KINDS, GridError,
+                   SweepError, Grid, check_name, open_grid)
 from .point import FINITENESS_KEYS, COUNT_KEYS, compute_point
-from .store import SCHEMA, sweep_dir, done_points, load, reference, references, compact
+from .decode_grid import DecodeGrid
+from .decode_point import compute_decode_point
+from .store import (SCHEMA, DECODE_SCHEMA, sweep_dir, done_points, load, reference, references,
+                    compact)
 from .cluster import TorchThreads, WORKER_ENV, local_client, close_local, dashboard, run
 
 __all__ = ["ROOT", "ATLAS", "REFERENCE_ATLAS_DIR", "AXES", "ALIASES", "REQUIRED", "DEFAULTS", "DTYPES", "BACKENDS",
            "GPU_BACKENDS", "CPU_PROXY", "DEVICES", "BY_KV_LEN", "VOLATILE", "GridError",
-           "SweepError", "Grid", "check_name", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
+           "SweepError", "Grid", "check_name", "KINDS", "open_grid", "DecodeGrid",
+           "compute_decode_point", "DECODE_SCHEMA", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
            "SCHEMA", "sweep_dir", "done_points", "load", "reference", "references", "compact",
            "TorchThreads", "WORKER_ENV", "dashboard",
            "local_client", "close_local", "run"]
