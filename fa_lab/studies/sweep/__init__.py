@@ -53,8 +53,9 @@ with ``reference(name)`` and listed by ``references()``; no run writes there unl
 """
 
 from .grid import (ROOT, ATLAS, REFERENCE_ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
-                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, KINDS, GridError,
-                   SweepError, Grid, check_name, open_grid)
+                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError,
+                   SweepError, Grid, check_name)
+from .kinds import KINDS, open_grid
 from .point import FINITENESS_KEYS, COUNT_KEYS, compute_point
 from .decode_grid import DecodeGrid
 from .decode_point import compute_decode_point

@@ -20,7 +20,8 @@ import torch
 
 from fa_lab import results
 
-from .grid import GridError, SweepError, _describe, check_name, open_grid
+from .grid import GridError, SweepError, _describe, check_name
+from .kinds import open_grid
 from .store import LAYOUTS, _write_part, done_points, load, name_key, stored_names, sweep_dir
 from .point import compute_point
 from .decode_grid import describe as _describe_decode

@@ -33,7 +33,7 @@ from fa_lab import decode, mla
 from fa_lab.kernels import mla_decode, pa_decode
 from fa_lab.upstream import DECODE_DEFAULT, DECODE_VERSIONS
 
-from .grid import MAX_POINTS, GridError, _is_int, _is_number, check_name
+from .grid import MAX_POINTS, GridError, _is_int, _is_number, check_name, read_yaml
 
 KIND = "decode"
 
@@ -197,8 +197,6 @@ class DecodeGrid:
 
     @classmethod
     def from_yaml(cls, path, *, name: str | None = None) -> "DecodeGrid":
-        from .grid import read_yaml
-
         spec, stem = read_yaml(path)
         return cls(spec, name=name or spec.get("name") or stem)
 
