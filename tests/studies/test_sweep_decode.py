@@ -228,3 +228,20 @@ def test_a_decode_folder_keeps_its_kind(tmp_path):
     sweep.compact("d", out=tmp_path)
     assert len(list(folder.glob("part-*.parquet"))) == 1
     pd.testing.assert_frame_equal(sweep.load("d", out=tmp_path), t)
+
+
+def test_the_cli_refuses_a_bad_decode_grid_in_one_line_before_any_work(tmp_path, capsys):
+    from fa_lab import cli
+
+    path = tmp_path / "g.yaml"
+    path.write_text("kernel: [pa_decode_tile]\ncontext: [64]\nspread: [1]\nquery_len: [4, 17]\n")
+    for extra, words in ((["--kind", "decode"], "axis 'query_len': "),
+                         ([], "axis 'kernel': unknown axis (an axis of a decode grid"),
+                         (["--kind", "decode", "--counts", "always"], "counts='always'")):
+        if "--counts" in extra:
+            path.write_text("kernel: [pa_decode_tile]\ncontext: [64]\nspread: [1]\n")
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", str(path), "--out-dir", str(tmp_path), *extra])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "atlas").exists()
