@@ -245,3 +245,13 @@ def test_the_cli_refuses_a_bad_decode_grid_in_one_line_before_any_work(tmp_path,
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "atlas").exists()
+
+
+@pytest.mark.slow  # Triton's interpreter
+def test_an_interpret_point_runs_the_port_and_agrees_with_the_model():
+    g = sweep.DecodeGrid({**BASE, "context": [64], "scales": ["per_token"],
+                          "backend": ["emulator", "interpret"]})
+    rows = {p["backend"]: sweep.compute_decode_point(p) for p in g.points()}
+    assert rows["interpret"]["point_id"] != rows["emulator"]["point_id"]
+    for key in ("rows", "nan_rows", "nan", "max_err", "rel_l2", "mass_loss", "violated"):
+        assert rows["interpret"][key] == rows["emulator"][key], key
