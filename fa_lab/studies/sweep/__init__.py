@@ -9,6 +9,14 @@
 
     fa-lab sweep GRID.yaml [--scheduler tcp://host:8786] [--name N] [--workers 2] [--out-dir D]
 
+**A decode grid** (``kind: decode``, ``DecodeGrid``, ``fa-lab sweep --kind decode``) runs
+the serving decode kernels (``pa_decode_tile``, ``pa_decode_swa``, ``mla_decode``) over
+their own axes: upstream version, page size, partitions, query length, scale mode, window,
+context and score spread; its points are checked by the kernels' entry points and its rows
+(``DECODE_SCHEMA``) hold NaN rows, error and mass loss against fp64 and the safe region's
+verdict (``decode_grid``, ``decode_point``; docs/sweeps.md). ``open_grid`` opens either kind.
+Everything below holds for both kinds.
+
 **The grid** is a product of named axes (``AXES``; ``seqlen``/``heads``/``batch``/
 ``head_dim`` are accepted for S/H/B/D). ``policy``, ``k_scale`` and ``S`` are required; the
 others default to ``DEFAULTS``. A policy is a name, or any object that
