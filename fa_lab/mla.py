@@ -27,7 +27,8 @@ from fa_lab.kernels.mla_decode import VERSIONS
 from fa_lab.kernels.mla_decode import model as _model
 from fa_lab.kernels.mla_decode.model import NUM_HEADS, QK_HEAD_DIM, V_HEAD_DIM, WORK_INFO_DW
 
-__all__ = ["BACKENDS", "flydsl_mla_fwd_decode", "mla_reduce_v1", "mla_decode", "MAX_HEADROOM"]
+__all__ = ["BACKENDS", "flydsl_mla_fwd_decode", "mla_reduce_v1", "mla_decode", "check_call",
+           "MAX_HEADROOM"]
 
 BACKENDS = ("auto", "emulator", "interpret", "triton")
 _FP8 = torch.float8_e4m3fn
@@ -215,16 +216,17 @@ def mla_reduce_v1(partial_output, partial_lse, reduce_indptr, reduce_final_map,
                   reduce_partial_map, final_output)
 
 
-def mla_decode(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
-               num_kv_splits: int = 1, backend: str = "auto", p_headroom: float = 0.0):
-    """fa_lab's one call: sequence b's KV positions are the entries ``kv_indptr[b]`` up to
-    ``kv_indptr[b+1]`` (excluded) of kv_page_indices. Schedules (``model.schedule``), runs
-    the kernel and merges; returns (out [S, 128, 512] bf16, split_lse [N, 1, 128, 1]). A
-    sequence with one split gets
-    bf16 of its partial (upstream's reduce skips it; the HIP kernel writes it directly)."""
+def check_call(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
+               num_kv_splits: int = 1, backend: str = "auto", p_headroom: float = 0.0,
+               upstream: str = "main-11c4174d") -> dict:
+    """All checks of an ``mla_decode`` call, before any work (errors name the argument):
+    its own arguments, then the launcher's checks on the work list it schedules. Returns
+    the schedule (``model.schedule``: the work and reduce metadata, int32 on the CPU)."""
     _tensor("query", query, (_FP8,), 3)
     _tensor("kv_indptr", kv_indptr, (torch.int32, torch.int64), 1)
     splits = check_int("num_kv_splits", num_kv_splits, lo=1)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if kv_indptr.numel() != query.size(0) + 1:
         raise ValueError(f"kv_indptr must have num_seqs + 1 = {query.size(0) + 1} entries, got "
                          f"{kv_indptr.numel()}")
@@ -232,6 +234,29 @@ def mla_decode(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
     if ind[0] != 0 or any(b < a for a, b in zip(ind, ind[1:])):
         raise ValueError(f"kv_indptr must be non-decreasing from 0, got {ind[:8]}")
     sch = _model.schedule(ind, splits)
+    N, dev = sch["num_partial"], query.device
+    _check_decode(query, kv_buffer, kv_page_indices, sch["work_indptr"].to(dev),
+                  sch["work_info_set"].to(dev),
+                  torch.empty(query.size(0), NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=dev),
+                  torch.empty(N, 1, NUM_HEADS, V_HEAD_DIM, dtype=torch.float32, device=dev),
+                  torch.empty(N, 1, NUM_HEADS, 1, dtype=torch.float32, device=dev),
+                  softmax_scale, p_headroom, upstream)
+    return sch
+
+
+def mla_decode(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
+               num_kv_splits: int = 1, backend: str = "auto", p_headroom: float = 0.0,
+               upstream: str = "main-11c4174d"):
+    """fa_lab's one call: sequence b's KV positions are the entries ``kv_indptr[b]`` up to
+    ``kv_indptr[b+1]`` (excluded) of kv_page_indices. Schedules (``model.schedule``), runs
+    the kernel and merges; returns (out [S, 128, 512] bf16, split_lse [N, 1, 128, 1]). A
+    sequence with one split gets
+    bf16 of its partial (upstream's reduce skips it; the HIP kernel writes it directly).
+    Every argument is checked first (``check_call``)."""
+    sch = check_call(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale,
+                     num_kv_splits=num_kv_splits, backend=backend, p_headroom=p_headroom,
+                     upstream=upstream)
+    splits = int(num_kv_splits)
     dev = query.device
     N = sch["num_partial"]
     out = torch.zeros(query.size(0), NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
@@ -240,7 +265,7 @@ def mla_decode(query, kv_buffer, kv_indptr, kv_page_indices, softmax_scale, *,
     meta = {k: v.to(dev) for k, v in sch.items() if isinstance(v, torch.Tensor)}
     flydsl_mla_fwd_decode(query, kv_buffer, kv_page_indices, meta["work_indptr"],
                           meta["work_info_set"], out, so, sl, softmax_scale, backend=backend,
-                          p_headroom=p_headroom)
+                          p_headroom=p_headroom, upstream=upstream)
     mla_reduce_v1(so, sl, meta["reduce_indptr"], meta["reduce_final_map"],
                   meta["reduce_partial_map"], 1, splits, out)
     ptr = sch["reduce_indptr"].tolist()

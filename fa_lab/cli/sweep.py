@@ -1,7 +1,9 @@
 """``fa-lab sweep``: a grid of points on Dask (``fa_lab.studies.sweep``).
 
-Its rows go to ``<results folder>/atlas/<name>/`` (``--out-dir``, else ``$FA_LAB_RESULTS``,
-else ./fa_lab_results). Ctrl-C stops it with what was saved kept: it says how many points
+``--kind decode`` (or ``kind: decode`` in the grid file) runs a grid of the serving decode
+kernels (``sweep.DecodeGrid``: kernel, upstream, page size, partitions, query length,
+scales, window, context, score spread). Its rows go to ``<results folder>/atlas/<name>/``
+(``--out-dir``, else ``$FA_LAB_RESULTS``, else ./fa_lab_results). Ctrl-C stops it with what was saved kept: it says how many points
 are saved and that rerunning the same command resumes, and exits with status 130."""
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ HELP = "run a grid of points on Dask (results in <results folder>/atlas/<name>/)
 def add_arguments(s) -> None:
     """The ``fa-lab sweep`` arguments, on parser ``s``."""
     s.add_argument("grid", help="the grid, a YAML file of axis: [values]")
+    s.add_argument("--kind", choices=("policy", "decode"), default=None,
+                   help="the grid's kind: policy (flash_attn_func under rescale policies) or "
+                        "decode (the decode kernels' axes); default: the file's kind:, else policy")
     s.add_argument("--scheduler", help="an existing Dask scheduler (tcp://host:8786); default: "
                    "a LocalCluster on this machine")
     s.add_argument("--name", help="results in <out-dir>/atlas/<name>/ (default: the grid's "
@@ -28,7 +33,7 @@ def add_arguments(s) -> None:
     add_out_dir_flag(s, "the sweep (its rows go to <out-dir>/atlas/<name>/)")
     s.add_argument("--batch", type=positive_int, default=1, help="points per Parquet part (default 1)")
     s.add_argument("--counts", choices=("auto", "always", "never"), default="auto",
-                   help="rescale counts: where free (auto), always (bf16), never")
+                   help="rescale counts of a policy grid: where free (auto), always (bf16), never")
     add_bool_flag(s, "--no-progress", dest="no_progress", help="no progress bar")
     add_import_flag(s)
 
@@ -39,7 +44,7 @@ def run(args) -> int:
 
     import_policies(args.imports)
     try:
-        grid = sweep.Grid.from_yaml(args.grid)
+        grid = sweep.open_grid(args.grid, kind=args.kind)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     name = sweep.check_name(args.name or grid.name)

@@ -115,6 +115,18 @@ def _int_list(text: str) -> tuple:
     return xs
 
 
+def _float_list(text: str) -> tuple:
+    import argparse
+
+    try:
+        xs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not xs:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return xs
+
+
 def _word_list(text: str) -> tuple:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -161,6 +173,10 @@ def add_arguments(t):
                    help="per_tensor, per_token (both)")
     g.add_argument("--decode-versions", dest="decode_versions", type=_word_list, default=None,
                    help="pa_decode versions (fa_lab.upstream.DECODE_VERSIONS; both)")
+    g.add_argument("--spreads", type=_float_list, default=None,
+                   help="score spreads: K times each, the logits' standard deviation (1)")
+    g.add_argument("--head-dim", dest="head_dim", type=positive_int, default=None,
+                   help="head dim: 64, 128 or 256 (64; 64 or 128 with a window)")
 
 
 
@@ -183,7 +199,8 @@ def run(args) -> int:
     if args.which == "decode":
         return _run_decode(args)
     decode_only = [f for f in ("contexts", "query_lens", "partitions", "page_sizes", "scales",
-                               "windows", "decode_versions") if getattr(args, f) is not None]
+                               "windows", "decode_versions", "spreads", "head_dim")
+                   if getattr(args, f) is not None]
     if decode_only:
         raise UsageError(f"--{decode_only[0].replace('_', '-')} is an axis of --which decode")
     if args.policies is not None:
@@ -304,9 +321,10 @@ def _run_decode(args) -> int:
     axes = {k: v for k, v in (("contexts", args.contexts), ("query_lengths", args.query_lens),
                               ("partitions", args.partitions), ("page_sizes", args.page_sizes),
                               ("scales", args.scales), ("windows", args.windows),
-                              ("versions", args.decode_versions))
+                              ("versions", args.decode_versions), ("spreads", args.spreads))
             if v is not None}
-    kw = {**axes, **({"group": args.H} if args.H is not None else {}), "seed": args.seed}
+    kw = {**axes, **({"group": args.H} if args.H is not None else {}),
+          **({"head_dim": args.head_dim} if args.head_dim is not None else {}), "seed": args.seed}
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
     name = None
     if not args.no_save:

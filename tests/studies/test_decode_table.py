@@ -47,6 +47,10 @@ def test_inside_the_region_no_row_is_nan():
     (dict(windows=(300,), page_sizes=(16,)), ValueError, "windows: 300 runs pa_decode_swa"),
     (dict(windows=(0,), page_sizes=(1024,)), ValueError, "windows: 0 runs pa_decode_tile"),
     (dict(windows=(300,), page_sizes=(1024,), head_dim=256), ValueError, "head_dim"),
+    (dict(spreads=()), ValueError, "spreads"),
+    (dict(spreads=(-1.0,)), ValueError, "spreads"),
+    (dict(spreads=(float("nan"),)), ValueError, "spreads"),
+    (dict(spreads=("2",)), TypeError, "spreads"),
 ])
 def test_bad_axes_are_refused(kw, err, words):
     with pytest.raises(err, match=words):
@@ -96,3 +100,34 @@ def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
     assert "--windows is an axis of --which decode" in capsys.readouterr().err
     assert torch.isfinite(torch.tensor([r["max_err"] for r in saved["rows"]
                                         if r["nan_rows"] == 0])).all()
+
+
+def test_the_spread_axis_scales_k_and_matches_its_call():
+    t = dt.table(contexts=(300,), query_lengths=(2,), partitions=(2,), scales=("per_tensor",),
+                 versions=(MAIN,), spreads=(1.0, 8.0), seed=5)
+    assert list(t.spread) == [1.0, 8.0]
+    for sp in (1.0, 8.0):
+        case = cases.make([300], query_length=2, num_q_heads=2, k_mult=sp, seed=5)
+        out = decode.pa_decode_tile(*case.args(), num_partitions=2, upstream=MAIN).double()
+        ref = cases.reference(case)
+        vmax = float(case.value_scale.max()) * 448
+        row = t[t.spread == sp].iloc[0]
+        assert row.max_err == pytest.approx(float((out - ref).abs().max()) / vmax)
+    # a wider spread puts more weight on fewer keys: the fp8 P error grows with it
+    assert t.max_err[t.spread == 8.0].iloc[0] > t.max_err[t.spread == 1.0].iloc[0]
+
+
+def test_the_cli_takes_spreads_and_head_dim(capsys):
+    from fa_lab.cli import main
+
+    assert main(["table", "--which", "decode", "--contexts", "257", "--query-lens", "1",
+                 "--partitions", "1", "--scales", "per_tensor", "--decode-versions", MAIN,
+                 "--spreads", "0.5,4", "--head-dim", "128", "--no-save"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "spread" in lines[0] and len(lines) == 3
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "decode", "--head-dim", "96", "--no-save"])
+    assert "head_dim" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "bf16", "--spreads", "2", "--no-save"])
+    assert "--spreads is an axis of --which decode" in capsys.readouterr().err

@@ -9,6 +9,14 @@
 
     fa-lab sweep GRID.yaml [--scheduler tcp://host:8786] [--name N] [--workers 2] [--out-dir D]
 
+**A decode grid** (``kind: decode``, ``DecodeGrid``, ``fa-lab sweep --kind decode``) runs
+the serving decode kernels (``pa_decode_tile``, ``pa_decode_swa``, ``mla_decode``) over
+their own axes: upstream version, page size, partitions, query length, scale mode, window,
+context and score spread; its points are checked by the kernels' entry points and its rows
+(``DECODE_SCHEMA``) hold NaN rows, error and mass loss against fp64 and the safe region's
+verdict (``decode_grid``, ``decode_point``; docs/sweeps.md). ``open_grid`` opens either kind.
+Everything below holds for both kinds.
+
 **The grid** is a product of named axes (``AXES``; ``seqlen``/``heads``/``batch``/
 ``head_dim`` are accepted for S/H/B/D). ``policy``, ``k_scale`` and ``S`` are required; the
 others default to ``DEFAULTS``. A policy is a name, or any object that
@@ -53,15 +61,20 @@ with ``reference(name)`` and listed by ``references()``; no run writes there unl
 """
 
 from .grid import (ROOT, ATLAS, REFERENCE_ATLAS_DIR, AXES, ALIASES, REQUIRED, DEFAULTS, DTYPES, BACKENDS,
-                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError, SweepError,
-                   Grid, check_name)
+                   GPU_BACKENDS, CPU_PROXY, DEVICES, BY_KV_LEN, VOLATILE, GridError,
+                   SweepError, Grid, check_name)
+from .kinds import KINDS, open_grid
 from .point import FINITENESS_KEYS, COUNT_KEYS, compute_point
-from .store import SCHEMA, sweep_dir, done_points, load, reference, references, compact
+from .decode_grid import DecodeGrid
+from .decode_point import compute_decode_point
+from .store import (SCHEMA, DECODE_SCHEMA, sweep_dir, done_points, load, reference, references,
+                    compact)
 from .cluster import TorchThreads, WORKER_ENV, local_client, close_local, dashboard, run
 
 __all__ = ["ROOT", "ATLAS", "REFERENCE_ATLAS_DIR", "AXES", "ALIASES", "REQUIRED", "DEFAULTS", "DTYPES", "BACKENDS",
            "GPU_BACKENDS", "CPU_PROXY", "DEVICES", "BY_KV_LEN", "VOLATILE", "GridError",
-           "SweepError", "Grid", "check_name", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
+           "SweepError", "Grid", "check_name", "KINDS", "open_grid", "DecodeGrid",
+           "compute_decode_point", "DECODE_SCHEMA", "FINITENESS_KEYS", "COUNT_KEYS", "compute_point",
            "SCHEMA", "sweep_dir", "done_points", "load", "reference", "references", "compact",
            "TorchThreads", "WORKER_ENV", "dashboard",
            "local_client", "close_local", "run"]

@@ -20,9 +20,12 @@ import torch
 
 from fa_lab import results
 
-from .grid import Grid, GridError, SweepError, _describe, check_name
-from .store import _write_part, done_points, load, name_key, stored_names, sweep_dir
+from .grid import GridError, SweepError, _describe, check_name
+from .kinds import open_grid
+from .store import LAYOUTS, _write_part, done_points, load, name_key, stored_names, sweep_dir
 from .point import compute_point
+from .decode_grid import describe as _describe_decode
+from .decode_point import compute_decode_point
 
 
 try:
@@ -120,12 +123,9 @@ def _takes_n_workers(client) -> bool:
     return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
-def _as_grid(grid) -> Grid:
-    if isinstance(grid, Grid):
-        return grid
-    if isinstance(grid, (str, Path)):
-        return Grid.from_yaml(grid)
-    return Grid(grid)
+def _as_grid(grid):
+    """A ``Grid`` or ``DecodeGrid`` from a grid, a YAML path or a mapping (its ``kind:``)."""
+    return open_grid(grid)
 
 
 def _ship(policy):
@@ -158,15 +158,19 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     name = check_name(name or grid.name or "sweep")
     if counts not in ("auto", "always", "never"):
         raise ValueError(f"counts must be 'auto', 'always' or 'never', got {counts!r}")
+    if grid.kind == "decode" and counts != "auto":
+        raise ValueError(f"counts={counts!r}: a decode sweep counts no rescales (its kernels "
+                         "take no rescale policy)")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
     directory = results.check_writable(sweep_dir(name, out), f"the sweep's folder {sweep_dir(name, out)}")
     points = grid.points()  # every check, before any task
-    done = done_points(name, out=out)
+    done = done_points(name, out=out, kind=grid.kind)
     todo = [p for p in points if p["point_id"] not in done]
-    redefined = _redefined(name, out, todo)
+    redefined = _redefined(name, out, todo, grid.kind)
+    what = "policy" if grid.kind == "policy" else "kernel"
     for pol, n in redefined.items():
-        print(f"sweep {name}: policy {pol!r} changed since the stored run: recomputing {n} "
+        print(f"sweep {name}: {what} {pol!r} changed since the stored run: recomputing {n} "
               f"point{'s' if n > 1 else ''}", file=sys.stderr, flush=True)
     run_id = uuid.uuid4().hex
     failures = {}
@@ -188,7 +192,7 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
                       file=sys.stderr, flush=True)
             failures = _submit_and_collect(client, todo, name=name, run_id=run_id,
                                            directory=directory, counts=counts, batch=batch,
-                                           progress=progress)
+                                           progress=progress, kind=grid.kind)
         finally:
             if own:
                 close_local(client)
@@ -201,15 +205,17 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
     return table
 
 
-def _redefined(name: str, out, todo: list) -> dict:
-    """Policy name -> how many points to run have a stored row of the same name (axes and
-    policy name) under another point_id: computed with another definition of the policy."""
+def _redefined(name: str, out, todo: list, kind: str = "policy") -> dict:
+    """Policy (or decode kernel) name -> how many points to run have a stored row of the
+    same name (axes, policy by name) under another point_id: computed with another
+    definition of the policy (of the kernel's upstream version, or of its inputs)."""
     if not todo:
         return {}
     stored = stored_names(name, out=out)
     counts: dict = {}
     for p in todo:
-        key = name_key({**p, "policy": getattr(p["policy"], "name", p["policy"])})
+        named = p if kind == "decode" else {**p, "policy": getattr(p["policy"], "name", p["policy"])}
+        key = name_key(named, LAYOUTS[kind])
         if stored.get(key, set()) - {p["point_id"]}:
             counts[key[0]] = counts.get(key[0], 0) + 1
     return counts
@@ -224,7 +230,7 @@ def dashboard(client) -> str:
     return f"Dask dashboard: {client.dashboard_link}"
 
 
-def _record_grid(directory: Path, grid: Grid) -> None:
+def _record_grid(directory: Path, grid) -> None:
     """The grid as run, as ``_grid-<hash>.json`` beside the parts (the leading ``_`` keeps
     Parquet readers of the folder off it)."""
     blob = json.dumps(grid.to_dict(), sort_keys=True, default=str, indent=1)
@@ -233,16 +239,20 @@ def _record_grid(directory: Path, grid: Grid) -> None:
         results.atomic_write_bytes(path, (blob + "\n").encode())
 
 
-def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch, progress):
+def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch, progress,
+                        kind="policy"):
     from distributed import as_completed
     from tqdm.auto import tqdm
 
     futures = {}
     for p in todo:
-        shipped = {**p, "policy": _ship(p["policy"])}
         kw = {"resources": {"GPU": 1}} if _needs_gpu(p) else {}
-        fut = client.submit(compute_point, shipped, counts=counts,
-                            key=f"fa-lab-sweep-{name}-{p['point_id']}", **kw)
+        key = f"fa-lab-sweep-{name}-{p['point_id']}"
+        if kind == "decode":
+            fut = client.submit(compute_decode_point, p, key=key, **kw)
+        else:
+            shipped = {**p, "policy": _ship(p["policy"])}
+            fut = client.submit(compute_point, shipped, counts=counts, key=key, **kw)
         futures[fut.key] = (fut, p)
     failures, buffer, nparts = {}, [], 0
     bar = tqdm(total=len(todo), desc=f"sweep {name}", unit="pt", disable=not progress)
@@ -253,7 +263,7 @@ def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch,
             return
         fname = (f"part-{buffer[0]['point_id']}.parquet" if batch == 1 and len(buffer) == 1
                  else f"part-{run_id[:8]}-{nparts:06d}.parquet")
-        _write_part(directory, fname, buffer)
+        _write_part(directory, fname, buffer, LAYOUTS[kind])
         nparts += 1
         buffer.clear()
 
@@ -266,8 +276,9 @@ def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch,
             # result was fetched turns a finished future back to pending.
             if not isinstance(result, dict):
                 exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
-                failures[p["point_id"]] = f"{_describe(p)} k_scale={p['k_scale']} " \
-                                          f"seed={p['seed']}: {type(exc).__name__}: {exc}"
+                said = (_describe_decode(p) if kind == "decode" else
+                        f"{_describe(p)} k_scale={p['k_scale']} seed={p['seed']}")
+                failures[p["point_id"]] = f"{said}: {type(exc).__name__}: {exc}"
             else:
                 buffer.append({**result, "sweep": name, "run_id": run_id})
                 if len(buffer) >= batch:

@@ -176,12 +176,18 @@ class Grid:
     ``name:``. A scalar is a one-value axis. Values are checked here; ``points()`` asks
     fa_lab whether each point can run and expands the grid (cached)."""
 
+    kind = "policy"
+
     def __init__(self, spec, *, name: str | None = None):
         if isinstance(spec, Grid):
             spec, name = spec.spec, name or spec.name
         if not isinstance(spec, dict):
             raise TypeError(f"a grid is a mapping of axis -> values, got {type(spec).__name__}")
         spec = dict(spec)
+        kind = spec.pop("kind", "policy")
+        if kind != "policy":
+            raise GridError("kind", f"{kind!r}: a Grid is kind 'policy' (sweep.open_grid "
+                            "reads a grid of any kind)")
         if "axes" in spec:
             extra = sorted(set(spec) - {"axes", "name"})
             if extra:
@@ -205,7 +211,10 @@ class Grid:
             axis = ALIASES.get(key, key)
             if axis not in AXES:
                 known = ", ".join(AXES) + "; aliases " + ", ".join(f"{a}={b}" for a, b in ALIASES.items())
-                raise GridError(key, f"unknown axis; the axes are {known}")
+                hint = (" (an axis of a decode grid: give kind: decode, or --kind decode)"
+                        if key in ("kernel", "context", "spread", "page_size", "query_length")
+                        else "")
+                raise GridError(key, f"unknown axis{hint}; the axes are {known}")
             if axis in axes:
                 raise GridError(key, f"given twice (as {self.spelled[axis]!r} and {key!r})")
             if isinstance(values, (list, tuple, range, np.ndarray)):
@@ -238,26 +247,9 @@ class Grid:
 
     @classmethod
     def from_yaml(cls, path, *, name: str | None = None) -> "Grid":
-        """The grid in a YAML file. A missing file raises ``FileNotFoundError`` naming it;
-        a file that is not valid YAML, or not a mapping of axes, ``ValueError`` naming it
-        (and the line, for a syntax error)."""
-        import yaml
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no grid file {str(path)!r}"
-                                    + (" (a directory)" if path.is_dir() else ""))
-        try:
-            spec = yaml.safe_load(path.read_bytes())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            what = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ValueError(f"{path}: not valid YAML{where}: {what}") from None
-        if not isinstance(spec, dict):
-            raise ValueError(f"{path}: a grid file holds a mapping of axis: [values], this one "
-                             f"holds {type(spec).__name__ if spec is not None else 'nothing'}")
-        return cls(spec, name=name or spec.get("name") or path.stem)
+        """The grid in a YAML file (``read_yaml``)."""
+        spec, stem = read_yaml(path)
+        return cls(spec, name=name or spec.get("name") or stem)
 
     def __len__(self) -> int:
         return len(self.points())
@@ -277,6 +269,29 @@ class Grid:
         if self._points is None:
             self._points = _expand(self)
         return list(self._points)
+
+
+def read_yaml(path) -> tuple[dict, str]:
+    """(the mapping in a grid's YAML file, the file's stem). A missing file raises
+    ``FileNotFoundError`` naming it; a file that is not valid YAML, or not a mapping of
+    axes, ``ValueError`` naming it (and the line, for a syntax error)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no grid file {str(path)!r}"
+                                + (" (a directory)" if path.is_dir() else ""))
+    try:
+        spec = yaml.safe_load(path.read_bytes())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{where}: {what}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: a grid file holds a mapping of axis: [values], this one "
+                         f"holds {type(spec).__name__ if spec is not None else 'nothing'}")
+    return spec, path.stem
 
 
 def check_name(name) -> str:
