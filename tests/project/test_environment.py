@@ -153,6 +153,20 @@ def test_the_triton_floor_is_the_one_make_test_runs_against():
     assert any("pytest" in c and "$(FLOOR_TESTS)" in c for c in recipe("test-triton-floor"))
 
 
+def test_the_floors_deselections_name_tests_that_exist():
+    """pytest passes over a --deselect that names no test: each one the floor's run leaves
+    out names a test function defined in its file."""
+    block = re.search(r"^FLOOR_DESELECT := (.*?)\n\n", (ROOT / "Makefile").read_text(),
+                      re.M | re.S).group(1).replace("\\\n", " ")
+    named = []
+    for prefix, names in re.findall(r"\$\(addprefix --deselect ([^,]*),([^)]*)\)", block):
+        named += [prefix + n for n in names.split()]
+    assert len(named) >= 7, block
+    for nodeid in named:
+        path, func = nodeid.split("::")
+        assert re.search(rf"^def {func}\(", (ROOT / path).read_text(), re.M), nodeid
+
+
 @pytest.mark.slow
 def test_the_core_and_its_commands_import_nothing_of_the_lab_extra():
     """What the core install runs (the API, the CLI's table, attack and sweep) imports
