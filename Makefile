@@ -27,20 +27,14 @@ $(STAMP): pyproject.toml
 # TEST_WORKERS pytest-xdist workers (one per core of the 2-core CI machine), each test file
 # on one worker (--dist loadfile: a module's fixtures are built once) and one OpenMP
 # thread each; --durations lists the slowest tests, so the log shows where the time goes.
-# NBVAL=0 leaves the lessons' nbval run out: .ci/run does, because make docs-test's build
-# then executes every lesson once more under the same conditions (the python3 kernel in
-# notebooks/, FA_LAB_SOLUTIONS=1, one OpenMP thread) and fails on any cell that raises
-# (nb_execution_raise_on_error), which is all that --nbval-lax checks: no lesson marks an
-# output for nbval to compare, and none tags a cell raises-exception or skip-execution.
 TEST_WORKERS ?= 2
-NBVAL ?= 1
 XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 test: setup
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 \
 		FA_LAB_BROWSER_RESULTS="$${TMPDIR:-/tmp}/fa_lab-browser_redraw.json" \
 		$(PY) -m pytest -q $(XDIST) --durations=30 tests
-	if [ "$(NBVAL)" != 0 ]; then OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 FA_LAB_SOLUTIONS=1 \
-		$(PY) -m pytest -q $(XDIST) --durations=10 --nbval-lax notebooks -p no:cacheprovider; fi
+	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 FA_LAB_SOLUTIONS=1 \
+		$(PY) -m pytest -q $(XDIST) --durations=10 --nbval-lax notebooks -p no:cacheprovider
 	$(MAKE) test-wheel
 	$(MAKE) test-triton-floor
 

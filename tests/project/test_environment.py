@@ -107,32 +107,6 @@ def test_ci_runs_make_test():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_ci_runs_each_lesson_once_in_the_docs_build_which_checks_what_nbval_does():
-    """CI leaves make test's nbval run out (NBVAL=0) because make docs-test's build executes
-    every lesson in the same conditions and fails on a cell that raises; that stands only
-    while nbval would check nothing more: --nbval-lax compares no output unless a cell is
-    marked, and a tagged cell (raises-exception, skip-execution) would be treated apart."""
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^make test NBVAL=0$", ci, re.M) and re.search(r"^make docs-test$", ci, re.M)
-    assert any(c.startswith('if [ "$(NBVAL)" != 0 ]') and "--nbval-lax notebooks" in c
-               for c in recipe("test"))
-    conf = (ROOT / "docs" / "conf.py").read_text()
-    for setting in ('nb_execution_mode = "cache"', "nb_execution_raise_on_error = True",
-                    'os.environ["FA_LAB_SOLUTIONS"] = "1"', '"notebooks/*.ipynb"'):
-        assert setting in conf, setting
-    assert "nb_execution_excludepatterns" not in conf and "nb_execution_allow_errors" not in conf
-    import json
-    lessons = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    assert len(lessons) >= 10
-    for lesson in lessons:
-        nb = json.loads(lesson.read_text())
-        assert "execution_mode" not in json.dumps(nb["metadata"].get("mystnb", {})), lesson.name
-        for cell in nb["cells"]:  # nbval's markers: # NBVAL_CHECK_OUTPUT, # NBVAL_SKIP, ...
-            assert cell["cell_type"] != "code" or "NBVAL_" not in "".join(cell["source"]).upper(), \
-                (lesson.name, cell["source"])
-            assert set(cell["metadata"].get("tags", [])) <= {"parameters"}, lesson.name
-
-
 def test_the_triton_floor_is_the_one_make_test_runs_against():
     """pyproject's lowest Triton is the version ``make test-triton-floor`` installs and the
     one the kernels refuse to run below, and ``make test`` runs that target: the floor is a
