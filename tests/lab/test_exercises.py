@@ -112,6 +112,35 @@ def test_update_check(problem):
     rejects(ex.check_update, no_rescale, "differs from fa_lab.reference", problem)
 
 
+def test_lesson_01_loop_is_the_update_and_its_lazy_rule(problem):
+    """lessons.flash_forward (moved out of lesson 01, where its body gave exercise 1 away):
+    eager, it is the reference update tile for tile; lazy, each base stays within the
+    threshold of the row's true running max and the output still matches the fp64
+    reference; round_p rounds only the P @ V operand."""
+    from fa_lab.lab import lessons
+    from fa_lab.numerics import bf16
+
+    q, k, v, ref_out, _ = problem
+    q, k, v = q[:32], k[:512], v[:512]
+    ref, _ = ex.reference_one_head(q, k, v)
+    out, steps = lessons.flash_forward(q, k, v)
+    mine, _ = ex.finish(ex.run_tiles(sol.update, q, k, v))
+    assert torch.equal(out, mine) and (out - ref).abs().max() < 1e-12
+    m, mt = lessons.stacked(steps, "m"), lessons.stacked(steps, "mt")
+    assert torch.equal(m, torch.cummax(mt, 0).values)              # eager: the running max
+    lazy, lsteps = lessons.flash_forward(q, k, v, threshold=8.0)
+    stale = torch.cummax(lessons.stacked(lsteps, "mt"), 0).values - lessons.stacked(lsteps, "m")
+    assert (stale >= 0).all() and 0 < stale.max() <= 8.0 and (lazy - ref).abs().max() < 1e-12
+    assert lessons.stacked(lsteps, "corr").eq(1).sum() > lessons.stacked(steps, "corr").eq(1).sum()
+    q32, k32, v32 = q.float(), k.float(), v.float()                # bf16 rounding, as the lesson
+    plain, _ = lessons.flash_forward(q32, k32, v32)
+    rounded, _ = lessons.flash_forward(q32, k32, v32, round_p=bf16)
+    assert (rounded.double() - ref).abs().max() > 100 * (plain.double() - ref).abs().max()
+    kept, _ = lessons.flash_forward(q32, k32, v32, round_p=bf16,
+                                    exact=torch.ones(32, 512, dtype=torch.bool))
+    assert torch.equal(kept, plain)                                # nothing rounded
+
+
 def test_merge_check(problem):
     assert (ex.check_merge(sol.merge, problem).to_numpy() < 1e-12).all()
 
