@@ -66,6 +66,18 @@ def test_lazy_bases_check():
     rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, 8.0), "threshold it is given")
     rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, thr, down=True), "moved down")
 
+    def against_best(row, thr):               # compares with the best tile max so far
+        bases, best = [], -math.inf
+        for mt in row:
+            bases.append(mt if not bases or mt - best > thr else bases[-1])
+            best = max(best, mt)
+        return bases
+
+    rejects(ex.check_lazy_bases, against_best, "not with the best tile max so far")
+    with pytest.raises(AssertionError) as e:
+        ex.check_lazy_bases(against_best)
+    assert "threshold it is given" not in str(e.value)
+
 
 def _lazy(row, thr, ge=False, down=False):
     out = []
@@ -107,8 +119,8 @@ def test_update_check(problem):
         p = torch.exp2(s - m_new[:, None])
         return m_new, l + p.sum(-1), O + p @ v
 
-    rejects(ex.check_update, own_tile_max, "does the base ever fall", problem)
-    rejects(ex.check_update, first_tile_base, "largest score seen so far", problem)
+    rejects(ex.check_update, own_tile_max, "the base fell below the one before it", problem)
+    rejects(ex.check_update, first_tile_base, "does it move up when a tile beats it", problem)
     rejects(ex.check_update, no_rescale, "differs from fa_lab.reference", problem)
 
 
@@ -190,7 +202,8 @@ def test_rule_check(small_rule_cases):
         return m
 
     rejects(ex.check_rule, hard_coded_8, "use the threshold it is given", small_rule_cases)
-    rejects(ex.check_rule, the_fix, "as many bases as the fix", small_rule_cases)
+    rejects(ex.check_rule, the_fix, "as many bases as the fix .*decides row by row",
+            small_rule_cases)
     rejects(ex.check_rule, unfixed, "overflow", small_rule_cases)
     rejects(ex.check_rule, never, "overflow|threshold", small_rule_cases)
 
@@ -219,8 +232,16 @@ def test_first_nan_tile_check():
         top = max(tile_max)
         return next((t for t, mt in enumerate(tile_max) if top - mt >= 128), None)
 
+    def previous_tile(tile_max):              # each drop from the tile before, alone
+        return next((t for t in range(1, len(tile_max))
+                     if tile_max[t - 1] - tile_max[t] >= 128), None)
+
     rejects(ex.check_first_nan_tile, summed_drops, "not a sum of drops")
     rejects(ex.check_first_nan_tile, strict, ">= 128")
+    rejects(ex.check_first_nan_tile, previous_tile, "not against the tile before it")
+    with pytest.raises(AssertionError) as e:
+        ex.check_first_nan_tile(previous_tile)
+    assert ">= 128" not in str(e.value)
     rejects(ex.check_first_nan_tile, overall_best, "SO FAR")
 
 
