@@ -242,8 +242,8 @@ def check_rule(rule, cases=None, *, threshold=8.0, other_threshold=4.0) -> pd.Da
         "moves more bases than the fix in some case"
     assert checks["mine: bases moved"].sum() < checks["fix: bases moved"].sum(), \
         f"your rule moves as many bases as the fix ({int(checks['fix: bases moved'].sum())} in " \
-        f"all): the fix rebases every row of a wave whose ballot fired, even a row that gained " \
-        f"less than the threshold on its base; a rule that moves fewer decides row by row"
+        f"all): the fix moves every row of a firing wave whose tile max beat its base at all, " \
+        f"even by less than the threshold; a rule that moves fewer decides row by row"
     assert (checks["mine: largest deficit"] <= threshold).all(), \
         f"a base fell more than the threshold ({threshold:g}) behind its row's true max"
     case, (qc, kc, vc) = next(iter(cases.items()))
