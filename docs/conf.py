@@ -62,6 +62,9 @@ os.environ["PYTHONSTARTUP"] = str(DOCS / "docs_kernel_startup.py")
 # The site shows each lesson run with the reference answers (fa_lab.lab.exercises.yours):
 # a learner's exercise cell starts as a stub, and the built page keeps the stub's source.
 os.environ["FA_LAB_SOLUTIONS"] = "1"
+# The dashboards make their FigureWidgets at once (a saved lesson's waits for the first move:
+# fa_lab.lab.widgets.Dashboard): the site shares one copy of their widget code per page.
+os.environ["FA_LAB_LIVE_FIGURES"] = "1"
 nb_execution_show_tb = True              # a failing lesson's traceback in the build log
 # jupyter-cache keys a lesson by its code cells alone: a change to the package, the kernels,
 # the reference data the lessons read, the kernel startup file or plotly would leave stale

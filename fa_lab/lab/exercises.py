@@ -55,6 +55,12 @@ def check_lazy_bases(lazy_bases) -> pd.DataFrame:
         "tile 1 beats the base by 6, within the threshold of 8: the base stays (not eager)"
     assert got[2] == row[0], \
         "tile 2 beats the base by exactly 8: only MORE than the threshold moves it"
+    if got[3] == row[0]:
+        raise AssertionError(
+            "tile 3's max (12) beats the base (3) by 9, more than the threshold, yet the base "
+            "stayed: compare each tile max with the base, not with the best tile max so far "
+            "(11), which it beats by only 1")
+    assert got[3] == row[3], "tile 3 beats the base (3) by 9: the base moves up to that tile max (12)"
     assert got[4] == row[4], "tile 4 beats the base (12) by 18: the base moves up to that tile max"
     assert got[-1] == row[8], "a tile far below the base leaves it where it is"
     for thr in (2.0, 20.0):
@@ -128,9 +134,19 @@ def check_update(update, problem=None) -> dict:
     s_all = (q @ k.T) * c
     state = empty_state(q.shape[0], v.shape[1])
     for j in range(0, k.shape[0], 64):
+        before = state[0]
         state = update(state, s_all[:, j:j + 64], v[j:j + 64])
-        assert torch.equal(state[0], s_all[:, :j + 64].amax(-1)), \
-            f"after tile {j // 64}, m is not the largest score seen so far: does the base ever fall?"
+        want = s_all[:, :j + 64].amax(-1)
+        if not torch.equal(state[0], want):
+            if (state[0] < before).any():
+                msg = "the base fell below the one before it: is it the tile's own max?"
+            elif (state[0] < want).any():
+                msg = ("the base stayed below a larger score in this tile: does it move up "
+                       "when a tile beats it?")
+            else:
+                msg = "the base is above every score seen so far"
+            raise AssertionError(
+                f"after tile {j // 64}, m is not the largest score seen so far: {msg}")
         assert (state[1] <= j + 64).all(), \
             f"after tile {j // 64}, l exceeds the {j + 64} keys seen: a correction above 1?"
     g32 = torch.Generator().manual_seed(32)
@@ -225,7 +241,9 @@ def check_rule(rule, cases=None, *, threshold=8.0, other_threshold=4.0) -> pd.Da
     assert (checks["mine: bases moved"] <= checks["fix: bases moved"]).all(), \
         "moves more bases than the fix in some case"
     assert checks["mine: bases moved"].sum() < checks["fix: bases moved"].sum(), \
-        "moves as many bases as the fix: the fix rescales every row of a firing wave that gained"
+        f"your rule moves as many bases as the fix ({int(checks['fix: bases moved'].sum())} in " \
+        f"all): the fix moves every row of a firing wave whose tile max beat its base at all, " \
+        f"even by less than the threshold; a rule that moves fewer decides row by row"
     assert (checks["mine: largest deficit"] <= threshold).all(), \
         f"a base fell more than the threshold ({threshold:g}) behind its row's true max"
     case, (qc, kc, vc) = next(iter(cases.items()))
@@ -261,9 +279,15 @@ def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
     for name, row in rows.items():
         got[name] = first_nan_tile([float(x) for x in row])
         if got[name] != want[name]:
+            # B's deficit reaches exactly 128, over four drops of 40, 70, 17 and 1: an answer
+            # that misses it compares with > 128, or measures each drop from the tile before
+            step_by_step = first_nan_tile([0.0, -100.0, -150.0]) != 2   # 150 below, in two drops
             hint = {"A": "the deficit is the best tile max so far minus the CURRENT tile max, "
                          "not a sum of drops",
-                    "B": "the row dies at a deficit of 128 or more (>= 128, in log2 units)",
+                    "B": ("measure each tile max against the best tile max so far, not against "
+                          "the tile before it: row B ends 128 below its record (50) after "
+                          "four drops, none of them 128 on its own" if step_by_step else
+                          "the row dies at a deficit of 128 or more (>= 128, in log2 units)"),
                     "C": "measure against the best tile max SO FAR, not the row's overall best",
                     "D": "measure against the best tile max so far, not the first tile's"}[name]
             raise AssertionError(f"row {name} {row}: dies at {want[name]}, you said "

@@ -3,6 +3,8 @@ story rather than on a wall of helpers.
 
 * ``setup(full)``: the device, whether the full (bug-report-sized) run applies, display
   options.
+* the online softmax (lesson 01): ``flash_forward``, the tiled loop with the eager or lazy
+  rescale that logs every tile, and ``stacked`` (one logged field over tiles and rows).
 * bf16 (lessons 00, 01 and 02): ``with_m_before``, ``with_deficit``, ``row_fate_table``;
   ``l_lag_dip`` (where a trace's one-tile lag of l shows); ``largest_p_exact`` and
   ``largest_p_exact_rows`` (whether a row's largest score got P = 1 exactly);
@@ -52,6 +54,48 @@ def setup(full: bool = False, *, device: str | None = None, precision: int = 4):
 
 def to_device(device, *tensors):
     return tuple(t.to(device) for t in tensors)
+
+
+# ---- the online softmax (lesson 01) -------------------------------------------------------
+
+def flash_forward(q, k, v, *, block_n=64, threshold=None, round_p=None, exact=None):
+    """Tiled attention for one head, as lesson 01 builds it: q [Sq, D], k and v [Skv, D], no
+    mask. Returns out [Sq, D] and a log of every tile (a dict of per-row tensors: the base
+    ``m`` after it, its tile max ``mt``, the correction ``corr`` and the largest ``p_max``).
+
+    ``threshold=None`` rebases every row at every tile (the eager rescale: lesson 01's
+    update, exercise 1); a number keeps a row's base until its tile max exceeds it by more
+    than ``threshold`` (the lazy rule, one row at a time). ``round_p`` rounds P before the
+    P @ V product while l sums the unrounded P, as the kernel does; ``exact`` [Sq, Skv] bool
+    names the scores whose P is left unrounded. It lives here rather than in the lesson
+    because its loop body is the answer to the lesson's first exercise."""
+    c = math.log2(math.e) / math.sqrt(q.shape[1])
+    m = torch.full((q.shape[0],), -math.inf, dtype=q.dtype)      # before any tile: no base,
+    l = torch.zeros(q.shape[0], dtype=q.dtype)                    # nothing summed
+    O = torch.zeros(q.shape[0], v.shape[1], dtype=q.dtype)
+    steps = []
+    for j in range(0, k.shape[0], block_n):
+        s = (q @ k[j:j + block_n].T) * c
+        mt = s.amax(-1)
+        m_new = torch.maximum(m, mt)
+        if threshold is not None:     # lazy: keep the base unless the tile max got far ahead
+            m_new = torch.where(mt - m > threshold, m_new, m)
+        corr = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[:, None])
+        l = l * corr + p.sum(-1)
+        p_v = p if round_p is None else round_p(p)
+        if exact is not None:
+            p_v = torch.where(exact[:, j:j + block_n], p, p_v)
+        O = O * corr[:, None] + p_v @ v[j:j + block_n]
+        steps.append({"tile": j // block_n, "m": m_new, "mt": mt, "corr": corr,
+                      "p_max": p.amax(-1)})
+        m = m_new
+    return O / l[:, None], steps
+
+
+def stacked(steps, key) -> torch.Tensor:
+    """One field of ``flash_forward``'s log as a [tiles, rows] tensor."""
+    return torch.stack([st[key] for st in steps])
 
 
 # ---- bf16 traces -----------------------------------------------------------------------

@@ -66,6 +66,18 @@ def test_lazy_bases_check():
     rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, 8.0), "threshold it is given")
     rejects(ex.check_lazy_bases, lambda row, thr: _lazy(row, thr, down=True), "moved down")
 
+    def against_best(row, thr):               # compares with the best tile max so far
+        bases, best = [], -math.inf
+        for mt in row:
+            bases.append(mt if not bases or mt - best > thr else bases[-1])
+            best = max(best, mt)
+        return bases
+
+    rejects(ex.check_lazy_bases, against_best, "not with the best tile max so far")
+    with pytest.raises(AssertionError) as e:
+        ex.check_lazy_bases(against_best)
+    assert "threshold it is given" not in str(e.value)
+
 
 def _lazy(row, thr, ge=False, down=False):
     out = []
@@ -107,9 +119,38 @@ def test_update_check(problem):
         p = torch.exp2(s - m_new[:, None])
         return m_new, l + p.sum(-1), O + p @ v
 
-    rejects(ex.check_update, own_tile_max, "does the base ever fall", problem)
-    rejects(ex.check_update, first_tile_base, "largest score seen so far", problem)
+    rejects(ex.check_update, own_tile_max, "the base fell below the one before it", problem)
+    rejects(ex.check_update, first_tile_base, "does it move up when a tile beats it", problem)
     rejects(ex.check_update, no_rescale, "differs from fa_lab.reference", problem)
+
+
+def test_lesson_01_loop_is_the_update_and_its_lazy_rule(problem):
+    """lessons.flash_forward (moved out of lesson 01, where its body gave exercise 1 away):
+    eager, it is the reference update tile for tile; lazy, each base stays within the
+    threshold of the row's true running max and the output still matches the fp64
+    reference; round_p rounds only the P @ V operand."""
+    from fa_lab.lab import lessons
+    from fa_lab.numerics import bf16
+
+    q, k, v, ref_out, _ = problem
+    q, k, v = q[:32], k[:512], v[:512]
+    ref, _ = ex.reference_one_head(q, k, v)
+    out, steps = lessons.flash_forward(q, k, v)
+    mine, _ = ex.finish(ex.run_tiles(sol.update, q, k, v))
+    assert torch.equal(out, mine) and (out - ref).abs().max() < 1e-12
+    m, mt = lessons.stacked(steps, "m"), lessons.stacked(steps, "mt")
+    assert torch.equal(m, torch.cummax(mt, 0).values)              # eager: the running max
+    lazy, lsteps = lessons.flash_forward(q, k, v, threshold=8.0)
+    stale = torch.cummax(lessons.stacked(lsteps, "mt"), 0).values - lessons.stacked(lsteps, "m")
+    assert (stale >= 0).all() and 0 < stale.max() <= 8.0 and (lazy - ref).abs().max() < 1e-12
+    assert lessons.stacked(lsteps, "corr").eq(1).sum() > lessons.stacked(steps, "corr").eq(1).sum()
+    q32, k32, v32 = q.float(), k.float(), v.float()                # bf16 rounding, as the lesson
+    plain, _ = lessons.flash_forward(q32, k32, v32)
+    rounded, _ = lessons.flash_forward(q32, k32, v32, round_p=bf16)
+    assert (rounded.double() - ref).abs().max() > 100 * (plain.double() - ref).abs().max()
+    kept, _ = lessons.flash_forward(q32, k32, v32, round_p=bf16,
+                                    exact=torch.ones(32, 512, dtype=torch.bool))
+    assert torch.equal(kept, plain)                                # nothing rounded
 
 
 def test_merge_check(problem):
@@ -161,7 +202,8 @@ def test_rule_check(small_rule_cases):
         return m
 
     rejects(ex.check_rule, hard_coded_8, "use the threshold it is given", small_rule_cases)
-    rejects(ex.check_rule, the_fix, "as many bases as the fix", small_rule_cases)
+    rejects(ex.check_rule, the_fix, "as many bases as the fix .*decides row by row",
+            small_rule_cases)
     rejects(ex.check_rule, unfixed, "overflow", small_rule_cases)
     rejects(ex.check_rule, never, "overflow|threshold", small_rule_cases)
 
@@ -190,8 +232,16 @@ def test_first_nan_tile_check():
         top = max(tile_max)
         return next((t for t, mt in enumerate(tile_max) if top - mt >= 128), None)
 
+    def previous_tile(tile_max):              # each drop from the tile before, alone
+        return next((t for t in range(1, len(tile_max))
+                     if tile_max[t - 1] - tile_max[t] >= 128), None)
+
     rejects(ex.check_first_nan_tile, summed_drops, "not a sum of drops")
     rejects(ex.check_first_nan_tile, strict, ">= 128")
+    rejects(ex.check_first_nan_tile, previous_tile, "not against the tile before it")
+    with pytest.raises(AssertionError) as e:
+        ex.check_first_nan_tile(previous_tile)
+    assert ">= 128" not in str(e.value)
     rejects(ex.check_first_nan_tile, overall_best, "SO FAR")
 
 

@@ -28,6 +28,25 @@ def test_failed_runs_are_a_curve_and_finite_runs_hollow_at_their_last_step():
         viz.training.first_nonfinite_steps([])
 
 
+def test_a_table_whose_finite_runs_hold_nan_draws_no_empty_trace():
+    """Lesson 09 passes ``table.to_dict("records")``: there a finite run's first step is NaN,
+    not None. Such a policy gets no "first non-finite" trace (a legend entry with no points)."""
+    import pandas as pd
+
+    rows = pd.DataFrame([row("lazy", 16, None), row("lazy", 64, None),
+                         row("lazy_unfixed", 16, 4, 39), row("lazy_unfixed", 64, None)])
+    records = rows.to_dict("records")
+    assert any(r["first_step"] != r["first_step"] for r in records)     # NaN, as the lesson has
+    fig = viz.training.first_nonfinite_steps(records)
+    by = {t.name: t for t in fig.data}
+    assert set(by) == {"lazy: finite to the last step", "lazy_unfixed: first non-finite",
+                       "lazy_unfixed: finite to the last step"}
+    assert list(by["lazy: finite to the last step"].x) == [16, 64]
+    assert list(by["lazy_unfixed: first non-finite"].y) == [4]
+    assert ", 2 rows," in by["lazy_unfixed: first non-finite"].text[0]
+    assert all(len(t.x) > 0 for t in fig.data)
+
+
 def run(policy, scale, tops, first=None):
     return {"config": {"policy": policy, "scale": scale},
             "scores": [[{"s_max": t, "best_min": -t, "spread": 2 * t},

@@ -328,14 +328,25 @@ def test_first_bad_row_is_none_when_every_row_is_finite():
 
 # ---- wiring ------------------------------------------------------------------------------
 
+def _plain(d, name) -> dict:
+    """The plain figure (plotly's JSON) that dashboard ``d`` shows as ``name`` before it
+    goes live."""
+    (out,) = d.slots[name].children
+    (shown,) = out.outputs
+    return shown["data"]["application/vnd.plotly.v1+json"]
+
+
 def test_dashboard_slider_updates_figurewidgets_in_place():
     d = widgets.rescale_dashboard(S=256, H=H, k_scale=32, row=3)
-    main = d.figures["row"]
-    assert isinstance(main, go.FigureWidget)
-    y0 = np.array(main.data[1].y, dtype=float)
+    assert not d.live and d.figures == {}      # plain figures until something moves
+    shown = _plain(d, "row")
+    assert (shown["layout"]["width"], shown["layout"]["height"]) == widgets.FIGURE_SIZES["row"]
+    y0 = np.array(d.last["make_figures"](("row",))["row"].data[1].y, dtype=float)
+    assert shown["layout"]["title"] == d.last["make_figures"](("row",))["row"].layout.title.to_plotly_json()
     summary0 = d.summary.value
     d.controls["k_scale"].value = 64
-    assert d.figures["row"] is main  # the same widget, new data
+    main = d.figures["row"]                    # the first move made the FigureWidgets
+    assert isinstance(main, go.FigureWidget) and d.slots["row"].children == (main,)
     y1 = np.array(main.data[1].y, dtype=float)
     assert not np.array_equal(y0, y1, equal_nan=True)
     assert "K x64" in d.summary.value and d.summary.value != summary0
@@ -346,6 +357,7 @@ def test_dashboard_slider_updates_figurewidgets_in_place():
     assert (main.layout.width, main.layout.height) == widgets.FIGURE_SIZES["row"]
     # a figure in a closed tab is drawn when its tab opens, with the latest values
     d.controls["heat_value"].value = "corr"
+    assert d.figures["row"] is main            # the same widget, new data
     heat = d.figures["heatmap"]
     assert "log2(corr)" not in heat.data[1].colorbar.title.text
     d.tabs.selected_index = widgets.LANE_TABS.index(("heatmap", "wave, step by step"))
@@ -356,6 +368,33 @@ def test_dashboard_slider_updates_figurewidgets_in_place():
     # a new S moves the row slider's range with it
     d.controls["S"].value = 512
     assert d.controls["row"].max == 511 and d.last["params"]["S"] == 512
+
+
+def _saved_bytes(widget) -> int:
+    """The size of the widget state a notebook saves for ``widget`` and every widget it
+    holds, as JSON."""
+    import json
+
+    from ipywidgets.embed import dependency_state
+
+    return len(json.dumps(dependency_state(widget, drop_defaults=False)))
+
+
+def test_a_dashboard_saved_before_any_move_is_small(monkeypatch):
+    """A FigureWidget's saved state holds plotly's widget code (about 5 MB) once per figure:
+    a lesson saved with four of them was 21 MB. Until the first move a dashboard holds plain
+    figures; the first move (or FA_LAB_LIVE_FIGURES=1, as the docs build runs) makes them
+    widgets, each with its own copy."""
+    monkeypatch.delenv(widgets.LIVE_FIGURES_ENV, raising=False)
+    d = widgets.rescale_dashboard(S=256, H=H, k_scale=32, row=3)
+    plain = _saved_bytes(d.widget)
+    assert plain < 1_000_000 and not d.live
+    d.controls["k_scale"].value = 33           # the learner moves a control
+    assert d.live and _saved_bytes(d.widget) > plain + 4 * 4_000_000
+    monkeypatch.setenv(widgets.LIVE_FIGURES_ENV, "1")
+    c = widgets.compare_dashboard(S=256, H=1, k_scale=8)
+    assert c.live and set(c.figures) == {"difference"}
+    assert c.slots["difference"].children == (c.figures["difference"],)
 
 
 def test_wave_step_follows_the_row_until_moved():
@@ -394,6 +433,11 @@ def test_dashboards_fit_one_screen():
     assert widgets.LEFT_WIDTH + widgets.FIGURE_WIDTH + 20 <= 1200
     assert widgets.MAIN_HEIGHT + 40 + widgets.TAB_HEIGHT <= 860
     d = widgets.fp8_dashboard(S=256, H=1)
+    assert set(d.slots) == set(widgets.LANE_FIGURES)
+    for name in d.slots:                       # the plain figures, and then the widgets
+        layout = _plain(d, name)["layout"]
+        assert (layout["width"], layout["height"]) == widgets.FIGURE_SIZES[name]
+    d.make_live()
     assert set(d.figures) == set(widgets.LANE_FIGURES)
     for name, fig in d.figures.items():
         assert (fig.layout.width, fig.layout.height) == widgets.FIGURE_SIZES[name]
@@ -495,6 +539,7 @@ def test_assign_figure_sends_only_what_changed():
 
 def test_a_slider_move_sends_only_the_changed_traces_main_figure_first():
     d = widgets.rescale_dashboard(S=512, H=H, k_scale=40, row=3)
+    d.make_live()
     row, wave = d.figures["row"], d.figures["wave"]
     order = []
     for name, w in (("row", row), ("wave", wave)):
@@ -556,6 +601,7 @@ def test_a_move_from_the_browser_waits_for_the_main_figure_drawn():
     import asyncio
 
     d = widgets.rescale_dashboard(S=512, H=H, k_scale=40, row=3)
+    d.make_live()
     row = d.figures["row"]
 
     async def run():

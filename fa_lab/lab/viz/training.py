@@ -3,6 +3,8 @@ logit scale (``fa_lab.studies.training.first_nonfinite_table``'s rows)."""
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from .style import policy_color, policy_symbol
@@ -11,21 +13,24 @@ from .style import policy_color, policy_symbol
 def first_nonfinite_steps(rows: list[dict], *, title: str | None = None) -> go.Figure:
     """One curve per policy: x the logit scale a run reaches at its last step (log axis),
     y the step of its first non-finite value. A run that stayed finite is drawn hollow at
-    its last step, labelled "finite"; hovering names the module, phase and tensor."""
+    its last step, labelled "finite"; hovering names the module, phase and tensor. A run's
+    ``first_step`` is None or NaN when it stayed finite (a table's ``to_dict("records")``
+    turns None into NaN in a column of numbers); a policy draws only the traces it has
+    points for."""
     if not rows:
         raise ValueError("rows is empty")
     fig = go.Figure()
     for pol in dict.fromkeys(r["policy"] for r in rows):
         rs = sorted((r for r in rows if r["policy"] == pol), key=lambda r: r["scale"])
-        failed = [r for r in rs if r["first_step"] is not None]
-        finite = [r for r in rs if r["first_step"] is None]
+        failed = [r for r in rs if not _stayed_finite(r["first_step"])]
+        finite = [r for r in rs if _stayed_finite(r["first_step"])]
         if failed:
             fig.add_trace(go.Scatter(
                 x=[r["scale"] for r in failed], y=[r["first_step"] for r in failed],
                 mode="lines+markers", name=f"{pol}: first non-finite",
                 marker=dict(symbol=policy_symbol(pol), size=11, color=policy_color(pol)),
                 line=dict(color=policy_color(pol)),
-                text=[f"{r['module']} {r['phase']} {r['tensor']}, {r['n_rows']} rows, "
+                text=[f"{r['module']} {r['phase']} {r['tensor']}, {int(r['n_rows'])} rows, "
                       f"temperature {r['temperature']:.1f}" for r in failed],
                 hovertemplate="scale %{x}<br>step %{y}<br>%{text}<extra></extra>"))
         if finite:
@@ -44,6 +49,11 @@ def first_nonfinite_steps(rows: list[dict], *, title: str | None = None) -> go.F
                       template="plotly_white", width=900, height=480,
                       legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def _stayed_finite(first_step) -> bool:
+    """Whether a run's first non-finite step says it never had one: None, or NaN."""
+    return first_step is None or (isinstance(first_step, float) and math.isnan(first_step))
 
 
 #: the fixed max's edges in log2 units: a P of 2^128 overflows; below -126 every P flushes

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import html
 import math
+import os
 import time
 
 import plotly.graph_objects as go
@@ -26,13 +27,43 @@ from .transport import (DRAWN_WAIT_S, DashboardFigure, FIGURE_SIZES, LANE_TABS, 
 _SHOWN = (ValueError, TypeError, RuleError)
 
 
+#: Under ``FA_LAB_LIVE_FIGURES=1`` a dashboard makes its FigureWidgets at once instead of at
+#: the first move (``Dashboard``): the docs build sets it, and shares one copy of plotly's
+#: widget code among a page's figures.
+LIVE_FIGURES_ENV = "FA_LAB_LIVE_FIGURES"
+
+
+def _plain_output(fig: go.Figure, size: tuple):
+    """An ``ipywidgets.Output`` that shows ``fig`` at ``size`` (width, height) as a plain
+    figure, in the form the notebook shows any other (plotly's renderer; its JSON mime type
+    where none is set)."""
+    import ipywidgets as W
+    import plotly.io as pio
+
+    fig = go.Figure(fig)
+    fig.layout.width, fig.layout.height = size
+    bundle = fig._repr_mimebundle_({}, {}) or pio.renderers["plotly_mimetype"].to_mimebundle(
+        fig.to_dict())
+    out = W.Output()
+    out.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+    return out
+
+
 class Dashboard:
-    """Controls + FigureWidgets + a summary, redrawn by ``compute(**values)``.
+    """Controls + figures + a summary, redrawn by ``compute(**values)``.
 
     ``controls`` maps each compute argument to its widget; ``update()`` reads them, calls
     ``compute`` and assigns the figures on screen (``main`` and the open tab; the other
     tabs' figures are drawn when opened); ``last`` is the latest view, ``last_seconds`` how
     long the redraw took and ``figures_seconds`` when its main figure was sent.
+
+    Each figure sits in a box of ``slots``. Until the first redraw the boxes hold plain
+    figures (an ``Output`` each), and ``figures`` is empty: a plotly ``FigureWidget``
+    carries plotly's whole widget code (about 5 MB) in its saved state, once per figure,
+    so a lesson saved before anything moved stays small. The first redraw (or
+    ``make_live()``) puts a ``DashboardFigure`` in each box, and ``figures`` maps the
+    figure names to them; from then on a redraw sends each figure only what changed.
+    ``live=True`` (or ``FA_LAB_LIVE_FIGURES=1``) makes them at once.
     ``figures_first``: ``compute`` takes ``all_policies=False`` for a partial view that
     only the figures need, drawn before the full one. Controls named in ``auto`` (the wave
     figure's step) are passed as None (chosen by the view) when any other control moves,
@@ -46,7 +77,8 @@ class Dashboard:
     """
 
     def __init__(self, compute, controls: dict, fixed: dict, *, main=("row",), tabs=LANE_TABS,
-                 auto=("tile",), layout=None, figures_first=False, follow=None, convert=None):
+                 auto=("tile",), layout=None, figures_first=False, follow=None, convert=None,
+                 live=None):
         import ipywidgets as W
 
         self.compute = compute
@@ -62,7 +94,8 @@ class Dashboard:
         self._silent = False
         self.summary = W.HTML(layout=W.Layout(min_height="3em", width="100%"))
         self.summary.add_class("fa-lab-summary-box")
-        self.figures: dict[str, go.FigureWidget] = {}
+        self.figures: dict[str, DashboardFigure] = {}
+        self.slots: dict = {}
         self.last = None
         self.last_seconds = math.nan
         self.figures_seconds = math.nan
@@ -73,18 +106,18 @@ class Dashboard:
         self._generation = 0
         view = self._view()
         for name, fig in view["make_figures"](self.main + self.tab_names).items():
-            self.figures[name] = DashboardFigure(fig)
-            w, h = FIGURE_SIZES.get(name, (FIGURE_WIDTH, TAB_HEIGHT))
-            self.figures[name].layout.width, self.figures[name].layout.height = w, h
+            self.slots[name] = W.Box([_plain_output(fig, _size(name))])
             self._drawn[name] = fig
         self.tabs = None
         if self.tab_names:
-            self.tabs = W.Tab(children=[self.figures[n] for n in self.tab_names])
+            self.tabs = W.Tab(children=[self.slots[n] for n in self.tab_names])
             for i, (_, title) in enumerate(tabs):
                 self.tabs.set_title(i, title)
             self.tabs.observe(self._on_tab, names="selected_index")
         self._show(view)
         self.widget = (layout or _side_layout)(self)
+        if live if live is not None else os.environ.get(LIVE_FIGURES_ENV) == "1":
+            self.make_live()
         for w in controls.values():
             w.observe(self._on_change, names="value")
         # One full collection now, while the cell runs: the collector's deferred full pass
@@ -126,6 +159,24 @@ class Dashboard:
         finally:
             self._silent = False
 
+    @property
+    def live(self) -> bool:
+        """Whether the figures on screen are FigureWidgets (``figures``) yet."""
+        return bool(self.figures)
+
+    def make_live(self, figures: dict | None = None):
+        """Put a ``DashboardFigure`` in each figure's box: of ``figures`` (name -> new
+        figure) where given, else of the figure drawn there. Nothing when already live."""
+        if self.live:
+            return
+        figures = figures or {}
+        for name, slot in self.slots.items():
+            fig = figures.get(name, self._drawn[name])
+            widget = DashboardFigure(fig)
+            widget.layout.width, widget.layout.height = _size(name)
+            self.figures[name], self._drawn[name] = widget, fig
+            slot.children = (widget,)
+
     def _draw(self, figures: dict):
         for name, fig in figures.items():
             if fig is not self._drawn.get(name):  # unchanged figures stay as they are
@@ -166,6 +217,7 @@ class Dashboard:
                 first = self.compute(**vals, figures=self.main,
                                      **({"all_policies": False} if self.figures_first else {}))
                 self._show(first)
+                self.make_live(first["figures"])      # the first move: widgets from here on
                 self._draw(first["figures"])
         except _SHOWN as e:
             return self._error(e)
@@ -249,7 +301,7 @@ class Dashboard:
 
     def _on_tab(self, change):
         name = self.tab_names[change["new"]] if change["new"] is not None else None
-        if name in self._stale and self.last is not None:
+        if name in self._stale and self.last is not None and self.live:
             self._draw(self.last["make_figures"]((name,)))
 
     def _repr_mimebundle_(self, **kwargs):
@@ -268,9 +320,14 @@ def _side_layout(d):
     left = W.VBox([*d.controls.values(), d.summary],
                   layout=W.Layout(width=f"{LEFT_WIDTH}px", flex=f"0 0 {LEFT_WIDTH}px",
                                   padding="4px 8px 0 0"))
-    right = [d.figures[n] for n in d.main] + ([d.tabs] if d.tabs is not None else [])
+    right = [d.slots[n] for n in d.main] + ([d.tabs] if d.tabs is not None else [])
     return W.HBox([left, W.VBox(right, layout=W.Layout(width=f"{FIGURE_WIDTH + 10}px"))],
                   layout=W.Layout(align_items="flex-start", width=f"{LEFT_WIDTH + FIGURE_WIDTH + 20}px"))
+
+
+def _size(name: str) -> tuple:
+    """A dashboard figure's (width, height) in px."""
+    return FIGURE_SIZES.get(name, (FIGURE_WIDTH, TAB_HEIGHT))
 
 
 def _style():
