@@ -24,8 +24,9 @@ from fa_lab.routing import Rule
 IMPLEMENTATIONS = ("model", "faithful", "fast")
 HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
-#: Optional features a call may ask for.
-FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged")
+#: Optional features a call may ask for. ``"window"`` is a sliding window (``window_left``,
+#: ``window_right``), which ``swa_attn_func`` asks of the family that claims it.
+FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged", "window")
 #: How errors name a dtype of ``Caps.dtypes``.
 DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 
@@ -80,6 +81,10 @@ class Caps:
     paged_call: str = "dense"
 
     def __post_init__(self):
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"Caps.features names {unknown}, which are not features; the "
+                             f"features are {FEATURES}")
         if self.paged_call not in PAGED_CALLS:
             raise ValueError(f"Caps.paged_call={self.paged_call!r} is not a paged call form; "
                              f"the forms are {tuple(PAGED_CALLS)}")
@@ -124,7 +129,9 @@ class Family:
     ``unconsulted(call, policy)``: why a lazy ``policy`` would never be consulted on
     ``call`` (a message), or None; dispatch warns with it. ``raw_units``: its traces
     record maxima in raw fp8-product units (``trace`` scales them by the call's log2 scale)
-    rather than log2 units."""
+    rather than log2 units. ``check_args``: for a family with an entry point of its own,
+    the check of that entry point's own arguments (``check_args(q, k, v, **arguments)``,
+    raising naming the argument; returns the policy it runs), or None."""
 
     name: str
     description: str
@@ -133,6 +140,7 @@ class Family:
     rule: Rule | None = None
     unconsulted: Callable | None = None
     raw_units: bool = False
+    check_args: Callable | None = None
 
     def __post_init__(self):
         unknown = set(self.implementations) - set(IMPLEMENTATIONS)

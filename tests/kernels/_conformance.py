@@ -3,7 +3,8 @@ families' capabilities claim, run against an independent fp64 reference of the p
 
 ``claims()`` enumerates from ``fa_lab.kernels.FAMILIES`` what each implementation's
 ``Caps`` lists: each vote and rebase value, with no feature and with each feature it
-claims (``FEATURES``; a non-routed family's entry point adds its own, ``ENTRY_POINTS``);
+claims (``FEATURES``; a non-routed family runs through the entry point of the feature it
+serves, ``ENTRY_POINTS``);
 each numeric policy parameter its values read, at a second value (``PARAMETERS``); the
 Python rules of ``RULES`` where it runs rules (``Caps.rules``); and
 each value of each fixed-set ``Semantics`` field it runs and each numeric one at a
@@ -61,7 +62,7 @@ reference on the logical (dense) inputs, since they do not change the math:
   reference is the walk over each split's columns from a fresh max, merged as the
   kernels' combine does (a split's weight ``2^(m_s - m_max) l_s``, a split whose l is not
   > 0 skipped); ``split_reference`` merges at column 384;
-* ``window`` (the SWA kernel's entry point, a pseudo-feature): ``window_left`` 256 with
+* ``window`` (the feature ``swa_attn_func`` asks of the family that claims it): ``window_left`` 256 with
   the window open to the right, so rows from 256 on lose the first columns, whose V is
   raised by 2 so that a window not applied shows; the reference masks those scores to
   -inf, and a row whose tile is wholly masked skips it.
@@ -96,7 +97,8 @@ COLS = 512
 BACKEND = {impl: b for b, impl in dispatch.IMPLEMENTATION.items() if b != "triton"}
 #: Features the reference checks (module docstring); any other a family may claim would be
 #: listed, with why it is not run here, in ``UNCOVERED`` (none is).
-FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_splits", "paged")
+FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_splits", "paged",
+            "window")
 UNCOVERED: dict = {}
 #: split-K's input (module docstring): rows, columns, the third segment's first column,
 #: the splits asked for and where ``split_reference`` merges.
@@ -105,11 +107,12 @@ SPLIT_COLS = {"fp8": 1280}  # (by the input's dtype; 640 otherwise)
 #: The page cache: 64-row pages; logical page t lives in physical page PAGES[t] of
 #: PAGE_BLOCKS (4 and 6 unused, NaN).
 PAGE, PAGE_BLOCKS, PAGES = 64, 10, (5, 0, 9, 2, 7, 3, 8, 1)
-#: The pseudo-feature of a family whose own entry point takes a sliding window.
+#: The feature of a family whose own entry point takes a sliding window.
 WINDOW = "window"
 WINDOW_LEFT = 256
-#: Non-routed families: their entry point and the pseudo-features it takes.
-ENTRY_POINTS = {"swa": (WINDOW,)}
+#: Non-routed families run through the entry point of a feature they claim: feature ->
+#: the entry point's name in ``fa_lab`` (it finds the family by the feature).
+ENTRY_POINTS = {WINDOW: "swa_attn_func"}
 #: The pseudo-feature of an implementation whose Caps.head_dims_v let Dv differ from D:
 #: its claims also run with v's head dim the smallest Dv below D.
 HEAD_DIMS_V = "head_dims_v"
@@ -157,7 +160,6 @@ def claims(families=None) -> list[Claim]:
         for impl, im in fam.implementations.items():
             caps = im.caps
             feats = [f for f in FEATURES if f is None or f in caps.features]
-            feats += list(ENTRY_POINTS.get(name, ()) if not fam.routed else ())
             if caps.head_dims_v:  # V head dims other than D: one more claim, v narrower than q
                 feats.append(HEAD_DIMS_V)
             for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
@@ -406,14 +408,17 @@ def paged_call(caps, q, k, v):
 
 
 def _run_entry_point(claim: Claim, q, k, v, policy, backend, rows):
-    """A non-routed family through its own entry point (``ENTRY_POINTS``): out [rows, D]."""
-    if claim.family != "swa":
-        raise AssertionError(f"family {claim.family!r} is not routed and has no "
-                             "conformance entry point: add it to ENTRY_POINTS")
+    """A non-routed family through the entry point of the feature it serves
+    (``ENTRY_POINTS``): out [rows, D]."""
+    served = [f for f in ENTRY_POINTS if f in FAMILIES[claim.family].caps(claim.impl).features]
+    if not served or dispatch.serving(served[0]).name != claim.family:
+        raise AssertionError(f"family {claim.family!r} is not routed and serves no feature of "
+                             "ENTRY_POINTS: add its entry point there")
     left = WINDOW_LEFT if claim.feature == WINDOW else COLS
     if claim.feature != "trace":
-        out = fa_lab.swa_attn_func(q, k, v, window_left=left, window_right=COLS, causal=False,
-                                   rescale=policy, backend=backend)
+        out = getattr(fa_lab, ENTRY_POINTS[served[0]])(
+            q, k, v, window_left=left, window_right=COLS, causal=False, rescale=policy,
+            backend=backend)
         return out.cpu().double()[0, :, 0]
     # swa_attn_func records no trace: the same plan it makes, run with a recorder
     call = fa_lab.api.check_call(q, k, v, causal=False, rescale=policy, backend=backend)._with(
