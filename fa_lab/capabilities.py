@@ -67,7 +67,11 @@ class Caps:
     (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only), the
     V/output head dims it takes (``head_dims_v``; None: Dv must equal D), and, where it
     claims the "paged" feature, the form of paged call it takes (``paged_call``, a name of
-    ``PAGED_CALLS``: "dense" unless it says otherwise)."""
+    ``PAGED_CALLS``: "dense" unless it says otherwise), and ``modes``: the values of the
+    choices of its own it runs, beyond the policy's (a family with an entry point of its
+    own: a decode's scale mode, upstream version and partition count, MLA's P headroom, the
+    backward's softmax), as (choice, value) pairs; each is a claim the conformance test
+    runs against fp64, as each vote and rebase value is."""
 
     dtypes: frozenset
     head_dims: tuple
@@ -79,6 +83,7 @@ class Caps:
     headroom_any_dtype: bool = False
     head_dims_v: tuple | None = None
     paged_call: str = "dense"
+    modes: frozenset = frozenset()
 
     def __post_init__(self):
         unknown = sorted(set(self.features) - set(FEATURES))
@@ -91,6 +96,9 @@ class Caps:
         if self.paged_call != "dense" and "paged" not in self.features:
             raise ValueError(f"Caps.paged_call={self.paged_call!r} names a paged call form, but "
                              "the features do not claim 'paged'")
+        if not isinstance(self.modes, frozenset) or not all(
+                isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) for m in self.modes):
+            raise TypeError("Caps.modes must be a frozenset of (choice name, value) pairs")
         # the vote and rebase values an implementation runs, each by name: a declared value
         # (fa_lab.values) that is not listed here is refused, never run as another
         for field, names in (("vote", self.votes), ("rebase", self.rebases)):

@@ -6,9 +6,11 @@ families' capabilities claim, run against an independent fp64 reference of the p
 claims (``FEATURES``; a non-routed family runs through the entry point of the feature it
 serves, ``ENTRY_POINTS``);
 each numeric policy parameter its values read, at a second value (``PARAMETERS``); the
-Python rules of ``RULES`` where it runs rules (``Caps.rules``); and
+Python rules of ``RULES`` where it runs rules (``Caps.rules``);
 each value of each fixed-set ``Semantics`` field it runs and each numeric one at a
-non-default value (``_semantic_conformance``: its own reference and inputs).
+non-default value (``_semantic_conformance``: its own reference and inputs); and each
+choice of its own it claims (``Caps.modes``: a decode's scale mode, upstream version and
+partitions, MLA's P headroom and splits, the backward's LSE; ``_mode_conformance``).
 ``check(claim)`` runs it and raises
 AssertionError naming the family, implementation, value and feature when its output
 differs from the reference.
@@ -77,6 +79,7 @@ from dataclasses import dataclass
 
 import torch
 
+import _mode_conformance as MODES
 import _semantic_conformance as SEM
 
 import fa_lab
@@ -153,7 +156,8 @@ class Claim:
 def claims(families=None) -> list[Claim]:
     """Every (family, implementation, vote or rebase value, feature) the capabilities
     claim, for the features the reference models; then every value of every fixed-set
-    ``Semantics`` field they claim (``_semantic_conformance``), with no feature."""
+    ``Semantics`` field they claim (``_semantic_conformance``), and every choice of its
+    own (``Caps.modes``, ``_mode_conformance``), with no feature."""
     out = []
     families = families or FAMILIES
     for name, fam in families.items():
@@ -170,7 +174,7 @@ def claims(families=None) -> list[Claim]:
                     out.append(Claim(name, impl, param, value, None))
             if caps.rules:
                 out.extend(Claim(name, impl, "rule", r, None) for r in RULES)
-    return out + SEM.claims(families, Claim)
+    return out + SEM.claims(families, Claim) + MODES.claims(families, Claim)
 
 
 def _reader(param: str, caps):
@@ -517,7 +521,9 @@ def check(claim: Claim, device: str = "cpu") -> None:
     outputs within the input format's error relative to the reference's (at least 1; a
     row of zeros, where an overflowed l meets a saturated O, included). AssertionError
     naming the claim."""
-    if claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS or claim.field == "rule":
+    if MODES.is_mode(claim):
+        out, ref = MODES.run_and_reference(claim, device)
+    elif claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS or claim.field == "rule":
         out, ref = run_and_reference(claim, device)
     else:
         out, ref = SEM.run_and_reference(claim, device)
