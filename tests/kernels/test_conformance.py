@@ -93,6 +93,9 @@ def test_the_claims_cover_every_family_implementation_and_value():
                     assert (name, impl, "rule", r) in seen
             for field, value in im.caps.modes:
                 assert (name, impl, field, value) in seen
+            if "fp8" in im.caps.dtypes and "tile" in im.caps.votes:
+                for param, value in C.FP8_PARAMETERS.items():
+                    assert (name, impl, param, value) in seen
             for param in C.PARAMETERS:
                 if any(param in values.get(f, v).uses for f, vs in
                        (("vote", im.caps.votes), ("rebase", im.caps.rebases)) for v in vs):
@@ -314,6 +317,45 @@ def test_every_family_has_claims():
         (name, impl) for name, fam in FAMILIES.items() for impl in fam.implementations}
 
 
+@pytest.mark.parametrize("dtype, D", [("bf16", 64), ("fp8", 128)])
+@pytest.mark.parametrize("field, value", [("vote", "wave"), ("vote", "row"), ("rebase", "tile"),
+                                          ("rebase", "capped"), ("rebase", "max")])
+def test_the_split_case_tells_split_from_unsplit(field, value, dtype, D):
+    """On split-K's input the reference split at ``SPLIT_AT`` and the reference unsplit
+    differ, for every lazy value, in their non-finite or zero rows: a kernel that does not
+    split (or does not merge the splits) fails the claim."""
+    full = Caps(frozenset({"bf16"}), (64,), frozenset(), frozenset(values.names("vote")),
+                frozenset(values.names("rebase")))
+    cols, at = C.SPLIT_COLS.get(dtype, 640), C.SPLIT_AT.get(dtype, 384)
+    q, k, v, c = C.make_case(dtype, D, C.SPLIT_ROWS, cols, C.THIRD, at)
+    s2 = (q.double()[0, :, 0] @ k.double()[0, :, 0].T)[None] * c
+    pol = C.policy_for(C.Claim("x", "model", field, value, None), full)
+    fp8 = dtype == "fp8"
+    outs = [C.reference(s2, v.double()[0, :, 0], pol, fp8=fp8)[0],
+            C.split_reference(s2, v.double()[0, :, 0], pol, fp8=fp8, at=at)[0]]
+    broken = [tuple((~o.isfinite().all(-1) | (o == 0).all(-1)).nonzero().flatten().tolist())
+              for o in outs]
+    assert broken[0] != broken[1], broken
+    assert C.JUMP_ROW in broken[0] and C.JUMP_ROW not in broken[1]
+
+
+@pytest.mark.parametrize("family", sorted(n for n, f in FAMILIES.items()
+                                          if "num_kv_splits" in f.caps("model").features))
+def test_a_split_claim_fails_when_the_kernel_does_not_split(monkeypatch, family):
+    """The model handed ``num_kv_splits`` but walking every key in one pass: its split-K
+    claim fails on the row that only a split keeps finite, naming the family, the value
+    and the feature; unpatched it passes."""
+    claim = C.Claim(family, "model", "vote", "wave", "num_kv_splits")
+    assert claim in CLAIMS
+    C.check(claim)
+    model = module(family)
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, num_kv_splits=1, **kw: forward(*a, **kw))
+    with pytest.raises(AssertionError, match=rf"family {family!r}, implementation 'model', "
+                                             r"vote='wave', feature num_kv_splits does not run"):
+        C.check(claim)
+
+
 #: Each paged model's page lookup, patched to ignore the block table: tile t reads
 #: physical page t, so the unused (NaN) pages 4 and 6 are read.
 _LOGICAL_PAGES = {
@@ -434,6 +476,21 @@ def test_a_parameter_ignored_fails_naming_family_and_parameter(monkeypatch):
         C.check(claim)
     monkeypatch.setattr(models, "choose", choose)
     C.check(claim)
+
+
+def test_the_p_headroom_ignored_fails_naming_family_and_value(monkeypatch):
+    """The fp8 model lifting P by nothing whatever ``p_headroom`` says: its headroom claim
+    (10: P of 1 saturates at 448 while l keeps 1024) fails, naming the family and value."""
+    from fa_lab.kernels.swp_fp8 import walk
+
+    claim = C.Claim("swp_fp8", "model", "p_headroom", C.FP8_PARAMETERS["p_headroom"], None)
+    assert claim in CLAIMS
+    C.check(claim)
+    run = walk.walk
+    monkeypatch.setattr(walk, "walk", lambda *a, headroom, **kw: run(*a, headroom=0.0, **kw))
+    with pytest.raises(AssertionError, match=r"family 'swp_fp8', implementation 'model', "
+                                             r"p_headroom=10.0.* does not run the value"):
+        C.check(claim)
 
 
 def test_a_rule_run_as_another_fails_naming_family_and_rule(monkeypatch):
