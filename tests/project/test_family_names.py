@@ -82,3 +82,33 @@ def f():
     assert [(line, how) for line, how, _ in hits] == [
         (3, "import"), (4, "import"), (5, "import"), (6, "attribute"), (7, "name"),
         (8, "string"), (9, "string")]
+
+
+def test_an_entry_point_finds_its_family_by_the_feature_it_claims(monkeypatch):
+    """``dispatch.serving``: the one unrouted family whose model claims the feature (the
+    window: the SWA family); none, or two, is an error naming the feature and the families."""
+    import dataclasses
+
+    from fa_lab import dispatch
+
+    fam = dispatch.serving("window")
+    assert not fam.routed and "window" in fam.caps("model").features
+    assert fam.check_args is not None
+    with pytest.raises(ValueError, match=r"no unrouted kernel family claim the 'paged' feature"):
+        dispatch.serving("paged")
+    monkeypatch.setitem(FAMILIES, "toy", dataclasses.replace(fam, name="toy"))
+    with pytest.raises(ValueError, match=rf"2 unrouted kernel families claim the 'window' "
+                                         rf"feature \({fam.name}, toy\); exactly one must"):
+        dispatch.serving("window")
+
+
+def test_caps_refuse_an_unknown_feature_and_malformed_modes():
+    from fa_lab.capabilities import Caps
+
+    args = (frozenset({"bf16"}), (64,))
+    with pytest.raises(ValueError, match=r"Caps.features names \['windows'\], which are not "
+                                         r"features"):
+        Caps(*args, frozenset({"windows"}), frozenset({"tile"}), frozenset({"max"}))
+    with pytest.raises(TypeError, match=r"Caps.modes must be a frozenset of \(choice name, "
+                                        r"value\) pairs"):
+        Caps(*args, frozenset(), frozenset(), frozenset(), modes=frozenset({"per_token"}))
