@@ -26,10 +26,9 @@ from fa_lab import (autograd, dispatch, paged, policies, routing, upstream as up
 from fa_lab.checks import (check_descale, check_int, check_mod, check_qkv, layout_hint,
                            layout_problem, warn_layout, warn_nonfinite_inputs)
 from fa_lab.dispatch import BACKENDS, Call
-from fa_lab.kernels import FAMILIES, swa
-from fa_lab.kernels.swp_fp8.model import log2_scale
+from fa_lab.kernels import FAMILIES
 from fa_lab.kernels._common.geometry import BLOCK_N
-from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, f32
+from fa_lab.numerics import CAUSAL_FLOOR, E4M3_MAX, f32, log2_scale
 from fa_lab.trace import Trace, TraceRecorder, normalize_rows
 
 FP8 = torch.float8_e4m3fn
@@ -543,7 +542,7 @@ def trace(q, k, v, *, rows, batch=0, head=0, causal=True, num_kv_heads=None,
     pol = planned.call.policy
     # a family that records raw fp8-product units (the fp8 kernel) is scaled to log2 units
     raw = call.fp8 and FAMILIES[planned.family].raw_units
-    per_unit = log2_scale(call.descales[0], call.descales[1]) if raw else 1.0
+    per_unit = log2_scale(call.descales[0], call.descales[1], call.head_dim) if raw else 1.0
     thr = pol.threshold / per_unit if pol.lazy else float("nan")
     tr = recorder.build(kernel=planned.family, policy=pol, log2_per_unit=per_unit,
                         threshold_units=thr)
@@ -558,19 +557,21 @@ def swa_attn_func(q, k, v, *, window_left, window_right=0, causal=True, rescale=
     i + window_right. ``rescale``: a policy with a wave vote and rebase ``"max"`` (its own
     deferred rescale, ``"lazy"``, correct by construction) or ``"tile"`` (the
     counterfactual ``"lazy_unfixed"``). ``rescale_threshold`` (log2 units) replaces the
-    policy's threshold (8 for the built-ins); None keeps it. See ``fa_lab.kernels.swa.model``.
-    ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful Triton
-    port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
-    from fa_lab.kernels.swa.model import check_args
-
+    policy's threshold (8 for the built-ins); None keeps it. The kernel is the family that
+    claims the ``"window"`` feature (``dispatch.serving``); its model's docstring has the
+    details. ``backend`` as ``flash_attn_func``: the model (``"emulator"``), its faithful
+    Triton port (``"triton"`` on GPU tensors, ``"interpret"`` on CPU tensors), or ``"auto"``."""
+    family = dispatch.serving("window")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; choose one of {BACKENDS}")
-    policy = check_args(q, k, v, window_left, window_right, causal, rescale_threshold, rescale)
+    window = {"window_left": window_left, "window_right": window_right}
+    policy = family.check_args(q, k, v, **window, causal=causal,
+                               rescale_threshold=rescale_threshold, rescale=rescale)
     # the same path as flash_attn_func's, on the family asked for by its entry point
-    call = check_call(q, k, v, causal=causal, rescale=policy, backend=backend)._with(
-        kernel_asked=swa.FAMILY.name, return_lse=return_lse,
-        options={"window_left": window_left, "window_right": window_right, "rescale": policy})
+    call = check_call(q, k, v, causal=causal, rescale=policy, backend=backend)
+    call = call._with(kernel_asked=family.name, return_lse=return_lse,
+                      features=(*call.features, "window"), options={**window, "rescale": policy})
     out, lse = dispatch.run(dispatch.plan(call))
     return (out, lse) if return_lse else out

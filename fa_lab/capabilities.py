@@ -24,8 +24,9 @@ from fa_lab.routing import Rule
 IMPLEMENTATIONS = ("model", "faithful", "fast")
 HALF = frozenset({"bf16", "f16"})
 FP8 = frozenset({"fp8"})
-#: Optional features a call may ask for.
-FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged")
+#: Optional features a call may ask for. ``"window"`` is a sliding window (``window_left``,
+#: ``window_right``), which ``swa_attn_func`` asks of the family that claims it.
+FEATURES = ("bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged", "window")
 #: How errors name a dtype of ``Caps.dtypes``.
 DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "fp8": "float8_e4m3fn"}
 
@@ -66,7 +67,11 @@ class Caps:
     (``p_headroom``) applies to every dtype (``headroom_any_dtype``; else fp8 only), the
     V/output head dims it takes (``head_dims_v``; None: Dv must equal D), and, where it
     claims the "paged" feature, the form of paged call it takes (``paged_call``, a name of
-    ``PAGED_CALLS``: "dense" unless it says otherwise)."""
+    ``PAGED_CALLS``: "dense" unless it says otherwise), and ``modes``: the values of the
+    choices of its own it runs, beyond the policy's (a family with an entry point of its
+    own: a decode's scale mode, upstream version and partition count, MLA's P headroom, the
+    backward's softmax), as (choice, value) pairs; each is a claim the conformance test
+    runs against fp64, as each vote and rebase value is."""
 
     dtypes: frozenset
     head_dims: tuple
@@ -78,14 +83,22 @@ class Caps:
     headroom_any_dtype: bool = False
     head_dims_v: tuple | None = None
     paged_call: str = "dense"
+    modes: frozenset = frozenset()
 
     def __post_init__(self):
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"Caps.features names {unknown}, which are not features; the "
+                             f"features are {FEATURES}")
         if self.paged_call not in PAGED_CALLS:
             raise ValueError(f"Caps.paged_call={self.paged_call!r} is not a paged call form; "
                              f"the forms are {tuple(PAGED_CALLS)}")
         if self.paged_call != "dense" and "paged" not in self.features:
             raise ValueError(f"Caps.paged_call={self.paged_call!r} names a paged call form, but "
                              "the features do not claim 'paged'")
+        if not isinstance(self.modes, frozenset) or not all(
+                isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) for m in self.modes):
+            raise TypeError("Caps.modes must be a frozenset of (choice name, value) pairs")
         # the vote and rebase values an implementation runs, each by name: a declared value
         # (fa_lab.values) that is not listed here is refused, never run as another
         for field, names in (("vote", self.votes), ("rebase", self.rebases)):
@@ -124,7 +137,9 @@ class Family:
     ``unconsulted(call, policy)``: why a lazy ``policy`` would never be consulted on
     ``call`` (a message), or None; dispatch warns with it. ``raw_units``: its traces
     record maxima in raw fp8-product units (``trace`` scales them by the call's log2 scale)
-    rather than log2 units."""
+    rather than log2 units. ``check_args``: for a family with an entry point of its own,
+    the check of that entry point's own arguments (``check_args(q, k, v, **arguments)``,
+    raising naming the argument; returns the policy it runs), or None."""
 
     name: str
     description: str
@@ -133,6 +148,7 @@ class Family:
     rule: Rule | None = None
     unconsulted: Callable | None = None
     raw_units: bool = False
+    check_args: Callable | None = None
 
     def __post_init__(self):
         unknown = set(self.implementations) - set(IMPLEMENTATIONS)

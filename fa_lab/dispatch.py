@@ -109,6 +109,19 @@ _build()
 kernels._LISTENERS.append(_build)
 
 
+def serving(feature: str) -> Family:
+    """The family an entry point of its own runs for calls with ``feature`` (a sliding
+    ``"window"``: ``swa_attn_func``): the one registered family, not routed, whose model
+    claims it. ValueError where none or several do (a new one must say which it is)."""
+    found = [fam for fam in FAMILIES.values()
+             if not fam.routed and feature in fam.implementations["model"].caps.features]
+    if len(found) != 1:
+        raise ValueError(f"{len(found) or 'no'} unrouted kernel famil{'y' if len(found) < 2 else 'ies'}"
+                         f" claim the {feature!r} feature ({', '.join(f.name for f in found)}); "
+                         "exactly one must")
+    return found[0]
+
+
 def entry(family: str, backend: str) -> Entry:
     if (family, backend) not in TABLE:
         raise ValueError(f"backend={backend!r} has no {family} kernel; it has "

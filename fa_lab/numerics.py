@@ -31,6 +31,14 @@ def f32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
+def log2_scale(q_descale: float, k_descale: float, head_dim: int = 128) -> float:
+    """The fp8 kernels' score scale in log2 units (FlyDSL's ``c_logit_scale``): ``ls =
+    f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale``, fp32 products in that order, so
+    a raw fp8 product S is ``S * ls`` log2 units."""
+    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
+
+
 def bf16(x: torch.Tensor) -> torch.Tensor:
     """Round to nearest even to bfloat16 (``v_cvt_pk_bf16_f32``); inf and NaN pass."""
     return x.to(torch.bfloat16).to(torch.float32)

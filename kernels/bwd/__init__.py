@@ -16,8 +16,11 @@ Upstream (ROCm/FlyDSL; none of it is in the 11c4174d snapshot the forward famili
 from fa_lab.capabilities import HALF, Caps, Family, Implementation
 
 # The backward reads the forward's LSE and output, whatever policy produced them: it makes
-# no rescale decision of its own, so it claims no vote or rebase value.
-_CAPS = Caps(HALF, (64, 128), frozenset({"bias"}), frozenset(), frozenset())
+# no rescale decision of its own, so it claims no vote or rebase value. What it claims
+# (``modes``, run against fp64 gradients by the conformance test): P recomputed from the
+# forward's LSE, floored, so a row that saw no key (LSE -inf) gets zero gradients.
+_CAPS = Caps(HALF, (64, 128), frozenset({"bias"}), frozenset(), frozenset(),
+             modes=frozenset({("lse", "floored")}))
 FAMILY = Family("bwd", "FlyDSL's gfx950 backward: dQ and dK/dV from the forward's LSE",
                 {"model": Implementation("model", _CAPS),
                  "faithful": Implementation("faithful", _CAPS)}, routed=False)

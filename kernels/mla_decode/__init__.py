@@ -24,8 +24,13 @@ VERSIONS = {
 
 # Eager (every tile rebases to fmax(m, tile max)); no trace; QK head dim 576.
 # The decode kernel takes no rescale policy: its online softmax rescales at every tile by
-# construction, so it claims no vote or rebase value (its tests hold it to fp64).
-_CAPS = Caps(FP8, (576,), frozenset(), frozenset(), frozenset())
+# construction, so it claims no vote or rebase value. What it does claim (``modes``, each
+# run against fp64 by the conformance test): P's e4m3 cast lifted by 2**p_headroom (0:
+# upstream's cast of P as it is; 4: a lift, #1020's fix in the prefill kernel), and one
+# or two KV splits per sequence merged by the reduce.
+_MODES = frozenset({("p_headroom", 0.0), ("p_headroom", 4.0),
+                    ("num_kv_splits", 1), ("num_kv_splits", 2)})
+_CAPS = Caps(FP8, (576,), frozenset(), frozenset(), frozenset(), modes=_MODES)
 FAMILY = Family("mla_decode", "the MLA decode kernel: fp8 Q and KV, 128 heads, latent 512 + rope 64, "
                 "P cast to e4m3 without headroom",
                 {"model": Implementation("model", _CAPS),

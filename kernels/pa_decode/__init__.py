@@ -17,12 +17,19 @@ it; ``fa_lab.decode`` calls it with upstream's names (``pa_decode_tile``,
 """
 
 from fa_lab.capabilities import FP8, Caps, Family, Implementation
+from fa_lab.upstream import DECODE_VERSIONS
 
 from . import bound, cases, swa, swa_bound  # noqa: F401 -- the family's face for the layers above it
 
 # The decode kernel takes no rescale policy: each partition's softmax is eager by
-# construction, so it claims no vote or rebase value (its tests hold it to fp64).
-_CAPS = Caps(FP8, (64, 128, 256), frozenset({"trace"}), frozenset(), frozenset())
+# construction, so it claims no vote or rebase value. What it does claim (``modes``, each
+# run against fp64 by the conformance test): both scale modes of the fp8 K/V cache, every
+# upstream version of ``fa_lab.upstream.DECODE_VERSIONS`` (before and after 985c653a's
+# sentinel fix), and one or several partitions (the split reduce).
+_MODES = frozenset({("scale", "per_tensor"), ("scale", "per_token"),
+                    ("num_partitions", 1), ("num_partitions", 2),
+                    *(("upstream", name) for name in DECODE_VERSIONS)})
+_CAPS = Caps(FP8, (64, 128, 256), frozenset({"trace"}), frozenset(), frozenset(), modes=_MODES)
 FAMILY = Family("pa_decode", "paged-attention fp8 decode: pages of 16/64, 256-token partitions, "
                 "MTP, per-tensor or per-token scales, the split reduce",
                 {"model": Implementation("model", _CAPS), "faithful": Implementation("faithful", _CAPS)},

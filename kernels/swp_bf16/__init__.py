@@ -9,7 +9,7 @@
 - ``varlen``: the fast kernel on packed (varlen) batches, in one launch.
 """
 
-from fa_lab.capabilities import FEATURES, HALF, Caps, Family, Implementation
+from fa_lab.capabilities import HALF, Caps, Family, Implementation
 from fa_lab.routing import DUALWAVE
 
 from .._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
@@ -17,6 +17,8 @@ from .._common.geometry import BLOCK_M, BLOCK_N, tiles_for_block
 #: The vote and rebase values each implementation runs, by name (``fa_lab.values``).
 _VOTES, _REBASES = frozenset({"tile", "wave", "row"}), frozenset({"max", "tile", "capped"})
 _FAST_VOTES, _FAST_REBASES = frozenset({"tile", "wave"}), frozenset({"max", "tile"})
+#: What the model and the faithful port take: every call feature but a sliding window.
+_FEATURES = frozenset({"bias", "alibi_slopes", "sink", "num_kv_splits", "varlen", "trace", "paged"})
 
 
 def unconsulted(call, policy) -> str | None:
@@ -38,9 +40,9 @@ def unconsulted(call, policy) -> str | None:
 
 FAMILY = Family(
     "swp_bf16", "DUALWAVE_SWP: bf16/f16, the lazy wave-ballot rescale (upstream's long-sequence kernel)",
-    {"model": Implementation("model", Caps(HALF, (64, 128), frozenset(FEATURES), _VOTES, _REBASES,
+    {"model": Implementation("model", Caps(HALF, (64, 128), _FEATURES, _VOTES, _REBASES,
                                            rules=True)),
-     "faithful": Implementation("faithful", Caps(HALF, (64, 128), frozenset(FEATURES), _VOTES,
+     "faithful": Implementation("faithful", Caps(HALF, (64, 128), _FEATURES, _VOTES,
                                                  _REBASES), varlen="faithful"),
      "fast": Implementation("fast", Caps(HALF, (64, 128), frozenset({"num_kv_splits", "varlen"}),
                                          _FAST_VOTES, _FAST_REBASES), varlen="varlen")},

@@ -6,7 +6,7 @@ port to ROCm/aiter, ``fmha_gfx950/pipeline.py``'s ``_store_lse``; docs/semantics
 
 * **(D, Dv).** Q and K have D columns (a multiple of 64; 128 or 192 here), V and the output
   Dv (``_make_dualwave_swp_fp8_traits``: 64 <= Dv <= 192, Dv % 32 == 0). The softmax
-  scale is 1/sqrt(D): ``ls = f32(f32(1/sqrt(D)) * f32(log2 e)) * qd * kd`` (``log2_scale``).
+  scale is 1/sqrt(D): ``ls = f32(f32(1/sqrt(D)) * f32(log2 e)) * qd * kd`` (``fa_lab.numerics.log2_scale``).
 * **The walk.** As ``model``: raw fp8-product scores, 64-column tiles in pairs, one
   rescale decision per pair, ``P = exp2(fma(S, ls, -ls*m + H))`` with the headroom
   ``H = log2 448 - THR`` (lazy) or ``log2 448`` (eager), ``l`` summing P in fp32 before
@@ -35,15 +35,13 @@ under fp8 descales, so every split but the largest gets weight exp2(-gap) = 0);
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from fa_lab import upstream as versions
 from fa_lab.capabilities import check_semantics
 from fa_lab.checks import check_int
-from fa_lab.numerics import (LN2, LOG2E, bf16, exp2, f32, fmax,
-                             guarded_rcp)
+from fa_lab.numerics import (LN2, bf16, exp2, f32, fmax, guarded_rcp,
+                             log2_scale)  # noqa: F401 -- ``model`` re-exports it
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY
@@ -59,13 +57,6 @@ HEAD_DIMS_V = (64, 96, 128, 160, 192)
 #: What an empty split stores as its maximum (``store_empty_split``).
 EMPTY_SPLIT_M = -1e30
 M_UNITS = ("scaled", "raw")
-
-
-def log2_scale(q_descale: float, k_descale: float, head_dim: int = 128) -> float:
-    """ls = f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale, fp32 products in order
-    (the fp8 kernel's ``c_logit_scale``, any D; ``model`` re-exports it)."""
-    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
-    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
 
 
 def check_args(q8, v8, num_kv_splits, m_units, lse_headroom) -> None:

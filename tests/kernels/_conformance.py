@@ -3,11 +3,14 @@ families' capabilities claim, run against an independent fp64 reference of the p
 
 ``claims()`` enumerates from ``fa_lab.kernels.FAMILIES`` what each implementation's
 ``Caps`` lists: each vote and rebase value, with no feature and with each feature it
-claims (``FEATURES``; a non-routed family's entry point adds its own, ``ENTRY_POINTS``);
+claims (``FEATURES``; a non-routed family runs through the entry point of the feature it
+serves, ``ENTRY_POINTS``);
 each numeric policy parameter its values read, at a second value (``PARAMETERS``); the
-Python rules of ``RULES`` where it runs rules (``Caps.rules``); and
+Python rules of ``RULES`` where it runs rules (``Caps.rules``);
 each value of each fixed-set ``Semantics`` field it runs and each numeric one at a
-non-default value (``_semantic_conformance``: its own reference and inputs).
+non-default value (``_semantic_conformance``: its own reference and inputs); and each
+choice of its own it claims (``Caps.modes``: a decode's scale mode, upstream version and
+partitions, MLA's P headroom and splits, the backward's LSE; ``_mode_conformance``).
 ``check(claim)`` runs it and raises
 AssertionError naming the family, implementation, value and feature when its output
 differs from the reference.
@@ -53,15 +56,21 @@ reference on the logical (dense) inputs, since they do not change the math:
   vote, no move, P = 0); the fp8 kernel decides once on the pair's max, which is tile
   6's, and adds P = 0 for tile 7: the same decision and sums;
 * ``num_kv_splits`` (split-K, 2 splits): upstream takes split-K from 384 query rows and
-  cuts at least 6 tiles per split (a remainder under 4 joins the split before it), so the
-  input is 384 rows by 640 columns (1280 for fp8, whose tiles are 128 wide), with a third
-  segment from column 192 at score 0 on every row: each row's events (the jumps and drops
-  above) and its return lie inside the first split, before the eager tiles that end it,
-  and the other split sees a constant score. Wherever the splits fall past column 192, the
+  cuts a block's N 64-column tiles into chunks of ceil(N / 2) rounded up to even, at
+  least 6 (a remainder under 4 joins the split before it), so the input is 384 rows by
+  640 columns (1280 for fp8, whose decisions take 128 columns), split at column 384
+  (640 for fp8: ``SPLIT_AT``), with a third segment from column 192 at score 0 on every
+  row: each row's events (the jumps and drops above) and its return lie inside the first
+  split, before the eager tiles that end it, and the other split sees a constant score,
+  but for row 96 (``JUMP_ROW``, a wave of its own), which jumps +160 over the 64 columns
+  from the split: the second split starts it from a fresh max, so it stays finite, where
+  the unsplit walk keeps the stale max (under a lazy vote, 160 < the threshold) and
+  breaks (P = 2**160). So a kernel that does not split, or merges as if it had not,
+  fails every lazy claim; under the eager vote ("tile") split and unsplit agree. The
   reference is the walk over each split's columns from a fresh max, merged as the
   kernels' combine does (a split's weight ``2^(m_s - m_max) l_s``, a split whose l is not
-  > 0 skipped); ``split_reference`` merges at column 384;
-* ``window`` (the SWA kernel's entry point, a pseudo-feature): ``window_left`` 256 with
+  > 0 skipped): ``split_reference``;
+* ``window`` (the feature ``swa_attn_func`` asks of the family that claims it): ``window_left`` 256 with
   the window open to the right, so rows from 256 on lose the first columns, whose V is
   raised by 2 so that a window not applied shows; the reference masks those scores to
   -inf, and a row whose tile is wholly masked skips it.
@@ -76,6 +85,7 @@ from dataclasses import dataclass
 
 import torch
 
+import _mode_conformance as MODES
 import _semantic_conformance as SEM
 
 import fa_lab
@@ -96,20 +106,24 @@ COLS = 512
 BACKEND = {impl: b for b, impl in dispatch.IMPLEMENTATION.items() if b != "triton"}
 #: Features the reference checks (module docstring); any other a family may claim would be
 #: listed, with why it is not run here, in ``UNCOVERED`` (none is).
-FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_splits", "paged")
+FEATURES = (None, "bias", "alibi_slopes", "sink", "varlen", "trace", "num_kv_splits", "paged",
+            "window")
 UNCOVERED: dict = {}
 #: split-K's input (module docstring): rows, columns, the third segment's first column,
-#: the splits asked for and where ``split_reference`` merges.
-SPLIT_ROWS, THIRD, SPLITS, SPLIT_AT = 384, 192, 2, 384
+#: the splits asked for, where the kernels split and ``split_reference`` merges, and the
+#: row that jumps there.
+SPLIT_ROWS, THIRD, SPLITS, JUMP_ROW, JUMP = 384, 192, 2, 96, 160.0
 SPLIT_COLS = {"fp8": 1280}  # (by the input's dtype; 640 otherwise)
+SPLIT_AT = {"fp8": 640}  # (by the input's dtype; 384 otherwise)
 #: The page cache: 64-row pages; logical page t lives in physical page PAGES[t] of
 #: PAGE_BLOCKS (4 and 6 unused, NaN).
 PAGE, PAGE_BLOCKS, PAGES = 64, 10, (5, 0, 9, 2, 7, 3, 8, 1)
-#: The pseudo-feature of a family whose own entry point takes a sliding window.
+#: The feature of a family whose own entry point takes a sliding window.
 WINDOW = "window"
 WINDOW_LEFT = 256
-#: Non-routed families: their entry point and the pseudo-features it takes.
-ENTRY_POINTS = {"swa": (WINDOW,)}
+#: Non-routed families run through the entry point of a feature they claim: feature ->
+#: the entry point's name in ``fa_lab`` (it finds the family by the feature).
+ENTRY_POINTS = {WINDOW: "swa_attn_func"}
 #: The pseudo-feature of an implementation whose Caps.head_dims_v let Dv differ from D:
 #: its claims also run with v's head dim the smallest Dv below D.
 HEAD_DIMS_V = "head_dims_v"
@@ -117,6 +131,12 @@ HEAD_DIMS_V = "head_dims_v"
 #: (a claim of every implementation that runs a value reading it): 150 makes rows 2, 34
 #: and 64 (+160) vote, and lets capped skip row 33's drop (160).
 PARAMETERS = {"threshold": 150.0, "rebase_bound": 150.0}
+#: The fp8 P headroom (``Policy.p_headroom``, log2 units: P lifted by 2**H before its e4m3
+#: cast, l summing the lifted P), claimed by every implementation that takes fp8 inputs
+#: and a policy, run on fp8 inputs under the eager vote at a value past log2(448): a row's
+#: P of 1 becomes 1024, saturates to 448 in O while l keeps 1024, so the output shrinks by
+#: 448/1024, which an implementation that ignores the headroom does not give.
+FP8_PARAMETERS = {"p_headroom": 10.0}
 #: Python rules (``Policy.from_rule``), claimed by an implementation whose ``Caps.rules``
 #: is set: name -> (the rule, the declarative policy the reference runs for it). Each
 #: decides per 32-row wave at threshold THRESHOLD (a NaN jump votes).
@@ -150,14 +170,14 @@ class Claim:
 def claims(families=None) -> list[Claim]:
     """Every (family, implementation, vote or rebase value, feature) the capabilities
     claim, for the features the reference models; then every value of every fixed-set
-    ``Semantics`` field they claim (``_semantic_conformance``), with no feature."""
+    ``Semantics`` field they claim (``_semantic_conformance``), and every choice of its
+    own (``Caps.modes``, ``_mode_conformance``), with no feature."""
     out = []
     families = families or FAMILIES
     for name, fam in families.items():
         for impl, im in fam.implementations.items():
             caps = im.caps
             feats = [f for f in FEATURES if f is None or f in caps.features]
-            feats += list(ENTRY_POINTS.get(name, ()) if not fam.routed else ())
             if caps.head_dims_v:  # V head dims other than D: one more claim, v narrower than q
                 feats.append(HEAD_DIMS_V)
             for field, claimed in (("vote", caps.votes), ("rebase", caps.rebases)):
@@ -168,7 +188,9 @@ def claims(families=None) -> list[Claim]:
                     out.append(Claim(name, impl, param, value, None))
             if caps.rules:
                 out.extend(Claim(name, impl, "rule", r, None) for r in RULES)
-    return out + SEM.claims(families, Claim)
+            if "fp8" in caps.dtypes and "tile" in caps.votes:
+                out.extend(Claim(name, impl, p, v, None) for p, v in FP8_PARAMETERS.items())
+    return out + SEM.claims(families, Claim) + MODES.claims(families, Claim)
 
 
 def _reader(param: str, caps):
@@ -188,6 +210,12 @@ def policy_for(claim: Claim, caps) -> Policy:
     if claim.field == "rule":
         return Policy.from_rule(RULES[claim.value][0], name=f"conf_rule_{claim.value}",
                                 threshold=THRESHOLD)
+    if claim.field in FP8_PARAMETERS:
+        base = policy_for(Claim(claim.family, claim.impl, "vote", "tile", None), caps)
+        with warnings.catch_warnings():  # (past log2(448) it warns that P saturates: the point)
+            warnings.simplefilter("ignore", UserWarning)
+            return dataclasses.replace(base, **{claim.field: claim.value},
+                                       name=f"{base.name}_{claim.field}_{claim.value:g}")
     if claim.field in PARAMETERS:
         field, value = _reader(claim.field, caps)
         base = policy_for(Claim(claim.family, claim.impl, field, value, claim.feature), caps)
@@ -262,7 +290,7 @@ def _rcp(l):
 
 
 def split_reference(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool,
-                    at: int = SPLIT_AT) -> torch.Tensor:
+                    at: int) -> torch.Tensor:
     """split-K's reference: ``walk`` over columns [0, at) and [at, C) from a fresh max
     each, merged as the kernels' combine does: a split whose l is not > 0 (0 or NaN) is
     skipped, the others weigh ``2^(m_s - m_max) l_s`` on their normalised output."""
@@ -286,6 +314,7 @@ def walk(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool):
                                  f"{getattr(policy, field)!r}: define it in "
                                  "tests/kernels/_conformance.py before claiming it")
     H, R, C = s2.shape
+    headroom = 0.0 if isinstance(policy.p_headroom, bool) else float(policy.p_headroom)
     m = torch.full((H, R), -math.inf, dtype=torch.float64)
     l = torch.zeros(H, R, dtype=torch.float64)
     O = torch.zeros(H, R, v.shape[-1], dtype=torch.float64)
@@ -297,7 +326,7 @@ def walk(s2: torch.Tensor, v: torch.Tensor, policy: Policy, *, fp8: bool):
         move = move & ok
         m_new = torch.where(move, target, m)
         corr = torch.where(move, _fit(torch.exp2(m - m_new)), torch.ones_like(m))
-        P = _fit(torch.exp2(x - m_new[..., None])).masked_fill(x == -math.inf, 0.0)
+        P = _fit(torch.exp2(x - m_new[..., None] + headroom)).masked_fill(x == -math.inf, 0.0)
         Pc = P.clamp(max=448.0) if fp8 else P
         l = _fit(l * corr + P.sum(-1))
         O = _fit(O * corr[..., None] + Pc @ v[c0:c0 + 64])
@@ -318,10 +347,12 @@ def targets(rows: int = ROWS) -> torch.Tensor:
     return t
 
 
-def make_case(dtype: str, D: int, rows: int, cols: int, third: int | None = None):
+def make_case(dtype: str, D: int, rows: int, cols: int, third: int | None = None,
+              jump_at: int | None = None):
     """q [1, rows, 1, D], k and v [1, cols, 1, D] of ``dtype`` whose scores are
     ``targets()`` per segment, with the softmax scale and descales the call uses;
-    ``third``: from that column on every row scores 0 (split-K's input)."""
+    ``third``: from that column on every row scores 0 (split-K's input); ``jump_at``: row
+    ``JUMP_ROW`` scores ``JUMP`` over the 64 columns from it."""
     c = (1.0 / math.sqrt(D)) * math.log2(math.e)
     a = 16.0
     t = targets(rows)
@@ -332,6 +363,9 @@ def make_case(dtype: str, D: int, rows: int, cols: int, third: int | None = None
     k[0, SEG:third, 0, 1] = a
     if third is not None:
         k[0, third:, 0, 2] = a  # q's dim 2 is 0: score 0
+    if jump_at is not None:
+        k[0, jump_at:jump_at + 64, 0, 3] = a
+        q[0, JUMP_ROW, 0, 3] = JUMP / (a * c)
     g = torch.Generator().manual_seed(7)
     v = 0.5 + torch.rand(1, cols, 1, D, generator=g, dtype=torch.float64)
     tdt = torch.float8_e4m3fn if dtype == "fp8" else getattr(torch, {"bf16": "bfloat16",
@@ -406,14 +440,17 @@ def paged_call(caps, q, k, v):
 
 
 def _run_entry_point(claim: Claim, q, k, v, policy, backend, rows):
-    """A non-routed family through its own entry point (``ENTRY_POINTS``): out [rows, D]."""
-    if claim.family != "swa":
-        raise AssertionError(f"family {claim.family!r} is not routed and has no "
-                             "conformance entry point: add it to ENTRY_POINTS")
+    """A non-routed family through the entry point of the feature it serves
+    (``ENTRY_POINTS``): out [rows, D]."""
+    served = [f for f in ENTRY_POINTS if f in FAMILIES[claim.family].caps(claim.impl).features]
+    if not served or dispatch.serving(served[0]).name != claim.family:
+        raise AssertionError(f"family {claim.family!r} is not routed and serves no feature of "
+                             "ENTRY_POINTS: add its entry point there")
     left = WINDOW_LEFT if claim.feature == WINDOW else COLS
     if claim.feature != "trace":
-        out = fa_lab.swa_attn_func(q, k, v, window_left=left, window_right=COLS, causal=False,
-                                   rescale=policy, backend=backend)
+        out = getattr(fa_lab, ENTRY_POINTS[served[0]])(
+            q, k, v, window_left=left, window_right=COLS, causal=False, rescale=policy,
+            backend=backend)
         return out.cpu().double()[0, :, 0]
     # swa_attn_func records no trace: the same plan it makes, run with a recorder
     call = fa_lab.api.check_call(q, k, v, causal=False, rescale=policy, backend=backend)._with(
@@ -433,12 +470,16 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
     policy = policy_for(claim, caps)
     ref_policy = RULES[claim.value][1] if claim.field == "rule" else policy
     dtype, D = _dtype(caps), min(caps.head_dims)
+    if claim.field in FP8_PARAMETERS:  # a claim on fp8 inputs, whatever else the family takes
+        dtype, D = "fp8", 128 if 128 in caps.head_dims else min(caps.head_dims)
     backend = "triton" if device != "cpu" and claim.impl == "faithful" else BACKEND[claim.impl]
     routed = fam.routed
     split = claim.feature == "num_kv_splits"
     rows, cols = ((SPLIT_ROWS, SPLIT_COLS.get(dtype, 640)) if split
                   else (ROWS if routed else COLS, COLS))
-    q, k, v, c = make_case(dtype, D, rows, cols, THIRD if split else None)
+    split_at = SPLIT_AT.get(dtype, 384)
+    q, k, v, c = (make_case(dtype, D, rows, cols, THIRD, split_at) if split
+                  else make_case(dtype, D, rows, cols))
     if claim.feature == HEAD_DIMS_V:
         v = v[..., :min(d for d in caps.head_dims_v if d < D)].contiguous()
     if claim.feature == WINDOW:
@@ -478,11 +519,12 @@ def run_and_reference(claim: Claim, device: str = "cpu"):
             s2 = s2 + bias2
         vd = vs.cpu().double()[0, :, 0]
         if split:
-            return split_reference(s2[None], vd, ref_policy, fp8=fp8)[0]
+            return split_reference(s2[None], vd, ref_policy, fp8=fp8, at=split_at)[0]
         return reference(s2[None], vd, ref_policy, fp8=fp8, sink2=sink2)[0]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", fa_lab.RoutingWarning)
+        warnings.filterwarnings("ignore", r"p_headroom=.* exceeds log2\(448\)", UserWarning)
         if not routed:
             return _run_entry_point(claim, q, k, v, policy, backend, rows), ref_one(q, k, v)
         if split:
@@ -512,7 +554,10 @@ def check(claim: Claim, device: str = "cpu") -> None:
     outputs within the input format's error relative to the reference's (at least 1; a
     row of zeros, where an overflowed l meets a saturated O, included). AssertionError
     naming the claim."""
-    if claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS or claim.field == "rule":
+    if MODES.is_mode(claim):
+        out, ref = MODES.run_and_reference(claim, device)
+    elif (claim.field in values.POLICY_FIELDS or claim.field in PARAMETERS
+          or claim.field in FP8_PARAMETERS or claim.field == "rule"):
         out, ref = run_and_reference(claim, device)
     else:
         out, ref = SEM.run_and_reference(claim, device)
@@ -523,7 +568,8 @@ def check(claim: Claim, device: str = "cpu") -> None:
             bad.append(f"{what} rows {got.nonzero().flatten().tolist()[:8]}, the reference's "
                        f"{want.nonzero().flatten().tolist()[:8]}")
     fin = torch.isfinite(out) & torch.isfinite(ref)
-    tol = 0.1 if FAMILIES[claim.family].caps(claim.impl).dtypes <= {"fp8"} else 0.02
+    fp8 = claim.field in FP8_PARAMETERS or FAMILIES[claim.family].caps(claim.impl).dtypes <= {"fp8"}
+    tol = 0.1 if fp8 else 0.02
     err = ((out - ref).abs() / ref.abs().clamp(min=1.0)).where(fin, torch.zeros_like(out))
     if float(err.max()) > tol:
         r = int(err.amax(-1).argmax())

@@ -19,6 +19,7 @@ raises, naming it.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _conformance as C  # noqa: E402
+import _mode_conformance as MODES  # noqa: E402
 import _semantic_conformance as SEM  # noqa: E402
 
 from fa_lab import Policy, dispatch, values  # noqa: E402
@@ -38,6 +40,9 @@ from fa_lab.semantics import Semantics  # noqa: E402
 CLAIMS = C.claims()
 MODELS = [c for c in CLAIMS if c.impl == "model"]
 PORTS = [c for c in CLAIMS if c.impl != "model"]
+#: The compiled ports' claims: the modes' (decode, MLA, backward) are left to those
+#: families' own gpu tests, which hold each compiled port to its model.
+COMPILED = [c for c in PORTS if not MODES.is_mode(c)]
 
 
 def _id(c):
@@ -56,7 +61,7 @@ def test_every_claimed_value_runs_as_declared_on_the_interpreted_ports(claim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("claim", PORTS, ids=_id)
+@pytest.mark.parametrize("claim", COMPILED, ids=_id)
 def test_every_claimed_value_runs_as_declared_on_the_compiled_ports(claim):
     C.check(claim, device="cuda")
 
@@ -86,6 +91,11 @@ def test_the_claims_cover_every_family_implementation_and_value():
             if im.caps.rules:
                 for r in C.RULES:
                     assert (name, impl, "rule", r) in seen
+            for field, value in im.caps.modes:
+                assert (name, impl, field, value) in seen
+            if "fp8" in im.caps.dtypes and "tile" in im.caps.votes:
+                for param, value in C.FP8_PARAMETERS.items():
+                    assert (name, impl, param, value) in seen
             for param in C.PARAMETERS:
                 if any(param in values.get(f, v).uses for f, vs in
                        (("vote", im.caps.votes), ("rebase", im.caps.rebases)) for v in vs):
@@ -228,6 +238,124 @@ def test_a_value_claimed_but_mis_run_fails_naming_family_and_value(monkeypatch):
     C.check(plain)
 
 
+def _decode_as_main(monkeypatch):
+    """The decode entry point running every version as main (the fix applied to all)."""
+    from fa_lab import decode
+
+    check = decode.check_decode
+    monkeypatch.setattr(decode, "check_decode", lambda name: check(None))
+
+
+def _mla_without_headroom(monkeypatch):
+    """The MLA model casting P unlifted, whatever p_headroom it is handed."""
+    from fa_lab.kernels.mla_decode import model as mla_model
+
+    forward = mla_model.forward
+    monkeypatch.setattr(mla_model, "forward", lambda *a, p_headroom: forward(*a, p_headroom=0.0))
+
+
+def _mla_one_split(monkeypatch):
+    """MLA decode running one split whatever num_kv_splits it is asked for."""
+    from fa_lab import mla
+
+    run = mla.mla_decode
+    monkeypatch.setattr(mla, "mla_decode", lambda *a, num_kv_splits, **kw: run(*a, **kw))
+
+
+def _decode_one_partition(monkeypatch):
+    """The paged decode running one partition whatever num_partitions it is asked for."""
+    from fa_lab import decode
+
+    run = decode.pa_decode_tile
+    monkeypatch.setattr(decode, "pa_decode_tile",
+                        lambda *a, num_partitions, **kw: run(*a, num_partitions=1, **kw))
+
+
+def _bwd_unfloored(monkeypatch):
+    """The backward model without dQ's LSE floor."""
+    from fa_lab.kernels.bwd import model as bwd_model
+
+    backward = bwd_model.backward
+    monkeypatch.setattr(bwd_model, "backward",
+                        lambda *a, **kw: backward(*a, lse_floor=False, **kw))
+
+
+@pytest.mark.parametrize("family, field, value, inject, symptom", [
+    ("pa_decode", "upstream", "flydsl-985c653a^", _decode_as_main,
+     "NaN rows [], the reference's [0, 1, 2"),
+    ("pa_decode", "num_partitions", 2, _decode_one_partition, "partials (1, 1, 1, 4)"),
+    ("mla_decode", "p_headroom", 4.0, _mla_without_headroom, "row 0 differs by 1 "),
+    ("mla_decode", "num_kv_splits", 2, _mla_one_split, "1 LSE partials for 2 splits"),
+    ("bwd", "lse", "floored", _bwd_unfloored, "NaN rows [0, 1, 2"),
+], ids=["decode-version", "decode-partitions", "mla-headroom", "mla-splits", "bwd-lse"])
+def test_a_mode_claimed_but_mis_run_fails_naming_family_and_value(monkeypatch, family, field,
+                                                                   value, inject, symptom):
+    """A family's own choice (``Caps.modes``) run as another value, or its split not
+    made: its model's claim fails, naming the family, the implementation and the value;
+    unpatched it passes."""
+    claim = C.Claim(family, "model", field, value, None)
+    assert claim in CLAIMS
+    C.check(claim)
+    inject(monkeypatch)
+    said = re.escape(f"family {family!r}, implementation 'model', {field}={value!r}")
+    with pytest.raises(AssertionError, match=rf"{said}.* does not run the value as declared: "
+                                             rf".*{re.escape(symptom)}"):
+        C.check(claim)
+
+
+def test_a_family_with_modes_and_no_runner_fails_naming_it():
+    caps = Caps(frozenset({"fp8"}), (64,), frozenset(), frozenset(), frozenset(),
+                modes=frozenset({("scale", "per_token")}))
+    toy = Family("toy", "a toy", {"model": Implementation("model", caps)}, routed=False)
+    with pytest.raises(AssertionError, match=r"family 'toy' claims modes .* has no runner"):
+        C.claims({"toy": toy})
+
+
+def test_every_family_has_claims():
+    """No registered family goes unchecked: each has at least one claim per implementation."""
+    assert {(c.family, c.impl) for c in CLAIMS} == {
+        (name, impl) for name, fam in FAMILIES.items() for impl in fam.implementations}
+
+
+@pytest.mark.parametrize("dtype, D", [("bf16", 64), ("fp8", 128)])
+@pytest.mark.parametrize("field, value", [("vote", "wave"), ("vote", "row"), ("rebase", "tile"),
+                                          ("rebase", "capped"), ("rebase", "max")])
+def test_the_split_case_tells_split_from_unsplit(field, value, dtype, D):
+    """On split-K's input the reference split at ``SPLIT_AT`` and the reference unsplit
+    differ, for every lazy value, in their non-finite or zero rows: a kernel that does not
+    split (or does not merge the splits) fails the claim."""
+    full = Caps(frozenset({"bf16"}), (64,), frozenset(), frozenset(values.names("vote")),
+                frozenset(values.names("rebase")))
+    cols, at = C.SPLIT_COLS.get(dtype, 640), C.SPLIT_AT.get(dtype, 384)
+    q, k, v, c = C.make_case(dtype, D, C.SPLIT_ROWS, cols, C.THIRD, at)
+    s2 = (q.double()[0, :, 0] @ k.double()[0, :, 0].T)[None] * c
+    pol = C.policy_for(C.Claim("x", "model", field, value, None), full)
+    fp8 = dtype == "fp8"
+    outs = [C.reference(s2, v.double()[0, :, 0], pol, fp8=fp8)[0],
+            C.split_reference(s2, v.double()[0, :, 0], pol, fp8=fp8, at=at)[0]]
+    broken = [tuple((~o.isfinite().all(-1) | (o == 0).all(-1)).nonzero().flatten().tolist())
+              for o in outs]
+    assert broken[0] != broken[1], broken
+    assert C.JUMP_ROW in broken[0] and C.JUMP_ROW not in broken[1]
+
+
+@pytest.mark.parametrize("family", sorted(n for n, f in FAMILIES.items()
+                                          if "num_kv_splits" in f.caps("model").features))
+def test_a_split_claim_fails_when_the_kernel_does_not_split(monkeypatch, family):
+    """The model handed ``num_kv_splits`` but walking every key in one pass: its split-K
+    claim fails on the row that only a split keeps finite, naming the family, the value
+    and the feature; unpatched it passes."""
+    claim = C.Claim(family, "model", "vote", "wave", "num_kv_splits")
+    assert claim in CLAIMS
+    C.check(claim)
+    model = module(family)
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, num_kv_splits=1, **kw: forward(*a, **kw))
+    with pytest.raises(AssertionError, match=rf"family {family!r}, implementation 'model', "
+                                             r"vote='wave', feature num_kv_splits does not run"):
+        C.check(claim)
+
+
 #: Each paged model's page lookup, patched to ignore the block table: tile t reads
 #: physical page t, so the unused (NaN) pages 4 and 6 are read.
 _LOGICAL_PAGES = {
@@ -348,6 +476,21 @@ def test_a_parameter_ignored_fails_naming_family_and_parameter(monkeypatch):
         C.check(claim)
     monkeypatch.setattr(models, "choose", choose)
     C.check(claim)
+
+
+def test_the_p_headroom_ignored_fails_naming_family_and_value(monkeypatch):
+    """The fp8 model lifting P by nothing whatever ``p_headroom`` says: its headroom claim
+    (10: P of 1 saturates at 448 while l keeps 1024) fails, naming the family and value."""
+    from fa_lab.kernels.swp_fp8 import walk
+
+    claim = C.Claim("swp_fp8", "model", "p_headroom", C.FP8_PARAMETERS["p_headroom"], None)
+    assert claim in CLAIMS
+    C.check(claim)
+    run = walk.walk
+    monkeypatch.setattr(walk, "walk", lambda *a, headroom, **kw: run(*a, headroom=0.0, **kw))
+    with pytest.raises(AssertionError, match=r"family 'swp_fp8', implementation 'model', "
+                                             r"p_headroom=10.0.* does not run the value"):
+        C.check(claim)
 
 
 def test_a_rule_run_as_another_fails_naming_family_and_rule(monkeypatch):
