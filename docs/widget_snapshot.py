@@ -7,7 +7,9 @@ them, and the runtime (with require.js and a copy of plotly.js inside plotly's w
 bundle) would more than double the page's weight. Each saved widget view becomes plain HTML
 instead, from the widget state the build saved:
 
-- boxes (HBox, VBox) are flex boxes with their saved layout, and keep their CSS classes;
+- boxes (HBox, VBox) are flex boxes with their saved layout, and keep their CSS classes; a
+  box the lab sized wider than the site's text column takes the column's width, and a row
+  wraps, so the controls sit above the figures rather than squeezing them;
 - controls are disabled form fields set to their saved values, so they show what the
   figures were drawn with and do not move;
 - a Tab's panels all show, one under the other, each under its title;
@@ -27,6 +29,7 @@ from __future__ import annotations
 import copy
 import html
 import math
+import re
 from pathlib import Path
 
 import plotly
@@ -39,6 +42,9 @@ PLOTLY_WIDGET_ESM = Path(plotly.__file__).parent / "package_data" / "widgetbundl
 #: codes.
 _DTYPES = {"float64": "f8", "float32": "f4", "int8": "i1", "int16": "i2", "int32": "i4",
            "uint8": "u1", "uint16": "u2", "uint32": "u4"}
+#: The book theme's text column at 1440 px and wider, less a margin (px): a box that the lab
+#: sized wider than this takes the column's width on the site.
+COLUMN_PX = 760
 #: the widget layout traits that become CSS (the rest are unset or have no meaning here)
 _CSS = ("width", "height", "min_height", "max_width", "flex", "flex_flow", "align_items",
         "justify_content", "padding", "margin")
@@ -62,7 +68,9 @@ class _Snapshot:
         return self.state[key]
 
     def style(self, s: dict) -> str:
-        layout = self.model(s["layout"])["state"] if s.get("layout") else {}
+        layout = dict(self.model(s["layout"])["state"]) if s.get("layout") else {}
+        if _px(layout.get("width")) > COLUMN_PX:     # sized for JupyterLab: the column's width
+            layout["width"] = "100%"
         css = [f"{k.replace('_', '-')}: {layout[k]}" for k in _CSS if layout.get(k)]
         return html.escape("; ".join(css), quote=True)
 
@@ -135,6 +143,11 @@ class _Snapshot:
         return pio.to_html({"data": data, "layout": layout}, include_plotlyjs=False,
                            include_mathjax=False, full_html=False, default_width="100%",
                            default_height=layout["height"], validate=False, config=config)
+
+
+def _px(width) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)px\s*", str(width or ""))
+    return float(m.group(1)) if m else 0.0
 
 
 def _typed_arrays(value):
