@@ -162,15 +162,15 @@ screenshots: setup
 # the lessons (executed once, their outputs cached in _build/jupyter_cache-*; a change to
 # fa_lab/, kernels/ or data/ starts a fresh cache) and the docstrings (docs/api.md).
 # -W --keep-going: every warning fails the build, all of them listed; -n: every
-# cross-reference must resolve. The page JavaScript that Sphinx and MyST-NB would load from
-# CDNs comes from the npm registry once, into _build/vendor-js/ (npm pack: no node_modules,
-# no lock file): require.js and html-manager (ipywidgets 8's page runtime) for the lessons'
-# widgets, MathJax 3 for the math. The built site needs no network.
+# cross-reference must resolve. The page JavaScript that Sphinx would load from a CDN comes
+# from the npm registry once, into _build/vendor-js/ (npm pack: no node_modules, no lock
+# file): MathJax 3 for the math, and plotly.js's cartesian bundle (scatter, bar, heatmap:
+# the traces the lab draws; a third of the full plotly.js) at the version the installed
+# plotly bundles. The lessons' dashboards become static HTML (docs/widget_snapshot.py), so
+# no widget runtime is fetched. The built site needs no network.
 DOCS_OUT  := _build/html
 VENDOR    := _build/vendor-js
 VENDOR_OK := _build/vendor-js.stamp
-HTML_MANAGER := 1.0.15
-REQUIREJS    := 2.3.8
 MATHJAX      := 3.2.2
 # DOCS_JOBS Sphinx processes (-j): each reads its share of the pages, so on the 2-core CI
 # machine two lessons execute at once (jupyter-cache takes both into its one cache); one
@@ -178,17 +178,15 @@ MATHJAX      := 3.2.2
 DOCS_JOBS ?= 2
 DOCS_ENV  := OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
 
-$(VENDOR_OK): Makefile
-	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/npm $(VENDOR)/jupyter-widgets $(VENDOR)/mathjax/output/chtml/fonts
-	cd $(VENDOR)/npm && npm pack --silent @jupyter-widgets/html-manager@$(HTML_MANAGER) \
-		requirejs@$(REQUIREJS) mathjax@$(MATHJAX) >/dev/null
+$(VENDOR_OK): Makefile $(STAMP)
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/npm $(VENDOR)/mathjax/output/chtml/fonts
+	cd $(VENDOR)/npm && npm pack --silent mathjax@$(MATHJAX) plotly.js-cartesian-dist-min@$$($(abspath $(PY)) \
+		-c "from plotly.offline import get_plotlyjs_version as v; print(v())") >/dev/null
 	cd $(VENDOR)/npm && for t in *.tgz; do mkdir $${t%.tgz} && tar -xzf $$t -C $${t%.tgz}; done
-	cp $(VENDOR)/npm/jupyter-widgets-html-manager-$(HTML_MANAGER)/package/dist/embed-amd.js \
-		$(VENDOR)/npm/jupyter-widgets-html-manager-$(HTML_MANAGER)/package/dist/*.woff* \
-		$(VENDOR)/npm/requirejs-$(REQUIREJS)/package/require.js $(VENDOR)/jupyter-widgets/
 	cp $(VENDOR)/npm/mathjax-$(MATHJAX)/package/es5/tex-chtml-full.js $(VENDOR)/mathjax/
 	cp -r $(VENDOR)/npm/mathjax-$(MATHJAX)/package/es5/output/chtml/fonts/woff-v2 \
 		$(VENDOR)/mathjax/output/chtml/fonts/
+	cp $(VENDOR)/npm/plotly.js-cartesian-dist-min-*/package/plotly-cartesian.min.js $(VENDOR)/
 	rm -rf $(VENDOR)/npm
 	touch $@
 

@@ -4,8 +4,8 @@
 The source folder is the repository root (not docs/), so README.md, docs/*.md and
 notebooks/*.ipynb keep the relative links that work on GitHub and in JupyterLab
 (README -> docs/semantics.md, a lesson -> ../docs/semantics.md#anchor); include_patterns
-keeps everything else out. The built site needs no network: plotly.js, the widget runtime
-and MathJax are served from _static.
+keeps everything else out. The built site needs no network: plotly.js and MathJax are
+served from _static, and the lessons' dashboards are static HTML (widget_snapshot.py).
 """
 
 import hashlib
@@ -14,7 +14,7 @@ import inspect
 import json
 import os
 import re
-import shutil
+import sys
 from pathlib import Path
 
 import anywidget
@@ -24,6 +24,8 @@ from sphinx.ext.napoleon.docstring import NumpyDocstring
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
+sys.path.insert(0, str(DOCS))
+import widget_snapshot  # noqa: E402  (docs/widget_snapshot.py)
 PACKAGE = "fa_lab"
 
 project = PACKAGE
@@ -166,130 +168,100 @@ def _escape_bars(app, what, name, obj, options, lines):
 # --- HTML
 html_theme = "sphinx_book_theme"
 html_title = f"{PACKAGE} {version}"
-html_theme_options = {"show_toc_level": 2}
+#: The repository's public home: the header's repository button, and the source Binder
+#: builds a lesson's environment from (its environment.yml). FA_LAB_REPOSITORY_URL names
+#: another (a fork's).
+REPOSITORY_URL = os.environ.get("FA_LAB_REPOSITORY_URL", "https://github.com/fa-lab/fa_lab")
+html_theme_options = {
+    "show_toc_level": 2,
+    "repository_url": REPOSITORY_URL,
+    "repository_branch": "main",
+    "path_to_docs": "",                  # the source folder is the repository's root
+    "use_repository_button": True,
+    # each lesson's page: "launch" opens it in JupyterLab on mybinder.org, in an environment
+    # built from the repository's environment.yml
+    "launch_buttons": {"binderhub_url": "https://mybinder.org", "notebook_interface": "jupyterlab"},
+}
 html_css_files = ["fa_lab.css"]
 html_extra_path = ["_extra"]             # index.html at the site root -> docs/index.html
-# _build/vendor-js/ (make docs fetches it from the npm registry): jupyter-widgets/ (require.js,
-# html-manager's embed-amd.js and its fonts) and mathjax/.
+# _build/vendor-js/ (make docs fetches it from the npm registry): mathjax/ and plotly.js.
 html_static_path = ["_static", str(REPO / "_build" / "vendor-js")]
 if not (REPO / "_build" / "vendor-js.stamp").exists():
     raise RuntimeError("_build/vendor-js is missing: run `make docs`, which fetches it")
+# The theme's icons come from the Font Awesome web fonts in its CSS; its fontawesome.js (all
+# of Font Awesome again, as SVG in JavaScript, 1.6 MB on every page) is left out
+# (_templates/layout.html), as the site adds no icons of its own.
+templates_path = ["_templates"]
 
-# Widgets: MyST-NB embeds the widget state saved by the execution and, on pages that have
-# some, loads the ipywidgets page runtime, from CDNs unless told otherwise.
-nb_ipywidgets_js = {
-    "jupyter-widgets/require.js": {},
-    "jupyter-widgets-offline.js": {},    # requirejs paths: anywidget etc. from _static
-    "jupyter-widgets/embed-amd.js": {},
-}
+_VENDOR = REPO / "_build" / "vendor-js"
 
-_PLOTLY_DATA = Path(plotly.__file__).parent / "package_data"
-_PLOTLY_JS = _PLOTLY_DATA / "plotly.min.js"                # plotly.js, for go.Figure output
-_PLOTLY_WIDGET_JS = _PLOTLY_DATA / "widgetbundle.js"       # FigureWidget's anywidget module
-_ANYWIDGET_JS = Path(anywidget.__file__).parent / "nbextension" / "index.js"  # AMD build
-# A FigureWidget's saved state holds plotly's whole widget bundle (its `_esm`, ~5 MB with
-# plotly.js inside) once per figure. Each page gets a stub instead that imports one shared
-# copy from _static, located from the page's own jupyter-widgets-offline.js tag.
-_PLOTLY_WIDGET_STUB = (
-    "const here = document.querySelector('script[src*=\"jupyter-widgets-offline.js\"]').src;\n"
-    "const m = await import(new URL('jupyter-widgets/plotly-widgetbundle.js', here).href);\n"
-    "export default m.default;\n")
+#: plotly.js for every figure on the site, loaded once per page with a plain <script> (it
+#: sets window.Plotly): the cartesian bundle (scatter, bar, heatmap and the other 2-d
+#: traces; the lab draws no other), a third of the full plotly.min.js that plotly ships. It
+#: must be the plotly.js version the installed plotly writes figures for.
+PLOTLY_JS = "plotly-cartesian.min.js"
 
 
-#: A page's plain figures (plotly-graph-div) draw from a queue once plotly.js is there: at
-#: once where plotly.min.js loaded, or after the dashboards' widget bundle (plotly.js inside;
-#: importing it sets window.Plotly) loaded, on pages that have one. So plotly.js loads once.
-_FIGURE_QUEUE = "(window.faLabFigures = window.faLabFigures || []).push(function () {%s});"
-_DRAW_QUEUED = (
-    "const here = document.querySelector('script[src*=\"jupyter-widgets-offline.js\"]').src;\n"
-    "await import(new URL('jupyter-widgets/plotly-widgetbundle.js', here).href);\n"
-    "const queued = window.faLabFigures || [];\n"
-    "window.faLabFigures = {push: (draw) => draw()};\n"
-    "for (const draw of queued) draw();\n")
-_FIGURE_SCRIPT = re.compile(r"(<script[^>]*>)(\s*window\.PLOTLYENV.*?)(</script>)", re.S)
+def _check_plotly_js() -> None:
+    from plotly.offline import get_plotlyjs_version
+
+    want = get_plotlyjs_version()
+    head = (_VENDOR / PLOTLY_JS).read_text(encoding="utf-8")[:300]
+    m = re.search(r"plotly\.js \(cartesian - minified\) v(\S+)", head)
+    if m is None or m.group(1) != want:
+        raise RuntimeError(
+            f"_build/vendor-js/{PLOTLY_JS} is plotly.js {m and m.group(1)}, but plotly "
+            f"{plotly.__version__} writes figures for plotly.js {want}: delete "
+            "_build/vendor-js.stamp and run `make docs`, which fetches the matching one")
+
+
+_check_plotly_js()
 
 
 def _plotly_js_on_figure_pages(app, pagename, templatename, context, doctree):
-    body = context.get("body", "")
-    if "plotly-graph-div" not in body:
-        return
-    if pagename in _PAGES_WITH_PLOTLY_WIDGETS:
-        context["body"] = _FIGURE_SCRIPT.sub(lambda m: m[1] + _FIGURE_QUEUE % m[2] + m[3], body)
-        app.add_js_file(None, body=_DRAW_QUEUED, type="module", priority=900)
-    else:
-        app.add_js_file("plotly.min.js", priority=400)
-
-
-#: Pages whose saved widget state holds plotly's widget bundle (filled while writing them).
-_PAGES_WITH_PLOTLY_WIDGETS: set[str] = set()
+    if "plotly-graph-div" in context.get("body", ""):
+        app.add_js_file(PLOTLY_JS, priority=400)
 
 
 #: Above every dashboard on the site: its figures were drawn when the site was built.
 SNAPSHOT_NOTICE = (
     '<div class="admonition note fa-lab-snapshot"><p class="admonition-title">A snapshot</p>'
-    "<p>This dashboard was saved when the site was built: its controls move, but its figures "
-    "stay as they were drawn. To run it live, open the lesson in JupyterLab "
-    "(<code>make lab</code>, or <code>fa-lab lab</code> from an installed package).</p></div>")
-#: The book theme's text column at 1440 px and wider, less a margin (px): a box wider than
-#: this takes the column's width on the site, a figure this width.
-_COLUMN_PX = 760
+    "<p>This dashboard was saved when the site was built: its controls show the values its "
+    "figures were drawn with, and do not move; the figures answer the mouse. To run it live, "
+    "open the lesson in JupyterLab: <code>make lab</code> in a checkout, <code>fa-lab lab</code> "
+    "from an installed package, or on Binder from the launch button (the rocket) at the top "
+    "of this page.</p></div>")
+_WIDGET_VIEW = re.compile(
+    r'<script type="application/vnd\.jupyter\.widget-view\+json">(.*?)</script>', re.S)
 
 
-def _px(width) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)px\s*", str(width or ""))
-    return float(m.group(1)) if m else 0.0
-
-
-def _fit_dashboard(state: dict) -> None:
-    """The saved dashboards, made to fit the text column: boxes wider than it take its width,
-    a row of boxes (an HBox: the controls beside the figures) wraps so its parts stack, and
-    plotly figures wider than it are drawn at its width."""
-    rows = {model["state"]["layout"].removeprefix("IPY_MODEL_") for model in state.values()
-            if model.get("model_name") == "HBoxModel" and "layout" in model.get("state", {})}
-    for key, model in state.items():
-        s = model.get("state", {})
-        if model.get("model_name") == "LayoutModel" and _px(s.get("width")) > _COLUMN_PX:
-            s["width"] = "100%"
-            if key in rows:
-                s["flex_flow"] = "row wrap"
-        width = s.get("_layout", {}).get("width") if isinstance(s.get("_layout"), dict) else None
-        if isinstance(width, (int, float)) and width > _COLUMN_PX:
-            s["_layout"] = {**s["_layout"], "width": _COLUMN_PX}
-
-
-def _share_plotly_widget_bundle(app, pagename, templatename, context, doctree):
+def _static_dashboards(app, pagename, templatename, context, doctree):
+    """Each saved dashboard on the page as static HTML under the snapshot notice
+    (widget_snapshot.py says how), in place of ipywidgets' page runtime: MyST-NB's widget
+    state and runtime scripts are taken off the page."""
     js_files = getattr(app.env, "nb_metadata", {}).get(pagename, {}).get("js_files", {})
+    body = context.get("body", "")
     if "ipywidgets_state" not in js_files:
+        if _WIDGET_VIEW.search(body):
+            raise RuntimeError(f"{pagename}: a widget view without saved widget state")
         return
-    uri, kwargs = js_files["ipywidgets_state"]
-    state = json.loads(kwargs["body"])
-    bundle = _PLOTLY_WIDGET_JS.read_text(encoding="utf-8")
-    for model in state.get("state", {}).values():
-        if model.get("state", {}).get("_esm") == bundle:
-            model["state"]["_esm"] = _PLOTLY_WIDGET_STUB
-            _PAGES_WITH_PLOTLY_WIDGETS.add(pagename)
-    _fit_dashboard(state.get("state", {}))
-    # each saved widget view on the page is a dashboard (or part of one): a notice above it
-    context["body"] = re.sub(r'(<script type="application/vnd\.jupyter\.widget-view\+json">)',
-                             SNAPSHOT_NOTICE.replace("\\", "\\\\") + r"\1", context["body"])
-    body = json.dumps(state).replace("</script>", r"<\/script>")
-    js_files["ipywidgets_state"] = (uri, {**kwargs, "body": body})
+    state = json.loads(js_files["ipywidgets_state"][1]["body"])["state"]
 
+    def snapshot(m):
+        view = json.loads(m.group(1))
+        return (f'<div class="fa-lab-snapshot-dashboard">{SNAPSHOT_NOTICE}'
+                f'{widget_snapshot.render(view["model_id"], state)}</div>')
 
-def _copy_js(app, exc):
-    if exc is None and app.builder.format == "html":
-        static = Path(app.outdir) / "_static"
-        shutil.copyfile(_PLOTLY_JS, static / "plotly.min.js")
-        shutil.copyfile(_ANYWIDGET_JS, static / "jupyter-widgets" / "anywidget.js")
-        shutil.copyfile(_PLOTLY_WIDGET_JS, static / "jupyter-widgets" / "plotly-widgetbundle.js")
+    context["body"] = _WIDGET_VIEW.sub(snapshot, body)
+    for key in [k for k in js_files if k.startswith("ipywidgets_")]:
+        del js_files[key]
 
 
 def setup(app):
     app.connect("autodoc-process-docstring", _escape_bars)
     app.connect("autodoc-process-docstring", _numpy_sections, priority=550)
     app.connect("autodoc-process-docstring", _parameters_from_signature, priority=600)
-    # before MyST-NB's own handler (priority 500) puts the page's widget state on it
-    app.connect("html-page-context", _share_plotly_widget_bundle, priority=400)
-    # after it: a page with the widget bundle draws its plain figures with that plotly.js
+    # before MyST-NB's own handler (priority 500) would put the widget state and runtime on it
+    app.connect("html-page-context", _static_dashboards, priority=400)
+    # after it: plotly.js on each page with a figure, plain or in a dashboard
     app.connect("html-page-context", _plotly_js_on_figure_pages, priority=450)
-    app.connect("build-finished", _copy_js)

@@ -1,6 +1,8 @@
 """The built docs site (``make docs``) in headless Chromium, offline: the lessons' plotly
-figures draw and answer the mouse, their dashboards render from the saved widget state,
-the math renders, and the API reference lists ``flash_attn_func``.
+figures draw, answer the mouse and fit the text column; their dashboards render from the
+saved widget state as snapshots, each under its notice; a lesson's page loads plotly.js
+once and weighs under 6 MB; the math renders; the landing page, the header's repository
+and Binder links, and the API reference are there.
 
 Serves ``_build/html`` (``DOCS_HTML`` names another folder) with http.server on a free
 localhost port, opens pages in Debian's /usr/bin/chromium driven by playwright (no browser
@@ -15,9 +17,10 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import threading
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pytest
 
@@ -150,17 +153,24 @@ def test_api_page_lists_flash_attn_func(new_page):
 
 
 def test_dashboard_renders_from_saved_state(new_page):
-    """A lesson's dashboard (ipywidgets and plotly FigureWidgets, an anywidget) renders
-    from the widget state the build saved, with the page runtime from _static: no kernel,
-    no CDN."""
+    """A lesson's dashboard is drawn from the widget state the build saved, as static HTML
+    (docs/widget_snapshot.py): its controls at their saved values and disabled, its plotly
+    figures drawn and answering the mouse; no widget runtime, no kernel, no CDN."""
     page = new_page(DASHBOARD_PAGE)
-    page.wait_for_selector(".fa-lab-dashboard .widget-slider", timeout=30_000)
     dash = page.locator(".fa-lab-rescale-dashboard").first
-    assert dash.locator(".widget-slider").filter(has_text="K scale").count() == 1
+    k_scale = dash.locator(".fa-lab-snapshot-control", has_text="K scale")
+    assert k_scale.count() == 1
+    slider = k_scale.locator("input[type=range]")
+    assert slider.is_disabled() and slider.input_value() == k_scale.locator("output").inner_text()
+    policy = dash.locator(".fa-lab-snapshot-control", has_text="policy").locator("select")
+    assert policy.is_disabled() and policy.input_value()
     page.wait_for_function(
-        "document.querySelectorAll('.fa-lab-dashboard .js-plotly-plot .main-svg').length >= 2",
+        "document.querySelectorAll('.fa-lab-dashboard .js-plotly-plot .main-svg').length >= 4",
         timeout=30_000)
     assert dash.locator(".js-plotly-plot .scatterlayer .trace").count() >= 1
+    assert dash.locator(".js-plotly-plot .heatmaplayer image, .js-plotly-plot .hm").count() >= 1
+    assert page.locator("script[type*='jupyter.widget']").count() == 0
+    assert page.evaluate("typeof window.requirejs") == "undefined"
     assert not page.errors, page.errors
 
 
@@ -214,16 +224,19 @@ def _overflowing_figures(page) -> list:
 
 def test_every_lesson_figure_fits_its_column(new_page):
     """At a laptop's and a desktop's width (1440 and 1920 px), no lesson figure, plain or in
-    a dashboard, runs past the text column."""
+    a dashboard, runs past the text column; and every trace is of a type the site's plotly.js
+    bundle draws."""
     pages = _lesson_pages()
     assert len(pages) >= 8, pages
-    over, drawn = {}, 0
+    over, unknown, drawn = {}, {}, 0
     for path in pages:
         page = new_page(path)
-        if page.locator(".js-plotly-plot, script[type*='widget-view']").count():
+        if page.locator(".plotly-graph-div").count():
             with contextlib.suppress(PlaywrightTimeout):
                 page.wait_for_load_state("networkidle", timeout=5_000)
             page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            if types := page.evaluate(_UNDRAWABLE_TRACES):
+                unknown[path] = types
         for width in (1440, 1920):
             page.set_viewport_size({"width": width, "height": 1000})
             page.wait_for_timeout(400)  # responsive figures redraw after a resize
@@ -233,16 +246,57 @@ def test_every_lesson_figure_fits_its_column(new_page):
         page.close()
     assert drawn >= 40, drawn  # the figures drew, so their widths were measured
     assert not over, over
+    assert not unknown, unknown
+
+
+#: The trace types on ``page`` that its plotly.js bundle cannot draw (it would leave them out).
+_UNDRAWABLE_TRACES = """() => {
+    const known = window.Plotly.PlotSchema.get().traces;
+    return [...document.querySelectorAll('.js-plotly-plot')]
+        .flatMap(gd => (gd.data || []).map(t => t.type || 'scatter'))
+        .filter(type => !(type in known));
+}"""
+
+
+def test_lesson_pages_link_the_repository_and_launch_on_binder(new_page):
+    """A lesson's header has the repository button and a Binder launch link that opens that
+    lesson in JupyterLab, built from the repository (and so its environment.yml)."""
+    # conf.py's setting, read without running conf.py
+    default = re.search(r'"FA_LAB_REPOSITORY_URL", "([^"]+)"', (REPO / "docs" / "conf.py").read_text())
+    repo_url = os.environ.get("FA_LAB_REPOSITORY_URL") or default.group(1)
+    owner_name = urlparse(repo_url).path.strip("/")
+    page = new_page(FIGURES_PAGE)
+    hrefs = page.locator(".article-header-buttons a").evaluate_all("as => as.map(a => a.href)")
+    assert repo_url in hrefs, hrefs
+    binder = [h for h in hrefs if h.startswith("https://mybinder.org/v2/gh/")]
+    assert binder == [f"https://mybinder.org/v2/gh/{owner_name}/main"
+                      f"?urlpath=lab/tree/{FIGURES_PAGE.removesuffix('.html')}.ipynb"], hrefs
+    assert (REPO / "environment.yml").is_file()
 
 
 def test_every_dashboard_sits_under_the_snapshot_notice(new_page):
-    """Each saved dashboard says it is a snapshot and how to run it live."""
+    """Each dashboard on the site, on every page, sits under a notice that says it is a
+    snapshot and how to run it live; no page keeps a widget view the site cannot draw."""
+    dashboards, bare, views = 0, {}, {}
+    for html in sorted(HTML.rglob("*.html")):
+        text = html.read_text(encoding="utf-8")
+        name = str(html.relative_to(HTML))
+        if "jupyter.widget-view+json" in text or "jupyter.widget-state+json" in text:
+            views[name] = text.count("jupyter.widget-view+json")
+        roots = len(re.findall(r'class="[^"]*\bfa-lab-dashboard\b', text))
+        dashboards += roots
+        under = len(re.findall(r'<div class="fa-lab-snapshot-dashboard"><div class="admonition note '
+                               r'fa-lab-snapshot">.*?</div><div class="[^"]*\bfa-lab-dashboard\b',
+                               text))
+        if roots != under:
+            bare[name] = roots - under
+    assert dashboards >= 2 and not bare and not views, (dashboards, bare, views)
     page = new_page(DASHBOARD_PAGE)
-    page.wait_for_selector(".fa-lab-dashboard", timeout=30_000)
-    views = page.locator("script[type='application/vnd.jupyter.widget-view+json']").count()
-    notices = page.locator(".fa-lab-snapshot")
-    assert views >= 1 and notices.count() == views, (views, notices.count())
-    assert "make lab" in notices.first.inner_text()
+    notice = page.locator(".fa-lab-snapshot").first
+    text = notice.inner_text()
+    assert "snapshot" in text and "make lab" in text and "Binder" in text
+    box, dash = notice.bounding_box(), page.locator(".fa-lab-dashboard").first.bounding_box()
+    assert box["y"] + box["height"] <= dash["y"], (box, dash)
 
 
 def test_landing_page_has_a_pitch_a_quick_start_and_the_lessons(new_page):
@@ -257,6 +311,12 @@ def test_landing_page_has_a_pitch_a_quick_start_and_the_lessons(new_page):
     linked = {h.split("/")[-1].split("#")[0].removesuffix(".html")
               for h in article.locator("table a").evaluate_all("as => as.map(a => a.href)")}
     assert lessons <= linked, lessons - linked
+    # one card per lesson, laid out side by side (the table's rows as boxes, fa_lab.css)
+    cards = article.locator("section#the-course table tbody tr")
+    assert cards.count() >= len(lessons)
+    assert cards.first.evaluate("tr => getComputedStyle(tr).display") == "flex"
+    tops = {round(box["y"]) for box in (cards.nth(i).bounding_box() for i in range(cards.count()))}
+    assert len(tops) < cards.count(), "the cards stack one a row, like a table"
     # "Next" leads into the course, not through the guide
     nxt = page.locator("a.right-next")
     assert nxt.get_attribute("href").endswith("notebooks/00_tour.html"), nxt.get_attribute("href")
@@ -266,10 +326,21 @@ def test_landing_page_has_a_pitch_a_quick_start_and_the_lessons(new_page):
     assert importlib.metadata.version("fa_lab") in page.title()
 
 
-def test_every_lesson_loads_plotly_once(new_page):
-    """plotly.js comes once per page (plotly.min.js for plain figures, or the dashboards'
-    widget bundle, which holds it and draws the plain figures too)."""
-    twice = {}
+#: The most a lesson's page may download, everything it loads counted (bytes).
+LESSON_PAGE_BYTES = 6_000_000
+
+
+def _site_file(url: str) -> Path | None:
+    """The file of the built site that ``url`` (served from it) names."""
+    path = unquote(urlparse(url).path).lstrip("/")
+    return HTML / path if (HTML / path).is_file() else None
+
+
+def test_every_lesson_loads_plotly_once_and_weighs_under_6_mb(new_page):
+    """plotly.js comes once per page (one file, for the plain figures and the dashboards'
+    alike), and a lesson's page with everything it loads (HTML, scripts, styles, fonts,
+    images) is under 6 MB, as a reader's browser fetches it uncompressed."""
+    twice, heavy, weights = {}, {}, {}
     for path in _lesson_pages():
         urls: list[str] = []     # every file the page fetched
         page = new_page(path, on_response=lambda response, urls=urls: urls.append(response.url))
@@ -277,10 +348,35 @@ def test_every_lesson_loads_plotly_once(new_page):
             page.wait_for_load_state("networkidle", timeout=10_000)
         page.wait_for_timeout(500)
         plotly = [u for u in urls  # Sphinx adds a ?v=<hash> query to its scripts
-                  if u.split("?")[0].endswith(("plotly.min.js", "plotly-widgetbundle.js"))]
+                  if "plotly" in u.split("?")[0].rsplit("/", 1)[-1] and u.split("?")[0].endswith(".js")]
         if len(plotly) > 1:
             twice[path] = plotly
-        if "plotly-graph-div" in page.content() or "widget-view" in page.content():
+        if "plotly-graph-div" in page.content():
             assert plotly, f"{path}: figures, but no plotly.js loaded"
+        files = {u.split("?")[0]: _site_file(u) for u in urls}
+        assert all(files.values()), [u for u, f in files.items() if f is None]
+        weights[path] = sum(f.stat().st_size for f in files.values())
+        if weights[path] > LESSON_PAGE_BYTES:
+            heavy[path] = sorted(((f.stat().st_size, u.rsplit("/", 1)[-1])
+                                  for u, f in files.items()), reverse=True)[:5]
         page.close()
     assert not twice, twice
+    assert len(weights) >= 8 and not heavy, {p: (weights[p], top) for p, top in heavy.items()}
+
+
+#: The API pages the issue asks an example on, each with the callable's anchor.
+API_EXAMPLES = {"fa_lab.flash_attn_func": "fa_lab.flash_attn_func", "fa_lab.trace": "fa_lab.trace",
+                "fa_lab.compare": "fa_lab.compare", "fa_lab.count_rescales": "fa_lab.count_rescales",
+                "fa_lab.studies.onset.bound": "fa_lab.studies.onset.bound",
+                "fa_lab.zoo": "fa_lab.zoo.get"}
+
+
+@pytest.mark.parametrize("page, anchor", sorted(API_EXAMPLES.items()))
+def test_api_page_has_parameters_and_an_example(page, anchor):
+    """The built page of each main entry point lists its parameters and shows an example
+    (a doctest block), inside that callable's own entry."""
+    text = (HTML / "docs" / "generated" / f"{page}.html").read_text(encoding="utf-8")
+    start = text.index(f'id="{anchor}"')
+    entry = text[start:text.find('<dl class="py', start + 1) % (len(text) + 1)]
+    assert re.search(r'<dt class="field-[a-z]+">Parameters', entry), anchor
+    assert 'class="rubric">Examples</p>' in entry and 'class="doctest highlight' in entry, anchor
