@@ -168,20 +168,22 @@ def _escape_bars(app, what, name, obj, options, lines):
 # --- HTML
 html_theme = "sphinx_book_theme"
 html_title = f"{PACKAGE} {version}"
-#: The repository's public home: the header's repository button, and the source Binder
-#: builds a lesson's environment from (its environment.yml). FA_LAB_REPOSITORY_URL names
-#: another (a fork's).
-REPOSITORY_URL = os.environ.get("FA_LAB_REPOSITORY_URL", "https://github.com/fa-lab/fa_lab")
-html_theme_options = {
-    "show_toc_level": 2,
-    "repository_url": REPOSITORY_URL,
-    "repository_branch": "main",
-    "path_to_docs": "",                  # the source folder is the repository's root
-    "use_repository_button": True,
-    # each lesson's page: "launch" opens it in JupyterLab on mybinder.org, in an environment
-    # built from the repository's environment.yml
-    "launch_buttons": {"binderhub_url": "https://mybinder.org", "notebook_interface": "jupyterlab"},
-}
+#: The repository's public home, where the site is published from: FA_LAB_REPOSITORY_URL
+#: (e.g. https://github.com/OWNER/fa_lab). With it, each page's header gets the repository
+#: button and each lesson a Binder launch button (JupyterLab, the environment built from that
+#: repository's environment.yml); without it the site names no repository, since a guessed
+#: address would send readers somewhere wrong.
+REPOSITORY_URL = os.environ.get("FA_LAB_REPOSITORY_URL") or None
+html_theme_options = {"show_toc_level": 2}
+if REPOSITORY_URL:
+    html_theme_options.update({
+        "repository_url": REPOSITORY_URL,
+        "repository_branch": "main",
+        "path_to_docs": "",              # the source folder is the repository's root
+        "use_repository_button": True,
+        "launch_buttons": {"binderhub_url": "https://mybinder.org",
+                           "notebook_interface": "jupyterlab"},
+    })
 html_css_files = ["fa_lab.css"]
 html_extra_path = ["_extra"]             # index.html at the site root -> docs/index.html
 # _build/vendor-js/ (make docs fetches it from the npm registry): mathjax/ and plotly.js.
@@ -228,9 +230,10 @@ SNAPSHOT_NOTICE = (
     '<div class="admonition note fa-lab-snapshot"><p class="admonition-title">A snapshot</p>'
     "<p>This dashboard was saved when the site was built: its controls show the values its "
     "figures were drawn with, and do not move; the figures answer the mouse. To run it live, "
-    "open the lesson in JupyterLab: <code>make lab</code> in a checkout, <code>fa-lab lab</code> "
-    "from an installed package, or on Binder from the launch button (the rocket) at the top "
-    "of this page.</p></div>")
+    "open the lesson in JupyterLab: <code>make lab</code> in a checkout or <code>fa-lab lab</code> "
+    "from an installed package"
+    + (", or on Binder from the launch button (the rocket) at the top of this page"
+       if REPOSITORY_URL else "") + ".</p></div>")
 _WIDGET_VIEW = re.compile(
     r'<script type="application/vnd\.jupyter\.widget-view\+json">(.*?)</script>', re.S)
 
