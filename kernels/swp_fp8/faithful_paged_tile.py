@@ -50,8 +50,7 @@ def _tile_scores(q, k_head, page, stride_k0, k_offs, k_ok, t, rows, Sq, Skv,
     """One tile's masked raw scores (page ``page`` read whole) and their row max as
     ``reduce_max`` folds it: maxNum, so NaN loses and a row of NaN and -inf gives -inf."""
     k = _load_e4m3(k_head + page.to(tl.int64) * stride_k0 + k_offs, k_ok)
-    s, _ = _masked_scores(q, k, t * BLOCK_N + tl.arange(0, BLOCK_N), rows, Sq, Skv, True)
-    return s, tl.max(tl.where(s != s, float("-inf"), s), axis=1)
+    return _masked_scores(q, k, t * BLOCK_N + tl.arange(0, BLOCK_N), rows, Sq, Skv, True)
 
 
 @triton.jit

@@ -35,7 +35,7 @@ from fa_lab.policies import Policy
 
 from . import FAMILY, faithful
 from . import split as model_split
-from .faithful import _load_e4m3, _round_e4m3
+from .faithful import _load_e4m3, _round_e4m3, _row_max
 from .._triton.util import fmax as _fmax
 from .._triton.util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
 from .._triton.util import rows_per_program as _rows_per_program
@@ -47,8 +47,8 @@ _FP8 = torch.float8_e4m3fn
 @triton.jit
 def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, D, CAUSAL: tl.constexpr,
             BLOCK_N: tl.constexpr, DPAD: tl.constexpr):
-    """Raw scores of one 64-column tile (K's columns past D read 0) and its NaN-propagating
-    row max; -inf where the model masks."""
+    """Raw scores of one 64-column tile (K's columns past D read 0) and its maxNum row max
+    (``faithful._row_max``); -inf where the model masks."""
     cols = col0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, DPAD)
     k = _load_e4m3(k_base + cols.to(tl.int64)[:, None] * stride_ks + offs_d[None, :] * stride_kd,
@@ -58,8 +58,7 @@ def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, D, CAUSAL: tl.
     if CAUSAL:
         masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
     s = tl.where(masked, float("-inf"), s)
-    has_nan = tl.max((s != s).to(tl.int32), axis=1) > 0
-    return s, tl.where(has_nan, float("nan"), tl.max(s, axis=1))
+    return s, _row_max(s)
 
 
 @triton.jit

@@ -62,10 +62,13 @@ M_UNITS = ("scaled", "raw")
 
 
 def log2_scale(q_descale: float, k_descale: float, head_dim: int = 128) -> float:
-    """ls = f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale, fp32 products in order
-    (the fp8 kernel's ``c_logit_scale``, any D; ``model`` re-exports it)."""
-    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
-    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
+    """The fp8 kernel's ``c_logit_scale`` (any D; ``model`` re-exports it): the descales'
+    fp32 product first, then the softmax constant times it,
+    ``ls = f32(c * f32(q_descale * k_descale))`` with ``c = f32(f32(1/sqrt(D)) * f32(log2 e))``
+    (``DualwaveFp8KernelContext.init_descale``, docs/semantics.md §3.1). The kernel takes
+    1/sqrt(D) from a fast rsqrt; this takes the correctly rounded value."""
+    c = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+    return f32(c * f32(f32(q_descale) * f32(k_descale)))
 
 
 def check_args(q8, v8, num_kv_splits, m_units, lse_headroom) -> None:
