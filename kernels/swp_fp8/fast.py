@@ -4,7 +4,7 @@ For throughput, not for reproducing the faithful model bit for bit. What it keep
 ``fa_lab.kernels.swp_fp8.model`` (the policy semantics):
 
 - fp8 Q, K, V with fp32 per-tensor descales, D = 128, bf16 output. Scores and the running
-  max m stay in the raw fp8-product domain; ``ls = c * q_descale * k_descale`` converts a
+  max m stay in the raw fp8-product domain; ``ls = c * (q_descale * k_descale)`` converts a
   raw difference to log2 units.
 - One rescale decision per 128 KV columns (the model's pair of 64-column tiles):
   ``mt`` = the 128 columns' row max (floored at -3e38 when causal); ``eager`` rebases
