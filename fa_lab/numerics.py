@@ -32,11 +32,14 @@ def f32(x: float) -> float:
 
 
 def log2_scale(q_descale: float, k_descale: float, head_dim: int = 128) -> float:
-    """The fp8 kernels' score scale in log2 units (FlyDSL's ``c_logit_scale``): ``ls =
-    f32(1/sqrt(D)) * f32(log2 e) * q_descale * k_descale``, fp32 products in that order, so
-    a raw fp8 product S is ``S * ls`` log2 units."""
-    ls = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
-    return f32(f32(ls * f32(q_descale)) * f32(k_descale))
+    """The fp8 kernels' score scale in log2 units (FlyDSL's ``c_logit_scale``), so a raw fp8
+    product S is ``S * ls`` log2 units: the descales' fp32 product first, then the softmax
+    constant times it, ``ls = f32(c * f32(q_descale * k_descale))`` with ``c =
+    f32(f32(1/sqrt(D)) * f32(log2 e))`` (``DualwaveFp8KernelContext.init_descale``,
+    docs/semantics.md §3.1). The kernel takes 1/sqrt(D) from a fast rsqrt; this takes the
+    correctly rounded value."""
+    c = f32(f32(1.0 / math.sqrt(head_dim)) * f32(LOG2E))
+    return f32(c * f32(f32(q_descale) * f32(k_descale)))
 
 
 def bf16(x: torch.Tensor) -> torch.Tensor:

@@ -231,8 +231,8 @@ FP8_PAGED_VERSIONS: dict[str, Fp8PagedVersion] = {v.name: v for v in (
               "_pv_step_fp8_segmented, _p_to_fp8_i32x8; _make_dualwave_swp_fp8_traits; "
               "init_tile_bounds; load_page_id and load_page_id_pair)"),
         approximates="fp32 sums (QK, P V, the row sums) in the model's order, not the MFMA's; "
-                     "ls as log2_scale rounds it ((c * qd) * kd where the kernel takes "
-                     "c * (qd * kd) with a fast rsqrt); the code index gives these files by "
+                     "c in ls = c * (qd * kd) from the correctly rounded 1/sqrt(D) where the "
+                     "kernel takes a fast rsqrt; the code index gives these files by "
                      "character offset, not line"),
 )}
 FP8_PAGED_DEFAULT = "flydsl-6aeb4321"
@@ -334,9 +334,12 @@ FP8_SPLIT_VERSIONS: dict[str, Fp8SplitVersion] = {v.name: v for v in (
         "stored scaled by ls, the LSE with the P headroom taken off",
         m_units="scaled", lse_headroom=True,
         read=("kernels/attention/flash_attn_fp8_gfx950.py (builder: head_dim % 64, head_dim_v "
-              "% 32, num_kv_splits, varlen; the epilogue inv_l = rcp(l) * vd, the split store "
-              "and the combine launch)",
-              "kernels/attention/flash_attn_utils.py (DualwaveFp8SoftmaxHelper.sub_m: H = "
+              "% 32, num_kv_splits, varlen; its one attention kernel, the BN128 pair loop, "
+              "launched for dense, varlen and split-K builds; the epilogue inv_l = rcp(l) * vd, "
+              "the split store and the combine launch)",
+              "kernels/attention/flash_attn_utils.py (_make_dualwave_swp_fp8_traits: bn128 = "
+              "True for every build; init_descale: c * (qd * kd); reduce_max, max2: maxNum; "
+              "DualwaveFp8SoftmaxHelper.sub_m: H = "
               "log2 448 - THR when lazy; DualwaveFp8StoreHelper.store_splitk_partial_o: m_row * "
               "c_logit_scale, bf16 O packs, store_empty_split: -1e30 and 0; "
               "DualwaveSplitKCombineHelper: maxNum of m, l > 0 splits weighted exp2(m_s - "

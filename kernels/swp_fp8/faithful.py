@@ -19,8 +19,8 @@ Exactness, and where the GPU and the interpreter would otherwise part ways:
 - P's fma is ``fma_f32``: ``tl.fma`` (one rounding, as the model's fp64 emulation); an
   interpreter whose tl.fma rounds twice (Triton 3.6) gets the model's emulation instead;
 - exp2 keeps subnormal results (the GPU's ex2.approx.ftz flushes them), the epilogue
-  divides with IEEE ``div_rn``, fp32 mul+add contraction is off, and tile maxima
-  propagate NaN as torch.amax does.
+  divides with IEEE ``div_rn``, fp32 mul+add contraction is off, and tile maxima are
+  maxNum (a NaN score loses) on both, as upstream's ``reduce_max``.
 What remains approximate on the GPU: ex2 and log are a few ulp from torch's.
 
 ``forward(..., interpret=True)`` runs the same kernel source through Triton's interpreter
@@ -112,19 +112,25 @@ def _round_kernel(X, Y, n, saturate, BLOCK: tl.constexpr):
 # ---- the forward kernel ------------------------------------------------------------------
 
 @triton.jit
+def _row_max(s):
+    """A tile's row max as ``reduce_max`` folds it (``walk.tile_max``): maxNum, so a NaN
+    score loses and a row of NaN and -inf gives -inf. NaN is replaced first because
+    ``tl.max`` differs there between the GPU (maxNum) and the interpreter (nanmax, NaN
+    for an all-NaN row)."""
+    return tl.max(tl.where(s != s, float("-inf"), s), axis=1)
+
+
+@triton.jit
 def _masked_scores(q, k, cols, rows, Sq, Skv, CAUSAL: tl.constexpr):
     """Raw scores q k^T of one tile (k [BLOCK_N, D] fp32, its key positions ``cols``) and
-    their row max (NaN-propagating, as torch.amax); -inf where the model masks (columns
-    past Skv, past the causal diagonal)."""
+    their maxNum row max (``_row_max``); -inf where the model masks (columns past Skv,
+    past the causal diagonal)."""
     s = tl.dot(q, tl.trans(k), input_precision="ieee")
     masked = (cols >= Skv)[None, :]
     if CAUSAL:
         masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
     s = tl.where(masked, float("-inf"), s)
-    # tl.max skips NaN (maxNum on the GPU, nanmax in the interpreter); torch.amax does not.
-    has_nan = tl.max((s != s).to(tl.int32), axis=1) > 0
-    s_max = tl.where(has_nan, float("nan"), tl.max(s, axis=1))
-    return s, s_max
+    return s, _row_max(s)
 
 
 @triton.jit
@@ -274,9 +280,10 @@ def _fwd_kernel(
             record_step(Trace, slot, p, max_steps, yes, m, mt, vote, fire, swept, corr, l, O,
                         N_FIELDS)
 
-    # Epilogue: rcp(l) if l > 0 else 0 (IEEE division; rcp(inf) = 0, NaN l gives 0).
+    # Epilogue: O * (rcp(l) if l > 0 else 0, times the V descale) (IEEE division;
+    # rcp(inf) = 0, NaN l gives 0).
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), l), 0.0)
-    o = (O * rcp[:, None]) * v_descale
+    o = O * (rcp * v_descale)[:, None]
     o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     # Round explicitly (the interpreter's fp32 -> bf16 .to() truncates); the cast is exact.
     tl.store(o_base + rows64[:, None] * stride_os + offs_d[None, :] * stride_od,

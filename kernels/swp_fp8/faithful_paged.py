@@ -32,7 +32,7 @@ from fa_lab.paged import PagedFp8
 
 from . import FAMILY
 from .faithful import _decide_pair, _load_e4m3, _masked_scores, _p_fp8
-from .split import log2_scale
+from fa_lab.numerics import log2_scale
 from .._triton.util import fmax as _fmax
 from .._triton.util import check_launch, fma_via_fp64, launch, round_bf16
 from .._triton.util import rows_per_program as _rows_per_program
@@ -122,9 +122,9 @@ def _paged_fwd_kernel(
         l = l + sum_b
         O = O + tl.dot(p8_b, v_b, input_precision="ieee")
 
-    # Epilogue: rcp(l) if l > 0 else 0, times the V descale; the bf16 rounding explicit.
+    # Epilogue: O * (rcp(l) if l > 0 else 0, times the V descale); bf16 rounding explicit.
     rcp = tl.where(l > 0, tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), l), 0.0)
-    o = (O * rcp[:, None]) * v_descale
+    o = O * (rcp * v_descale)[:, None]
     tl.store(Out + tok[:, None] * stride_ot + h.to(tl.int64) * stride_oh + offs_d[None, :] * stride_od,
              round_bf16(o).to(tl.bfloat16), mask=row_ok[:, None])
     lse = tl.where(l == 0, float("-inf"), (m * ls - headroom) * ln2 + tl.log(l))

@@ -36,7 +36,7 @@ from fa_lab.paged import PagedFp8
 from . import FAMILY
 from .faithful import _decide_pair, _load_e4m3, _masked_scores, _round_e4m3
 from .paged_tile import first_step_cols
-from .split import log2_scale
+from fa_lab.numerics import log2_scale
 from .._triton.util import fmax as _fmax
 from .._triton.util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
 from .._triton.util import rows_per_program as _rows_per_program
@@ -50,8 +50,7 @@ def _tile_scores(q, k_head, page, stride_k0, k_offs, k_ok, t, rows, Sq, Skv,
     """One tile's masked raw scores (page ``page`` read whole) and their row max as
     ``reduce_max`` folds it: maxNum, so NaN loses and a row of NaN and -inf gives -inf."""
     k = _load_e4m3(k_head + page.to(tl.int64) * stride_k0 + k_offs, k_ok)
-    s, _ = _masked_scores(q, k, t * BLOCK_N + tl.arange(0, BLOCK_N), rows, Sq, Skv, True)
-    return s, tl.max(tl.where(s != s, float("-inf"), s), axis=1)
+    return _masked_scores(q, k, t * BLOCK_N + tl.arange(0, BLOCK_N), rows, Sq, Skv, True)
 
 
 @triton.jit

@@ -28,6 +28,7 @@ import triton.language as tl
 from fa_lab import upstream as upstream_versions
 from fa_lab.capabilities import check_policy
 from fa_lab.checks import check_descale, check_qkv
+from fa_lab.numerics import log2_scale
 from fa_lab.kernels._common.geometry import BLOCK_M as ROWS_PER_BLOCK
 from fa_lab.kernels._common.geometry import BLOCK_N, WAVE_ROWS, tiles_for_block
 from fa_lab.numerics import CAUSAL_FLOOR, LN2, f32
@@ -35,7 +36,7 @@ from fa_lab.policies import Policy
 
 from . import FAMILY, faithful
 from . import split as model_split
-from .faithful import _load_e4m3, _round_e4m3
+from .faithful import _load_e4m3, _round_e4m3, _row_max
 from .._triton.util import fmax as _fmax
 from .._triton.util import check_launch, exp2_ieee, fma_f32, fma_via_fp64, launch, round_bf16
 from .._triton.util import rows_per_program as _rows_per_program
@@ -47,8 +48,8 @@ _FP8 = torch.float8_e4m3fn
 @triton.jit
 def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, D, CAUSAL: tl.constexpr,
             BLOCK_N: tl.constexpr, DPAD: tl.constexpr):
-    """Raw scores of one 64-column tile (K's columns past D read 0) and its NaN-propagating
-    row max; -inf where the model masks."""
+    """Raw scores of one 64-column tile (K's columns past D read 0) and its maxNum row max
+    (``faithful._row_max``); -inf where the model masks."""
     cols = col0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, DPAD)
     k = _load_e4m3(k_base + cols.to(tl.int64)[:, None] * stride_ks + offs_d[None, :] * stride_kd,
@@ -58,8 +59,7 @@ def _scores(q, k_base, stride_ks, stride_kd, col0, rows, Sq, Skv, D, CAUSAL: tl.
     if CAUSAL:
         masked = masked | (cols[None, :] > rows[:, None] + (Skv - Sq))
     s = tl.where(masked, float("-inf"), s)
-    has_nan = tl.max((s != s).to(tl.int32), axis=1) > 0
-    return s, tl.where(has_nan, float("nan"), tl.max(s, axis=1))
+    return s, _row_max(s)
 
 
 @triton.jit
@@ -303,7 +303,7 @@ def forward_split(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, *, q_des
     args = (q8, k8, v8, out, lse, ranges, part_o, part_m, part_l,
             *q8.stride(), *k8.stride(), *v8.stride(), *out.stride(),
             H, H // Hkv, Sq, Skv, S, B * H, D, Dv,
-            model_split.log2_scale(qd, kd, D), f32(codes.threshold) if codes.lazy else 0.0,
+            log2_scale(qd, kd, D), f32(codes.threshold) if codes.lazy else 0.0,
             -f32(codes.bound), headroom, f32(vd), f32(LN2), neg_h_ln2, f32(CAUSAL_FLOOR),
             codes.vote, codes.rebase, int(saturate), int(m_units == "raw"), int(lse_headroom))
     meta = dict(CAUSAL=causal, SPLIT=S > 1, FMA_VIA_FP64=fma_via_fp64(_walk_kernel, interpret),

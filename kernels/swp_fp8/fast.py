@@ -4,7 +4,7 @@ For throughput, not for reproducing the faithful model bit for bit. What it keep
 ``fa_lab.kernels.swp_fp8.model`` (the policy semantics):
 
 - fp8 Q, K, V with fp32 per-tensor descales, D = 128, bf16 output. Scores and the running
-  max m stay in the raw fp8-product domain; ``ls = c * q_descale * k_descale`` converts a
+  max m stay in the raw fp8-product domain; ``ls = c * (q_descale * k_descale)`` converts a
   raw difference to log2 units.
 - One rescale decision per 128 KV columns (the model's pair of 64-column tiles):
   ``mt`` = the 128 columns' row max (floored at -3e38 when causal); ``eager`` rebases
@@ -15,7 +15,7 @@ For throughput, not for reproducing the faithful model bit for bit. What it keep
   more than ``rebase_bound`` (log2 units).
 - ``P = exp2(fma(S, ls, -ls*m + H))`` with the P headroom H; l sums P before the e4m3
   cast; the cast saturates at 448 (``saturate=True``) or gives NaN past it (False);
-  ``out = bf16(O * (1/l if l > 0 else 0) * v_descale)``.
+  ``out = bf16(O * ((1/l if l > 0 else 0) * v_descale))``.
 
 What is its own: the tile height (BLOCK_M rows, a multiple of the 32-row wave), the order
 of the tensor cores' fp32 sums, and V is first copied to a [B, Hkv, D, Skv] layout
@@ -232,7 +232,7 @@ def _attn_fwd_fp8(Q, K, Vt, Out, Lse, desc_k, desc_vt,
                           CAUSAL, LAZY, SATURATE, True, USE_TMA, INTERPRET, ROW_SUM_FILTER)
 
     inv = tl.where(l > 0, 1.0 / l, 0.0)
-    out = acc * inv[:, None] * v_descale
+    out = acc * (inv * v_descale)[:, None]
     if INTERPRET:  # the interpreter's fp32 -> bf16 cast truncates
         out = round_bf16_bits(out)
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h * stride_oh

@@ -5,11 +5,12 @@ Inputs are float8_e4m3fn with fp32 per-tensor descales. Scores stay in the raw f
 domain (the running max m too); ``ls`` converts a raw difference to log2 units. KV tiles
 of 64 columns are taken in pairs; the rescale is decided once per pair:
 
-  mt = max over the pair (causal: floored at -3e38)
+  mt = maxNum over the pair, a NaN score losing (causal: floored at -3e38)
   eager:  rebase every row to fmax(m, mt)
   lazy*:  d = (mt - m) * ls; the 32-row wave rescales if any row has d > THR, then every
           row of it rebases by the policy's rule (own tile max / capped / monotonic)
   per tile: P = exp2(fma(S, ls, -ls*m + H)); l += sum(P); O += e4m3(P) @ V8
+  out = bf16(O * (rcp(l) * v_descale)), ls = c * (q_descale * k_descale) (§3.6)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fa_lab.capabilities import check_semantics
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY, split
-from .split import log2_scale
+from fa_lab.numerics import log2_scale
 from .walk import run_group
 from .._common.models import check_decidable, heads, run_groups
 from .._common.geometry import block_groups, padded_rows

@@ -8,7 +8,7 @@ Read at ROCm/FlyDSL 6aeb4321 (the #1066 commit in the code index):
 loop over tile pairs from ``split_t0`` to ``split_t_end``: both 64-column tiles' scores,
 the causal pair mask, one merged tile max floored for causal rows, ``lazy_correct_o``,
 then per tile ``sub_m``, exp2, the row sum, ``cast_p_fp8_direct`` and P V; the epilogue
-``rcp(l)`` where l > 0, else 0, times the V descale); ``flash_attn_interface.py``
+``rcp(l)`` where l > 0, else 0, times the V descale, one factor for O); ``flash_attn_interface.py``
 ``_flydsl_flash_attn_paged`` (``use_bn128`` for (128, 128) head dims and an even page
 count); ``flash_attn_utils.py`` ``DualwaveFp8SoftmaxHelper`` (``lazy_correct_o``: the
 32-row wave ballot of ``(mt - m) * ls <= THR``, the monotonic ``_lazy_correction``;
@@ -39,7 +39,7 @@ from fa_lab.paged import PagedFp8
 from fa_lab.policies import Policy
 
 from . import FAMILY, paged_tile
-from .split import log2_scale
+from fa_lab.numerics import log2_scale
 from .walk import run_group
 from .._common.geometry import BLOCK_N, block_groups, padded_rows
 from .._common.models import check_decidable, heads, run_groups

@@ -50,7 +50,8 @@ from fa_lab.paged import PagedFp8
 from fa_lab.policies import Policy
 
 from . import FAMILY
-from .split import log2_scale
+from fa_lab.numerics import log2_scale
+from .walk import tile_max
 from .._common.geometry import BLOCK_N, block_groups, masked_columns, padded_rows
 from .._common.models import check_decidable, decide, heads
 
@@ -65,12 +66,6 @@ def first_step_cols(dv: int) -> int:
         raise ValueError(f"v head dim Dv={dv}: the per-tile paged fp8 kernel takes Dv in "
                          f"{tuple(FIRST_STEP_COLS)}")
     return FIRST_STEP_COLS[dv]
-
-
-def tile_max(s: torch.Tensor) -> torch.Tensor:
-    """A tile's row max as ``reduce_max`` folds it, with maxNum: a NaN score loses, and a
-    row of NaN and -inf gives -inf."""
-    return torch.where(torch.isnan(s), float("-inf"), s).amax(-1)
 
 
 def walk(qf, kp, vp, rows, N, *, Sq, Skv, policy, ls, saturate, headroom, c0):

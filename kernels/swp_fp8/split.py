@@ -6,11 +6,14 @@ port to ROCm/aiter, ``fmha_gfx950/pipeline.py``'s ``_store_lse``; docs/semantics
 
 * **(D, Dv).** Q and K have D columns (a multiple of 64; 128 or 192 here), V and the output
   Dv (``_make_dualwave_swp_fp8_traits``: 64 <= Dv <= 192, Dv % 32 == 0). The softmax
-  scale is 1/sqrt(D): ``ls = f32(f32(1/sqrt(D)) * f32(log2 e)) * qd * kd`` (``fa_lab.numerics.log2_scale``).
+  scale is 1/sqrt(D): ``ls = f32(c * f32(qd * kd))``, ``c = f32(f32(1/sqrt(D)) * f32(log2 e))``
+  (``fa_lab.numerics.log2_scale``).
 * **The walk.** As ``model``: raw fp8-product scores, 64-column tiles in pairs, one
   rescale decision per pair, ``P = exp2(fma(S, ls, -ls*m + H))`` with the headroom
   ``H = log2 448 - THR`` (lazy) or ``log2 448`` (eager), ``l`` summing P in fp32 before
-  the e4m3 cast, O accumulating ``e4m3(P) @ V8``.
+  the e4m3 cast, O accumulating ``e4m3(P) @ V8``. Varlen and split-K run this paired walk
+  too: at 20a76439 ``_make_dualwave_swp_fp8_traits`` sets ``bn128 = True`` for every build
+  and the file's one attention kernel is the BN128 one (docs/semantics.md §3.6).
 * **The epilogue.** ``inv = (rcp(l) if l > 0 else 0) * v_descale``, then ``O * inv`` (the
   kernel folds the V descale into the reciprocal first).
 * **Split-K.** ``num_kv_splits`` > 1 cuts each 256-row block's N tiles as the bf16 kernel
@@ -40,8 +43,7 @@ import torch
 from fa_lab import upstream as versions
 from fa_lab.capabilities import check_semantics
 from fa_lab.checks import check_int
-from fa_lab.numerics import (LN2, bf16, exp2, f32, fmax, guarded_rcp,
-                             log2_scale)  # noqa: F401 -- ``model`` re-exports it
+from fa_lab.numerics import LN2, bf16, exp2, f32, fmax, guarded_rcp, log2_scale
 from fa_lab.policies import Policy
 from fa_lab.trace import TraceRecorder
 from . import FAMILY

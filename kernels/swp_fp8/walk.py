@@ -13,6 +13,13 @@ from .._common.geometry import BLOCK_N, masked_columns
 from .._common.models import decide
 
 
+def tile_max(s: torch.Tensor) -> torch.Tensor:
+    """A tile's row max as ``DualwaveFp8SoftmaxHelper.reduce_max`` folds it: maxNum from
+    -inf (``_score_pair_max``), so a NaN score loses and a row of NaN and -inf gives -inf.
+    Both fp8 kernels' maxima (the pair's ``max2`` and the causal floor are maxNum too)."""
+    return torch.where(torch.isnan(s), float("-inf"), s).amax(-1)
+
+
 def walk(qf, kp, vp, rows, t0, t_end, *, Sq, Skv, causal, policy, ls, saturate, headroom, rec):
     """The kernel's loop over KV tiles [t0, t_end), in pairs, from m = -inf, l = 0, O = 0
     (a split's first pair is 2 * (t0 // 2)): each pair's vote, rebase and P = e4m3 of
@@ -31,7 +38,7 @@ def walk(qf, kp, vp, rows, t0, t_end, *, Sq, Skv, causal, policy, ls, saturate, 
     for p in range(t0 // 2, t_end // 2):
         tiles = (2 * p, 2 * p + 1)
         s_pair = [scores(t) for t in tiles]
-        mt = fmax(s_pair[0].amax(-1), s_pair[1].amax(-1))
+        mt = fmax(tile_max(s_pair[0]), tile_max(s_pair[1]))  # maxNum throughout
         if causal:
             mt = fmax(mt, CAUSAL_FLOOR)
         dec = decide(policy, m, mt, ls, where=f"the {FAMILY.name} model",
@@ -54,15 +61,17 @@ def walk(qf, kp, vp, rows, t0, t_end, *, Sq, Skv, causal, policy, ls, saturate, 
 
 
 def run_group(qf, kp, vp, rows, N, Sq, Skv, causal, policy, ls, v_descale, saturate, rec):
-    """One group of query blocks walking N tiles from m = -inf: (out bf16, lse), the
-    epilogue rcp(l) if l > 0 else 0 times the V descale, the LSE the model's read-out
-    ln l + (ls * m - H) ln 2 (-inf where l = 0). The dense model's and the paged one's."""
+    """One group of query blocks walking N tiles from m = -inf: (out bf16, lse). The
+    epilogue folds the V descale into the reciprocal before it scales O,
+    ``O * ((rcp(l) if l > 0 else 0) * v_descale)`` (the BN128 kernel's ``inv_l``); the LSE
+    is the model's read-out ln l + (ls * m - H) ln 2 (-inf where l = 0). The dense model's
+    and the paged one's."""
     inf = float("inf")
     headroom = f32(policy.p_headroom)
     m, l, O = walk(qf, kp, vp, rows, 0, N, Sq=Sq, Skv=Skv, causal=causal, policy=policy, ls=ls,
                    saturate=saturate, headroom=headroom, rec=rec)
 
-    out = bf16(O * guarded_rcp(l)[..., None] * v_descale)
+    out = bf16(O * (guarded_rcp(l) * v_descale)[..., None])
     # ln(sum exp(S*ls*ln2)) = ln(l) + (ls*m - H) * ln 2
     lse = torch.where(l == 0, torch.full_like(l, -inf),
                       (m * ls - headroom) * f32(LN2) + torch.log(l))

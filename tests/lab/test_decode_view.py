@@ -86,7 +86,7 @@ def test_the_picker_reaches_the_paged_fp8_prefill():
     the call's table and an fp64 pass over the same scores; the row against the fp64
     reference under threshold 8 (the bare call) and 6."""
     from fa_lab.kernels.swp_fp8 import paged_cases
-    from fa_lab.kernels.swp_fp8.split import log2_scale
+    from fa_lab.numerics import log2_scale
 
     v = widgets.compute_decode_view(kernel=PAGED, context=200, query_length=4, group=2, row=5,
                                     seed=1, num_partitions=3, per_token=False)  # unused knobs

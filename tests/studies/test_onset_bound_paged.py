@@ -12,7 +12,7 @@ import torch
 import fa_lab
 from fa_lab import policies
 from fa_lab.kernels.swp_fp8 import paged_cases as pc
-from fa_lab.kernels.swp_fp8.split import log2_scale
+from fa_lab.numerics import log2_scale
 from fa_lab.studies import onset
 from fa_lab.studies.onset.bound import _floor_ls
 

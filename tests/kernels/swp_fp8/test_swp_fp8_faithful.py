@@ -240,7 +240,7 @@ def test_shapes(B, Sq, Skv, H, Hkv, causal, rescale):
 
 
 def test_nan_in_the_inputs():
-    # An fp8 NaN in Q makes that row's scores NaN: the model's NaN-propagating tile max,
+    # An fp8 NaN in Q makes that row's scores NaN: the maxNum tile max (a NaN loses),
     # maxNum across the pair and NaN votes are followed, not just the finite cases.
     (q8, k8, v8), descales = make_inputs(1, 256, 256, 2, 2, 5000.0, seed=3)
     q8 = q8.clone()
