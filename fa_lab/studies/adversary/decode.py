@@ -32,7 +32,11 @@ default is ``nonfinite``: the decode on a cache it owns in full.
 tokens any row that sees a token has in some tile of a non-empty partition, negated
 (-256 .. -1; -257 when no row sees a token), and 100 plus the share of such rows once one
 has a fully masked tile (the -1e30 sentinel's path: ``masked * scale - m`` can cancel to 0
-there); 129 once a class asked for fails.
+there); 129 once a class asked for fails. Among calls equally near, the one whose rows'
+running maxima (log2 units, after each partition's first tile, as the kernel holds them)
+lie furthest from 0 scores higher, by up to 0.9 at |m| = 128: every exp2 the kernel takes
+(P, the correction, the reduce's weights) is of a difference of such maxima and scores,
+and fp32's exp2 leaves its range at +-128. The tie-breaker never reorders two token counts.
 """
 
 from __future__ import annotations
@@ -229,6 +233,18 @@ def closest_masked_tile(c: DecodeCandidate) -> tuple[int, float]:
     return (-1, 0.0) if rows == 0 else (fewest, rows_at_zero / rows)
 
 
+#: The fitness's tie-breaker at |m| = 128 (below 1: it never reorders two token counts).
+RANGE_WEIGHT = 0.9
+
+
+def max_range(rec: dict) -> float:
+    """The largest |m| / 128 (at most 1) over the recorder's finite ``first_max``: how near
+    a row's running max comes to fp32's exp2 range (0 when no row sees a token)."""
+    m = rec["first_max"]
+    m = m[torch.isfinite(m)]
+    return 0.0 if m.numel() == 0 else min(float(m.abs().max()) / 128.0, 1.0)
+
+
 def _bad(out: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(out).all(-1)
 
@@ -239,7 +255,8 @@ def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
     module docstring). ``bad_rows``: [token row, query head] pairs."""
     classes = check_decode_classes(classes)
     t0 = time.perf_counter()
-    out, case = run(c, upstream)
+    rec: dict = {}
+    out, case = run(c, upstream, recorder=rec)
     ref = cases.reference(case)
     defined = torch.isfinite(ref).all(-1)
     bad_now = _bad(out)
@@ -263,6 +280,7 @@ def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
         fit = -float(model.TILE_TOK + 1)
     else:
         fit = 100.0 + share if fewest == 0 else -float(fewest)
+        fit += RANGE_WEIGHT * max_range(rec)
     both = defined & ~bad_now
     ov = out.double()[both]
     err = (ov - ref[both]).abs().amax(-1) / ref[both].abs().amax(-1).clamp_min(1e-300) \

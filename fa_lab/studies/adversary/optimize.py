@@ -38,7 +38,10 @@ def _fields(space: Space) -> list:
 
 def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
     """A uniform draw from ``space`` (near a drag case: 32 rows, no trim, non-causal, most
-    of the time; each modifier it draws is left off a third of the time)."""
+    of the time; each modifier it draws is left off a third of the time, and the zoo's
+    ``shift`` half of the time: its range spans five decades below zero, so a uniform draw
+    almost never leaves the scores where they are, and a kernel that assumes where they
+    lie, a fixed max, is met only by unshifted scores)."""
     vals = {}
     for f in _fields(space):
         kind, r = space.kind(f), space.range(f)
@@ -55,6 +58,8 @@ def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
     for m in space.mods:
         if rng.random() < 1 / 3:
             vals.update({f: getattr(Candidate(), f) for f in MODS[m]})
+    if "shift" in vals and rng.random() < 0.5:
+        vals["shift"] = Candidate().shift
     return Candidate(**vals)
 
 
@@ -68,9 +73,12 @@ def mutate(c: Candidate, space: Space, rng: np.random.Generator, sigma: float) -
         kind, r = space.kind(f), space.range(f)
         if kind == "choice":
             vals[f] = r[rng.integers(len(r))]
-        elif kind == "float" and r[0] >= 0 and rng.random() < 0.5:
-            # magnitudes span decades: half the steps are multiplicative
-            vals[f] = _clip(space, f, max(vals[f], 1e-3) * math.exp(3 * sigma * rng.normal()))
+        elif kind == "float" and (r[0] >= 0 or r[1] <= 0) and rng.random() < 0.5:
+            # magnitudes span decades: half the steps are multiplicative (on |x| for a
+            # range below zero, so a shift of -1e5 reaches -10 in a few steps)
+            sign = 1.0 if r[0] >= 0 else -1.0
+            mag = max(sign * vals[f], 1e-3) * math.exp(3 * sigma * rng.normal())
+            vals[f] = _clip(space, f, sign * mag)
         else:
             step = rng.normal() * sigma * (r[1] - r[0])
             vals[f] = _clip(space, f, vals[f] + step)
