@@ -219,10 +219,8 @@ def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
     that show any of ``classes`` (``CLASSES``). ``undefined_rows``: the rows that see no
     key (judged for ``empty`` only). The fitness climbs towards a failure of the classes
     asked for: the error against ``silent_tol`` (silent), the largest P against its
-    format's limit (saturation), 100 for an input with a row that sees no key or a
-    first visited tile with nothing visible (the shapes the NaN classes need), and for
-    ``nonfinite`` the log2 of the largest finite P, l or |O| the walk holds (fp32 overflows
-    at 128: how near an accumulator comes to it)."""
+    format's limit (saturation), and 100 for an input with a row that sees no key or a
+    first visited tile with nothing visible (the shapes the NaN classes need)."""
     from fa_lab.kernels.online.model import FORMAT_MAX
 
     t0 = time.perf_counter()
@@ -258,8 +256,6 @@ def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
         p_max = max(float(r.p_max[0, 0].nan_to_num(0.0).max()) for r in records)
         if p_max > 0:
             fit = max(fit, 128.0 + math.log2(p_max / FORMAT_MAX[fmt]))
-    if "nonfinite" in classes and records:
-        fit = max(fit, _largest_log2(records))
     if {"nonfinite", "empty", "nan_factor"} & set(classes):
         sem = pol.semantics
         first = first_tile_visible(c, sem.block_n or 64, sem.kv_order)
@@ -272,17 +268,6 @@ def zoo_judge(c: Candidate, policy, *, threshold=None, classes=CLASSES,
                    ref_finite=bool(defined.all()), max_err=float(err.max()),
                    seconds=time.perf_counter() - t0,
                    undefined_rows=(~defined).nonzero().flatten().tolist(), classes=found)
-
-
-def _largest_log2(records) -> float:
-    """log2 of the largest finite P, l or |O| over a walk's records (-1e3 where all are 0)."""
-    top = 0.0
-    for r in records:
-        for x in (r.p_max, r.l, r.o_max):
-            x = x[torch.isfinite(x)].abs()
-            if x.numel():
-                top = max(top, float(x.max()))
-    return math.log2(top) if top > 0 else -1e3
 
 
 def _nearness(q, k, v, kw) -> torch.Tensor:

@@ -38,10 +38,7 @@ def _fields(space: Space) -> list:
 
 def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
     """A uniform draw from ``space`` (near a drag case: 32 rows, no trim, non-causal, most
-    of the time; each modifier it draws is left off a third of the time, and the zoo's
-    ``shift`` half of the time: its range spans five decades below zero, so a uniform draw
-    almost never leaves the scores where they are, and a kernel that assumes where they
-    lie, a fixed max, is met only by unshifted scores)."""
+    of the time; each modifier it draws is left off a third of the time)."""
     vals = {}
     for f in _fields(space):
         kind, r = space.kind(f), space.range(f)
@@ -58,8 +55,6 @@ def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
     for m in space.mods:
         if rng.random() < 1 / 3:
             vals.update({f: getattr(Candidate(), f) for f in MODS[m]})
-    if "shift" in vals and rng.random() < 0.5:
-        vals["shift"] = Candidate().shift
     return Candidate(**vals)
 
 
