@@ -114,8 +114,8 @@ def test_the_search_finds_nothing_on_the_fixed_version_in_n_runs():
 
 @pytest.mark.slow
 def test_the_search_finds_the_sentinel_failure_from_the_space_alone():
-    res = decode_search.search(BEFORE, budget_s=15, seed=0)
-    assert res.found and res.time_to_first_s < 15
+    res = decode_search.search(BEFORE, budget_s=60, seed=0)
+    assert res.found and res.time_to_first_s < 60
     s = res.shrunk
     assert s.per_token and s.query_length >= 2 and len(s.contexts) == 1
     assert decode.judge(s, BEFORE).failed and not decode.judge(s, MAIN).failed
