@@ -8,8 +8,11 @@ failing call, and the attack record.
     decode_search.summary(res)      # "... nothing in N runs found a failure" when none
 
 The search knows nothing of the failure it may find: it starts from ``random_starts``
-uniform draws and climbs the space's generic fitness (how close some row comes to a fully
-masked tile); the fields that make a call fail are its coordinates like every other.
+draws (``random_candidate``: a quarter of the numbers at an end of their range) and climbs
+the space's generic fitness (``decode.judge``: how close some row comes to a fully masked
+tile, and how close an exp2 the kernel takes comes to fp32's overflow); the fields that
+make a call fail are its coordinates like every other. Candidates are judged without the
+fp64 reference while no row is non-finite (``judge(quick=True)``).
 Deterministic for a seed (given ``max_evals``; the wall-clock budget decides how far a
 run gets).
 """
@@ -159,7 +162,7 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
     """Look for a call of ``space`` (a ``decode.DECODE_SPACES`` name) on which the decode version ``upstream``
     (``fa_lab.upstream.DECODE_VERSIONS``) fails for ``classes`` (``decode.DECODE_CLASSES``;
     default ``nonfinite``), for at most ``budget_s`` seconds of search: ``random_starts``
-    uniform draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
+    draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
     Stops at the first failure and shrinks it (a budget of its own, as much again, at most
     20 s). Every argument is checked before any work."""
     if not decode.is_decode_target(upstream):
