@@ -17,6 +17,8 @@ one-binade sweeps, ``boundcheck.sweep``, are left to the edges, which are strict
 
     OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py attack
     OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py bounds [--budget 4]
+    OMP_NUM_THREADS=1 python benchmarks/zoo_phase2.py bounds --budget 2 --policies a,b
+        # rerun two policies' rows and merge them into data/results/zoo_bounds.json
 """
 
 from __future__ import annotations
@@ -89,9 +91,13 @@ def attack(budget: float, after_budget: float, seeds) -> dict:
             "table": table, "runs": runs}
 
 
-def bounds(budget: float) -> dict:
+def bounds(budget: float, only=None) -> dict:
+    """The bound checks of every policy, or of the policies in ``only`` (``merge`` puts
+    them into the stored record)."""
     names = list(policies.BUILTIN_NAMES) + [n for n in policies.names()
                                              if n not in policies.BUILTIN_NAMES]
+    if only is not None:
+        names = [n for n in names if n in only]
     regions = {}
     for n in list(names):
         try:
@@ -99,7 +105,8 @@ def bounds(budget: float) -> dict:
         except ValueError as err:  # a field the bound has no formula for (onset.UNBOUNDED)
             regions[n] = {"refused": str(err)}
             names.remove(n)
-    regions_fp8 = {n: onset.bound(n, dtype="fp8").to_dict() for n in policies.BUILTIN_NAMES}
+    regions_fp8 = {n: onset.bound(n, dtype="fp8").to_dict() for n in policies.BUILTIN_NAMES
+                   if n in names}
     inside = []
     for n in names:
         r = BC.attack_inside(n, budget_s=budget)
@@ -135,9 +142,9 @@ def bounds(budget: float) -> dict:
                 print(n, hz, r["formula_boundary"], r["measured_onset"], r["sound"],
                       r["within_one_binade_or_tile"], flush=True)
                 sweeps.append(r)
-    fp8 = [BC.fp8_floor_sweep(n) for n in policies.BUILTIN_NAMES]
+    fp8 = [BC.fp8_floor_sweep(n) for n in policies.BUILTIN_NAMES if n in names]
     atlas = []
-    for n in ("lazy_unfixed", "lazy_capped", "lazy", "fa4_row"):
+    for n in [n for n in ("lazy_unfixed", "lazy_capped", "lazy", "fa4_row") if n in names]:
         r = BC.atlas_onset(n)
         print(n, "atlas", r["k_formula"], r["first_failing_k"], r["sound"], r["within_one_binade"],
               flush=True)
@@ -158,17 +165,53 @@ def bounds(budget: float) -> dict:
                 "sweeps_sound": all(r["sound"] for r in sweeps)}}
 
 
+def merge(old: dict, new: dict, only) -> dict:
+    """``old`` (a stored bounds record) with every row of the policies in ``only`` replaced
+    by ``new``'s, and the summary counted again over the merged rows."""
+    out = dict(old)
+    for key in ("regions", "regions_fp8"):
+        out[key] = {**old[key], **new[key]}
+    for key in ("attack_inside", "boundary_search", "edges", "sweeps", "fp8_floor", "atlas"):
+        out[key] = [r for r in old[key] if r["policy"] not in only] + new[key]
+    edge_rows, inside, walks = out["edges"], out["attack_inside"], out["boundary_search"]
+    checked = [r for r in edge_rows if "skipped" not in r]
+    out["summary"] = {
+        "policies": len(out["regions"]) - sum("refused" in r for r in out["regions"].values()),
+        "edges_checked": len(checked), "edges_held": sum(r["held"] for r in checked),
+        "edges_skipped": len(edge_rows) - len(checked),
+        "edge_inputs_failing_inside": sum(bool(r["inside_fails"]) for r in checked),
+        "attack_runs_inside": sum(r["runs_inside"] for r in inside),
+        "attack_failures_inside": sum(bool(r["found"]) for r in inside),
+        "walk_runs_at_edge": sum(r["runs_at_edge"] for r in walks),
+        "walk_failures_inside": sum(r["failures_inside"] for r in walks),
+        "sweeps_sound": all(r["sound"] for r in out["sweeps"])}
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("attack", "bounds"))
     p.add_argument("--budget", type=float, default=None)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--name", default=None, help="result name (default zoo_<what>)")
+    p.add_argument("--policies", default=None,
+                   help="bounds: rerun only these (comma-separated) and merge them into the "
+                        "lab's stored record, whose provenance keeps the rerun's")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
     if args.what == "attack":
         rec = attack(args.budget or 60.0, 30.0, [int(s) for s in args.seeds.split(",")])
+    elif args.policies:
+        only = [x.strip() for x in args.policies.split(",") if x.strip()]
+        old = results.read_json(results.REFERENCE_DIR / f"{args.name or 'zoo_bounds'}.json")
+        rec = merge(old, bounds(args.budget or 4.0, only), only)
+        rerun = results.provenance(policies=only, wall_s=time.perf_counter() - t0)
+        rec["provenance"] = {**old["provenance"],
+                             "reruns": [*old["provenance"].get("reruns", []), rerun]}
+        path = results.save(args.name or "zoo_bounds", rec, params=old.get("params"))
+        print(f"saved {path}")
+        return 0
     else:
         rec = bounds(args.budget or 4.0)
     rec["wall_s"] = time.perf_counter() - t0

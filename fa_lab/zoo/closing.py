@@ -79,8 +79,12 @@ def _record_time(name: str, file: str, rec: dict) -> str:
                 f"that found it, class {classes}, {rec['budget_s']:g} s budget)")
     t = rec["timing"]
     found = [x for x in t["time_to_first_s"] if x is not None]
-    return (f"{_fmt_s(found)} wall, {max(t['cpu_s']):.1f} s CPU (slowest of "
-            f"{t['found']}/{t['runs']} runs, {rec['params']['budget_s']:g} s budget)")
+    if not found:
+        return f"not found in {t['runs']} runs of {rec['params']['budget_s']:g} s"
+    cpu = [c for c, e in zip(t["cpu_s"], t["evals_to_first"]) if e is not None]
+    return (f"{_fmt_s(found)} wall, {max(cpu):.1f} s CPU (slowest of the "
+            f"{t['found']}/{t['runs']} runs that found it, {rec['params']['budget_s']:g} s "
+            "budget)")
 
 
 def finding_rows() -> list[dict]:

@@ -155,9 +155,10 @@ def lane_sum(p: torch.Tensor) -> torch.Tensor:
 
 
 def _tile_step(state, s_raw, valid, ks_tok, vs_tok, v8, scale, *, ver: DecodeVersion,
-               multi: bool, per_token: bool):
+               multi: bool, per_token: bool, args: list | None = None):
     """One 256-token tile for all rows of a CTA; ``state`` = (m, l, o), updated in place
-    order; returns the new state and the tile's (max, sum) for the recorder."""
+    order; returns the new state and the tile's packed P. ``args``, a list, receives the
+    largest finite argument per row of the step's exp2 calls (P's and the correction's)."""
     m_prev, l_prev, o_prev = state
     s = s_raw * ks_tok[None, :] if per_token else s_raw
     inf_path = multi and ver.split_mtile_inf
@@ -166,13 +167,19 @@ def _tile_step(state, s_raw, valid, ks_tok, vs_tok, v8, scale, *, ver: DecodeVer
     m_new = fmax(m_prev, _maxnum(wave_max, 1))
     if inf_path:
         base = torch.where(m_new > float("-inf"), m_new, 0.0)
-        p = exp2(masked * scale[:, None] - base[:, None])
-        corr = exp2(torch.where(m_prev > float("-inf"), m_prev, 0.0) - base)
+        p_arg = masked * scale[:, None] - base[:, None]
+        c_arg = torch.where(m_prev > float("-inf"), m_prev, 0.0) - base
     else:
-        p = exp2(masked * scale[:, None] - m_new[:, None])
-        if ver.remask_p and not multi:
-            p = torch.where(masked > REMASK_BELOW, p, 0.0)
-        corr = exp2(m_prev - m_new)
+        p_arg = masked * scale[:, None] - m_new[:, None]
+        c_arg = m_prev - m_new
+    p = exp2(p_arg)
+    if not inf_path and ver.remask_p and not multi:
+        p = torch.where(masked > REMASK_BELOW, p, 0.0)
+    corr = exp2(c_arg)
+    if args is not None:
+        low = torch.full_like(c_arg, float("-inf"))
+        fin = torch.where(torch.isfinite(p_arg), p_arg, float("-inf")).amax(-1)
+        args.append(torch.maximum(fin, torch.where(torch.isfinite(c_arg), c_arg, low)))
     gsum = lane_sum(p)
     if per_token:
         vmax = _vmax(vs_tok, valid, ver)  # [R]
@@ -229,7 +236,9 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     [num_seqs * QL, Hq, D] in ``out_dtype``. ``recorder``, a dict, receives per
     partition ``pmax``, ``psum`` [num_seqs, Hkv, NP, rows] and ``pout`` [..., D] as the
     kernel stores them, ``first_max`` (the running max, log2 units, after the first tile
-    of the partition in which the row sees a token; -inf where it sees none), the tile
+    of the partition in which the row sees a token; -inf where it sees none),
+    ``exp2_arg`` (the largest finite argument of the partition's exp2 calls, P's and the
+    correction's, per row: fp32's exp2 overflows from 128 on), the tile
     ranges (``tiles``), and the reduce's ``global_max``,
     ``part_scale``, ``weights`` (``reduce.split_reduce``) when NP > 1; ``p_cast_gap`` (per
     partition and row, float64: ``p_cast_gap``'s largest over the partition's tiles)."""
@@ -253,6 +262,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     psum = torch.empty_like(pmax)
     first_max = torch.empty_like(pmax)
     gap = torch.full_like(pmax, float("-inf"), dtype=torch.float64)
+    exp2_arg = torch.full_like(pmax, float("-inf"))
     pout = torch.empty(num_seqs, hkv, npart, rows, d)
     tiles = []
     for seq in range(num_seqs):
@@ -267,6 +277,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
             for p, (t0, t1) in enumerate(ranges):
                 state = (torch.full((rows,), float("-inf")), torch.zeros(rows), torch.zeros(rows, d))
                 first = torch.full((rows,), float("-inf"))
+                args: list | None = [] if recorder is not None else None
                 for tt in range(t0, t1):
                     pages = tile_pages(block_tables, seq, tt, bs)
                     slot = torch.arange(TILE_TOK) % bs
@@ -277,7 +288,8 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                     vs = value_scale[pages, h, slot] if per_token else None
                     s_raw = exact_dot(q8, k8.T)
                     state, _ = _tile_step(state, s_raw, valid, ks, vs, v8, scale,
-                                          ver=version, multi=multi, per_token=per_token)
+                                          ver=version, multi=multi, per_token=per_token,
+                                          args=args)
                     if recorder is not None:
                         gap[seq, h, p] = torch.maximum(gap[seq, h, p], p_cast_gap(
                             state[0], s_raw, valid, ks, vs, scale, ver=version))
@@ -293,6 +305,8 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                     o_norm = rnd(o_v * inv_l[:, None])
                 pout[seq, h, p] = o_norm
                 first_max[seq, h, p] = first
+                if args:
+                    exp2_arg[seq, h, p] = torch.stack(args).amax(0)
                 pmax[seq, h, p] = m * f32(1.0 / LOG2E) if version.pmax_natural else m
                 psum[seq, h, p] = l
             if npart == 1:
@@ -306,7 +320,7 @@ def forward(query, key_cache, value_cache, block_tables, context_lengths, key_sc
             out[seq * ql:(seq + 1) * ql, h * group:(h + 1) * group] = res.reshape(ql, group, d)
     if recorder is not None:
         recorder.update(pmax=pmax, psum=psum, pout=pout, tiles=tiles, first_max=first_max,
-                        p_cast_gap=gap,
+                        p_cast_gap=gap, exp2_arg=exp2_arg,
                         pmax_units="natural" if version.pmax_natural else "log2")
     return out.to(out_dtype)
 

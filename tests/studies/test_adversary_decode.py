@@ -6,7 +6,9 @@ version, bad input, and the record's schema."""
 
 import dataclasses
 
+import numpy as np
 import pytest
+import torch
 
 from fa_lab.studies.adversary import check_record, decode, decode_search
 from fa_lab.studies.adversary.decode import DecodeCandidate
@@ -55,8 +57,52 @@ def test_the_fitness_geometry_by_hand():
     assert decode.closest_masked_tile(DecodeCandidate(tiles=2, last=44, query_length=4,
                                                       group=1)) == (41, 0.0)
     assert decode.closest_masked_tile(DecodeCandidate(tiles=1, last=0)) == (-1, 0.0)
-    assert decode.judge(DecodeCandidate(tiles=2, last=44, query_length=4, group=1),
-                        MAIN).fitness == -41.0
+    c = DecodeCandidate(tiles=2, last=44, query_length=4, group=1)
+    rec: dict = {}
+    decode.run(c, MAIN, recorder=rec)
+    m = rec["first_max"]
+    top = float(m[torch.isfinite(m)].abs().max())
+    assert 0 < top < 128 and decode.max_range(rec) == top / 128
+    assert decode.judge(c, MAIN).fitness == pytest.approx(-41.0 + 0.9 * top / 128)
+
+
+def test_the_fitness_prefers_maxima_far_from_zero_within_one_token_count():
+    """A key outlier of 2^16 under a per-tensor scale puts a row's running max far from 0:
+    the same geometry scores higher, by at most 0.9, never past the next token count."""
+    c = DecodeCandidate(tiles=2, last=44, query_length=4, group=2)
+    far = dataclasses.replace(c, outlier_log2=16.0, outlier_at=0.5, outlier_in="k")
+    a, b = decode.judge(c, MAIN).fitness, decode.judge(far, MAIN).fitness
+    assert -41.0 < a < b <= -41.0 + decode.RANGE_WEIGHT < -40.0
+
+
+def test_the_fitness_climbs_with_a_positive_exp2_argument():
+    """On main's several-M-tile path the guard's 0 stands for an empty previous max, so the
+    first correction is exp2(0 - m): its argument grows as the outlier key pulls a row's
+    first max below 0, and the fitness with it (100 + 28 x / 128), up to the failure at
+    128. The one-M-tile version never takes a positive argument: its fitness stays put."""
+    c = DecodeCandidate(tiles=2, last=2, query_length=9, group=2, num_partitions=2,
+                        shuffle=False, spare_pages=0, outlier_at=0.9984808043197476,
+                        outlier_in="k", seed=1401260371)
+    fits = []
+    for log2 in (4.0, 6.0, 7.0, 8.0):
+        d = dataclasses.replace(c, outlier_log2=log2)
+        rec: dict = {}
+        decode.run(d, MAIN, recorder=rec)
+        x = float(rec["exp2_arg"][torch.isfinite(rec["exp2_arg"])].max())
+        fit = decode.judge(d, MAIN).fitness
+        assert fit == 129.0 if x >= 128 else fit == pytest.approx(100 + 28 * x / 128)
+        fits.append(fit)
+        assert decode.judge(d, BEFORE).fitness < 102
+    assert fits[0] < fits[1] < fits[2] < fits[3] == 129.0
+
+
+def test_a_draw_puts_a_number_at_an_end_of_its_range_a_quarter_of_the_time():
+    rng = np.random.default_rng(0)
+    draws = [decode_search.random_candidate(decode.DECODE_SPACE, rng) for _ in range(400)]
+    ends = sum(d.outlier_at in (0.0, 1.0) for d in draws) / len(draws)
+    assert 0.18 < ends < 0.32
+    assert sum(d.last in (1, 2) for d in draws) > 0.05 * len(draws)
+    assert all(0 <= d.last <= 256 and 1 <= d.tiles <= 5 for d in draws)
 
 
 @pytest.mark.slow
@@ -68,8 +114,8 @@ def test_the_search_finds_nothing_on_the_fixed_version_in_n_runs():
 
 @pytest.mark.slow
 def test_the_search_finds_the_sentinel_failure_from_the_space_alone():
-    res = decode_search.search(BEFORE, budget_s=15, seed=0)
-    assert res.found and res.time_to_first_s < 15
+    res = decode_search.search(BEFORE, budget_s=60, seed=0)
+    assert res.found and res.time_to_first_s < 60
     s = res.shrunk
     assert s.per_token and s.query_length >= 2 and len(s.contexts) == 1
     assert decode.judge(s, BEFORE).failed and not decode.judge(s, MAIN).failed

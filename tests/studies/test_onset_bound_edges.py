@@ -36,9 +36,6 @@ PAIRS = [(n, h.name) for n in NAMES for h in onset.bound(n, dtype=_dtype(n)).haz
 UNBUILT = {
     ("ttmetal_exp_clamp:before", "exp floor keeps masked and flushed weight"): "floor",
     ("vllm_sparse_mla_leading_chunk:after", "finite sentinel"): "sentinel",
-    **{(n, "P saturation"): "drag_saturation"
-       for n in ("lazy_unfixed", "lazy_capped", "mslk-2a3c897:fp8",
-                 "flydsl_fp8_empty_tile:before", "flydsl_fp8_empty_tile:after")},
 }
 BUILT = [p for p in PAIRS if p not in UNBUILT]
 
@@ -80,10 +77,10 @@ def test_plus_eps_holds_and_minus_eps_fails_every_pair(name, hazard):
 
 
 def test_every_live_pair_has_a_builder_but_the_stated_few():
-    """263 live pairs, 256 built; of the 7 others two lie out of any input's reach and
-    five are a drag's P saturation (checked below); every listed pair is live and really
-    has no builder (a builder added removes it here)."""
-    assert len(PAIRS) >= 263 and len(BUILT) >= 256 and len(UNBUILT) <= 7
+    """260 live pairs, 258 built; the 2 others lie out of any input's reach (checked
+    below); every listed pair is live and really has no builder (a builder added removes
+    it here)."""
+    assert len(PAIRS) >= 260 and len(BUILT) >= 258 and len(UNBUILT) <= 2
     assert set(UNBUILT) <= set(PAIRS)
     for pair in UNBUILT:
         assert edges.edge(*pair) is None and edges.skipped(*pair), pair
@@ -114,17 +111,85 @@ def test_a_sentinel_at_minus_1e30_has_no_score_near_it():
     assert abs(float(np.spacing(np.float32(sig)))) >= 2.0 ** 76
 
 
-def test_the_unbuilt_saturation_pairs_are_drags():
-    """A drag's P saturation is reached through the ballot's staircase (a P taken against a
-    base that other rows' votes dragged below its own tile), which depends on the wave's
-    other rows: its formula is sufficient (excess <= R) and the edge has no one-parameter
-    family for it yet. The attack and the boundary search check these regions instead."""
-    for (name, hazard), why in UNBUILT.items():
-        if why == "drag_saturation":
-            pol = policies.as_policy(name)
-            h = next(h for h in onset.bound(pol, dtype=_dtype(name)).hazards
-                     if h.name == hazard)
-            assert _drags(pol) and not h.never and not h.exact
+def test_a_drag_saturates_the_carried_f16_pack_and_the_fix_does_not():
+    """DUALWAVE_SWP scales the previous tile's carried P pack by the drag's correction: the
+    victim's P = 1 becomes 2^t, inf in f16 from log2 65520 on. The same inputs under #1033's
+    fix (rebase to fmax(m, mt): no drag) stay finite past the edge."""
+    for name in ("lazy_unfixed", "lazy_capped"):
+        e = edges.edge(name, "P saturation")
+        assert 15.998 < e.t_inside < 15.99930 < e.t_outside < 16.0
+        assert e.inside_fails == [] and e.beyond_fails == ["nonfinite"]
+    case = edges.BUILDERS["P saturation"](policies.as_policy("lazy_unfixed"), "swp")[1]
+    assert edges.fails("lazy_unfixed", case(16.5)) == ["nonfinite"]
+    assert edges.fails("lazy", case(16.5)) == []
+    assert onset.bound("lazy", dtype="f16").hazards[1].never
+
+
+def test_a_bf16_pack_saturates_only_outside_the_accumulator_bound():
+    """A bf16 pack saturates past 2^127.99, but a deficit R > 0 needs two visible keys, and
+    the accumulator hazard's H + R + log2 n < 128 then keeps R below 127: along the drag's
+    family every input inside the overflow hazard is inside saturation by about 1."""
+    from fa_lab.studies.onset.edge_builders import _swp_fine
+    for name in ("lazy_unfixed", "lazy_capped"):
+        pol = policies.as_policy(name)
+        region = onset.bound(pol, dtype="bf16")
+        over, sat = (next(h for h in region.hazards if h.name == n)
+                     for n in ("accumulator overflow", "P saturation"))
+        seen = 0
+        for t in (100.0, 118.0, 119.5, 126.0, 126.9, 127.2, 127.995):
+            case = _swp_fine([[0.0] * 64 + [10.0] * 256, [0.0] * 64 + [-t] * 256],
+                             torch.bfloat16)
+            m = edges.region_and_measure(pol, case)[1]
+            if over.check(m)[0]:
+                seen += 1
+                assert sat.check(m)[1] > 0.99, t
+        assert seen >= 2
+
+
+def _dragged_wave(falls, rises, bn, seed):
+    """An online wave of 32 rows (D 32), 6 tiles of ``bn`` keys, every key visible: row 0
+    jumps by 9 at tiles 1-3 and fires the wave each time; row r >= 1 falls by
+    ``falls[r - 1]`` a tile there (dragged down a staircase), then rises ``rises[r - 1]``
+    (<= THR: no vote) above the base it was dragged to for tiles 4-5. Each tile's first key
+    holds its max, the others lie randomly within 2 below it."""
+    from fa_lab.studies.onset.edge_builders import _online_wave
+
+    g = torch.Generator().manual_seed(seed)
+    maxima = [[0.0, 9.0, 18.0, 27.0, 27.0, 27.0]]
+    maxima += [[0.0, -f, -2 * f, -3 * f, -3 * f + r, -3 * f + r] for f, r in zip(falls, rises)]
+    rows = [[mx[j // bn] - (2 * float(torch.rand(1, generator=g)) if j % bn else 0.0)
+             for j in range(6 * bn)] for mx in maxima]
+    return _online_wave(rows, [[True] * (6 * bn)] * 32)
+
+
+@pytest.mark.parametrize("name", ["mslk-2a3c897:fp8", "flydsl_fp8_empty_tile:before",
+                                  "flydsl_fp8_empty_tile:after"])
+def test_a_drag_on_the_online_model_never_saturates_p(name):
+    """The online model takes P after its step's decision: a wave that did not fire has
+    every row within THR of its base, a fired row sits at its own tile max, so P <=
+    2^(H + THR) = 256 < 448 however deep the drag (which scales O and l, not P). The
+    region says never; dragged waves whose deficit R passes log2 448 (and 60) keep every P
+    at most 256, and none saturates."""
+    from fa_lab.kernels.online.model import LOG2_UNITS, forward
+
+    pol = policies.as_policy(name)
+    h = next(h for h in onset.bound(pol, dtype="fp32").hazards if h.name == "P saturation")
+    assert h.never and "never P" in h.note and _drags(pol)
+    lim = 2.0 ** (float(pol.p_headroom) + float(pol.threshold))
+    bn = pol.semantics.block_n or 64
+    for seed, (falls, rises) in enumerate((([20.0, 3.0, 40.0], [8.0, 8.0, 5.0]),
+                                           ([9.0, 12.0, 0.5, 6.0], [7.9, 8.0, 2.0, 8.0]))):
+        case = _dragged_wave(falls, rises, bn, seed)
+        m = edges.region_and_measure(pol, case)[1]
+        assert float(m.R.max()) >= 3 * max(falls) - 1 > math.log2(448)
+        rec: list = []
+        forward(case.q, case.k, case.v, policy=pol, mask=case.mask, softmax_scale=LOG2_UNITS,
+                record=rec)
+        victims = slice(1, len(falls) + 1)
+        assert all(bool(r.moved[0, 0, victims].all()) for r in rec[1:4])   # dragged thrice
+        assert float(rec[3].m[0, 0, 1]) == -3 * falls[0]
+        p_max = max(float(r.p_max[0, 0, :32].nan_to_num(0).max()) for r in rec)
+        assert p_max == lim and sum(int(r.saturated.sum()) for r in rec) == 0
 
 
 def test_output_overflow_of_a_split_counts_its_merge():

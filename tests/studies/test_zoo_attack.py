@@ -241,3 +241,15 @@ def test_a_softcap_policy_is_judged_against_the_capped_reference():
     assert float((capped - plain).abs().max()) > 1.0
     verdict = A.judge(c, "vllm_softcap_exp_ratio:after", classes="silent")
     assert not verdict.failed and verdict.max_err < 5e-3
+
+
+def test_a_shift_is_stepped_by_decades():
+    """Half of a mutation's steps on a number whose range lies below zero scale its
+    magnitude: at a small shift the additive steps (sigma x 3e5) leave its scale; the scaled
+    ones keep it, whatever sigma, and never cross zero."""
+    sp = A.SPACES["zoo"]
+    c = C(family="scores", spread=2.0, shift=-10.0)
+    got = [A.optimize.mutate(c, sp, np.random.default_rng(i), 0.02).shift for i in range(600)]
+    moved = [x for x in got if x != c.shift]
+    assert moved and all(-3e5 <= x <= 0 for x in moved)
+    assert sum(-12.0 < x < -8.0 for x in moved) > 0.3 * len(moved)

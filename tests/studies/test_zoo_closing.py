@@ -31,7 +31,7 @@ def test_a_row_per_finding_and_per_entry_with_numbers():
 def test_the_rows_read_the_records():
     """The decode finding's attack time is its record's slowest first find; an entry's is
     the slowest over its seeds; a shrunk symptom's numbers are the record's."""
-    rec = json.loads((closing.RESULTS / "attack_decode_main_long.json").read_text())
+    rec = json.loads((closing.RESULTS / "attack_decode_main.json").read_text())
     slowest = max(rec["timing"]["time_to_first_s"])
     row = next(r for r in closing.finding_rows() if r["name"] == "pa_decode_inf_path")
     assert row["attack"].startswith(f"{slowest:.1f} s wall")

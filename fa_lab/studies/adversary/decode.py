@@ -38,7 +38,12 @@ default is ``nonfinite``: the decode on a cache it owns in full.
 tokens any row that sees a token has in some tile of a non-empty partition, negated
 (-256 .. -1; -257 when no row sees a token), and 100 plus the share of such rows once one
 has a fully masked tile (the -1e30 sentinel's path: ``masked * scale - m`` can cancel to 0
-there); 129 once a class asked for fails.
+there); 129 once a class asked for fails. Where some exp2 the kernel takes (P's or the
+correction's, the model's recorder: ``exp2_arg``) has a positive argument x, the fitness
+is at least 100 + 28 x / 128: fp32's exp2 overflows from x = 128 on, and every exp2 of
+an online softmax should stay at or below 0. Among calls equally near, the one whose rows'
+running maxima lie furthest from 0 (log2 units, after each partition's first tile)
+scores higher, by up to 0.9 at |m| = 128; the tie-breaker never reorders two token counts.
 """
 
 from __future__ import annotations
@@ -269,20 +274,43 @@ def closest_masked_tile(c: DecodeCandidate) -> tuple[int, float]:
     return (-1, 0.0) if rows == 0 else (fewest, rows_at_zero / rows)
 
 
+#: The fitness's tie-breaker at |m| = 128 (below 1: it never reorders two token counts).
+RANGE_WEIGHT = 0.9
+
+
+def max_range(rec: dict) -> float:
+    """The largest |m| / 128 (at most 1) over the recorder's finite ``first_max``: how near
+    a row's running max comes to fp32's exp2 range (0 when no row sees a token, or where the
+    kernel's model records no ``first_max``: the sliding-window decode)."""
+    m = rec.get("first_max")
+    if m is None:
+        return 0.0
+    m = m[torch.isfinite(m)]
+    return 0.0 if m.numel() == 0 else min(float(m.abs().max()) / 128.0, 1.0)
+
+
 def _bad(out: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(out).all(-1)
 
 
-def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
+def judge(c: DecodeCandidate, upstream: str, *, classes=None, quick: bool = False) -> Verdict:
     """Run the decode model under ``upstream`` and the fp64 reference (``cases.reference``)
     on ``c`` and count the rows that show any of ``classes`` (``DECODE_CLASSES``; see the
-    module docstring). ``bad_rows``: [token row, query head] pairs."""
+    module docstring). ``bad_rows``: [token row, query head] pairs. ``quick`` (the
+    search's): where no output row is non-finite and ``empty`` is not asked for, nothing
+    can fail and the reference is not run (``max_err`` 0 and ``undefined_rows`` empty are
+    then not measured; the verdict's ``failed`` and ``fitness`` are the full judge's)."""
     classes = check_decode_classes(classes)
     t0 = time.perf_counter()
-    out, case = run(c, upstream)
-    ref = cases.reference(case, sliding_window=c.window)
-    defined = torch.isfinite(ref).all(-1)
+    rec: dict = {}
+    out, case = run(c, upstream, recorder=rec)
     bad_now = _bad(out)
+    if quick and "empty" not in classes and not bool(bad_now.any()):
+        ref = None
+        defined = torch.ones_like(bad_now)
+    else:
+        ref = cases.reference(case, sliding_window=c.window)
+        defined = torch.isfinite(ref).all(-1)
     rows = {"nonfinite": bad_now & defined, "stale_nan": torch.zeros_like(defined),
             "empty": ~defined & (bad_now | (out != 0).any(-1))}
     if c.tail == "nan" and bool(rows["nonfinite"].any()):
@@ -303,10 +331,15 @@ def judge(c: DecodeCandidate, upstream: str, *, classes=None) -> Verdict:
         fit = -float(model.TILE_TOK + 1)
     else:
         fit = 100.0 + share if fewest == 0 else -float(fewest)
+        fit += RANGE_WEIGHT * max_range(rec)
+        x = rec.get("exp2_arg", torch.empty(0))      # the sliding-window model records none
+        x = x[torch.isfinite(x)]
+        if x.numel() and float(x.max()) > 0:
+            fit = max(fit, 100.0 + 28.0 * min(float(x.max()), 128.0) / 128.0)
     both = defined & ~bad_now
     ov = out.double()[both]
     err = (ov - ref[both]).abs().amax(-1) / ref[both].abs().amax(-1).clamp_min(1e-300) \
-        if both.any() else torch.zeros(1)
+        if ref is not None and both.any() else torch.zeros(1)
     return Verdict(failed=bool(found), bad_rows=bad.nonzero().tolist(), fitness=fit,
                    ref_finite=bool(defined.all()), max_err=float(err.max()),
                    seconds=time.perf_counter() - t0,

@@ -8,8 +8,11 @@ failing call, and the attack record.
     decode_search.summary(res)      # "... nothing in N runs found a failure" when none
 
 The search knows nothing of the failure it may find: it starts from ``random_starts``
-uniform draws and climbs the space's generic fitness (how close some row comes to a fully
-masked tile); the fields that make a call fail are its coordinates like every other.
+draws (``random_candidate``: a quarter of the numbers at an end of their range) and climbs
+the space's generic fitness (``decode.judge``: how close some row comes to a fully masked
+tile, and how close an exp2 the kernel takes comes to fp32's overflow); the fields that
+make a call fail are its coordinates like every other. Candidates are judged without the
+fp64 reference while no row is non-finite (``judge(quick=True)``).
 Deterministic for a seed (given ``max_evals``; the wall-clock budget decides how far a
 run gets).
 """
@@ -35,8 +38,32 @@ def _clip(sp: DecodeSpace, f, x):
     return int(round(x)) if kind == "int" else float(x)
 
 
+#: The share of draws (and of a mutation's numeric steps) that put a number at an end of
+#: its range: a decode call's geometry fails at its ends (a context one token into a
+#: tile, a token at the first or last position, the most rows, the largest outlier), which
+#: a uniform draw over 0..256 or 0..1 almost never hits.
+AT_END = 0.25
+
+
+#: The fields that size a call (its cost grows with each): their end is the low one, the
+#: cheapest call of the geometry the other fields set.
+SIZES = ("n_seqs", "num_kv_heads", "tiles", "spare_pages")
+
+
+def _end(sp: DecodeSpace, f, rng: np.random.Generator):
+    """One end of ``f``'s range (the low end of a size, ``SIZES``), or, for ``last``
+    (tokens into the last tile), one of its smallest non-empty counts half of the time (1
+    or 2: 0 makes the last tile the previous one)."""
+    r = sp.range(f)
+    if f == "last" and rng.random() < 0.5:
+        return min(max(int(rng.integers(1, 3)), r[0]), r[1])
+    return r[0] if f in SIZES or rng.random() < 0.5 else r[1]
+
+
 def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandidate:
-    """A uniform draw from ``sp`` (``outlier_log2`` is 0 half of the time)."""
+    """A draw from ``sp``: each number uniform in its range, or at one of its ends
+    (``AT_END`` of the time; ``_end``); each choice uniform (``outlier_log2`` is 0 half of
+    the time)."""
     vals = {}
     for f, (kind, _) in DECODE_FIELDS.items():
         r = sp.range(f)
@@ -44,6 +71,8 @@ def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandida
             vals[f] = r[0]
         elif kind == "choice":
             vals[f] = r[rng.integers(len(r))]
+        elif f != "seed" and rng.random() < AT_END:
+            vals[f] = _end(sp, f, rng)
         elif kind == "int":
             vals[f] = int(rng.integers(r[0], r[1] + 1))
         else:
@@ -55,9 +84,9 @@ def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandida
 
 def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
            sigma: float) -> DecodeCandidate:
-    """Perturb a few fields: numbers by a Gaussian step of ``sigma`` times their range (ints
-    half the time by a multiplicative step, so small values are reached), choices by a new
-    draw; the seed is redrawn."""
+    """Perturb a few fields: numbers to an end of their range (``AT_END`` of the time) or by
+    a Gaussian step of ``sigma`` times their range (ints half the time by a multiplicative
+    step, so small values are reached), choices by a new draw; the seed is redrawn."""
     vals = c.to_dict()
     names = [f for f in DECODE_FIELDS if f != "seed"
              and (DECODE_FIELDS[f][0] == "choice" or sp.range(f)[0] != sp.range(f)[1])]
@@ -66,6 +95,8 @@ def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
         kind, r = DECODE_FIELDS[f][0], sp.range(f)
         if kind == "choice":
             vals[f] = r[rng.integers(len(r))]
+        elif rng.random() < AT_END:
+            vals[f] = _end(sp, f, rng)
         elif r[0] >= 0 and rng.random() < 0.5:
             vals[f] = _clip(sp, f, max(vals[f], 1) * math.exp(2 * sigma * rng.normal()))
         else:
@@ -134,7 +165,7 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
     """Look for a call of ``space`` (a ``decode.DECODE_SPACES`` name) on which the decode version ``upstream``
     (``fa_lab.upstream.DECODE_VERSIONS``) fails for ``classes`` (``decode.DECODE_CLASSES``;
     default ``nonfinite``), for at most ``budget_s`` seconds of search: ``random_starts``
-    uniform draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
+    draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
     Stops at the first failure and shrinks it (a budget of its own, as much again, at most
     20 s). Every argument is checked before any work."""
     if not decode.is_decode_target(upstream):
@@ -161,7 +192,7 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
 
     def evaluate(c):
         c = canonical(DecodeCandidate(**{f: _clip(sp, f, x) for f, x in c.to_dict().items()}))
-        v = judge(c, upstream, classes=classes)
+        v = judge(c, upstream, classes=classes, quick=True)
         res.evals += 1
         if v.fitness > res.best_fitness:
             res.best_fitness, res.best = v.fitness, c

@@ -68,9 +68,12 @@ def mutate(c: Candidate, space: Space, rng: np.random.Generator, sigma: float) -
         kind, r = space.kind(f), space.range(f)
         if kind == "choice":
             vals[f] = r[rng.integers(len(r))]
-        elif kind == "float" and r[0] >= 0 and rng.random() < 0.5:
-            # magnitudes span decades: half the steps are multiplicative
-            vals[f] = _clip(space, f, max(vals[f], 1e-3) * math.exp(3 * sigma * rng.normal()))
+        elif kind == "float" and (r[0] >= 0 or r[1] <= 0) and rng.random() < 0.5:
+            # magnitudes span decades: half the steps are multiplicative (on |x| for a
+            # range below zero, so a shift of -1e5 reaches -10 in a few steps)
+            sign = 1.0 if r[0] >= 0 else -1.0
+            mag = max(sign * vals[f], 1e-3) * math.exp(3 * sigma * rng.normal())
+            vals[f] = _clip(space, f, sign * mag)
         else:
             step = rng.normal() * sigma * (r[1] - r[0])
             vals[f] = _clip(space, f, vals[f] + step)

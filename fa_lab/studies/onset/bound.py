@@ -282,20 +282,41 @@ def bound(policy, *, dtype: str = "bf16", tolerance: float = TOLERANCE,
              "tight when n keys all sit at the stale base's full excess and their P casts "
              "round up"))
 
-    # 2. saturation of the P cast
-    never_sat = not math.isfinite(fmax) or (not drags and not lag and H + tau <= log_fmax)
+    # 2. saturation of the P cast. Only swp_bf16 carries a P pack across a decision (the
+    #    pack of the previous tile not yet consumed is scaled by the correction, 2^deficit
+    #    under a drag); every other kernel takes P after its step's decision, against the
+    #    base that step chose: a wave that did not fire has every row within THR of its base,
+    #    a fired row sits at (or, capped, above) its own tile max, so P <= 2^(H + THR)
+    #    whatever drags happened before (a drag's deficit scales O and l, not P).
+    carried = drags and family == "swp_bf16"
+    sat_dev = dev if (carried or lag) else ("min(THR, R)" if drags else dev)
+
+    def sat_excess(m):
+        if drags and not carried and not lag:
+            return np.minimum(m.R, tau)
+        return excess(m)
+
+    never_sat = not math.isfinite(fmax) or (not carried and not lag and H + tau <= log_fmax)
 
     def saturation(m):
         ok = m.defined
-        margin = log_fmax - H - float(excess(m)[ok].max()) if ok.any() else math.inf
+        margin = log_fmax - H - float(sat_excess(m)[ok].max()) if ok.any() else math.inf
         return margin >= 0, margin
 
+    if never_sat and math.isfinite(fmax):
+        sat_note = (f"H + THR = {H + tau:g} <= {log_fmax:.4f}: no P can pass the format" + (
+            " (a drag lowers the base only at a fired step, where the row's P is taken "
+            "against its own tile max: the deficit scales O and l, never P)" if drags else ""))
+    elif never_sat:
+        sat_note = "the P cast has no largest value"
+    else:
+        sat_note = "the clipped P keeps its full weight in l: the row loses mass silently" + (
+            "; under a drag the carried P pack is scaled by 2^deficit, sufficient (whether a "
+            "ballot drags that far depends on the wave's other rows)" if carried else "")
     hz.append(Hazard(
         "P saturation", "saturation",
-        f"H + {dev} <= log2({fmax:g}) = {log_fmax:.4f} ({fmt} P)", saturation,
-        never=never_sat, exact=not drags,
-        note=(f"H + THR = {H + tau:g} <= {log_fmax:.4f}: no P can pass the format" if never_sat
-              else "the clipped P keeps its full weight in l: the row loses mass silently")))
+        f"H + {sat_dev} <= log2({fmax:g}) = {log_fmax:.4f} ({fmt} P)", saturation,
+        never=never_sat, exact=not drags, note=sat_note))
 
     # 3. P values below half the format's smallest subnormal round to 0; O's fp32 sums
     #    and the output's cast lose what falls below their own subnormals (V's scale)

@@ -17,7 +17,8 @@ from .bound import FORMATS, _drags, _fmt, bound
 @dataclass
 class Case:
     """One input: q, k, v, a bool mask [Sq, Skv] (True = visible) or None, seqlen_kv;
-    ``kind``: "online" (fp32, log2-unit scores) or "swp" (bf16 for the DUALWAVE_SWP model);
+    ``kind``: "online" (fp32, log2-unit scores) or "swp" (bf16 or f16, q's type, for the
+    DUALWAVE_SWP model);
     ``v_descale`` set: an fp8 call (q, k, v float8_e4m3fn, q and k descales 1), which runs
     the online model on fp8 inputs or, for a DUALWAVE_SWP policy, the fp8 kernel."""
 
@@ -33,7 +34,9 @@ class Case:
     def dtype(self) -> str:
         if self.v_descale is not None:
             return "fp8"
-        return "fp32" if self.kind == "online" else "bf16"
+        if self.kind == "online":
+            return "fp32"
+        return "f16" if self.q.dtype == torch.float16 else "bf16"
 
     def descales(self) -> dict:
         if self.v_descale is None:
@@ -180,11 +183,56 @@ def _out_overflow(pol, kind):
     return "log2 v_descale", case, 120.0, BF16_INF_LOG2 + 1e-3, ("nonfinite",), slack
 
 
+#: log2 of the smallest fp32 P that an f16 pack rounds to inf (65520, the midpoint above
+#: f16's largest value 65504; the tie goes to the even inf).
+F16_INF_LOG2 = math.log2(65520.0)
+
+
+def _swp_fine(rows_scores, dtype):
+    """16-bit [1, 32, 1, 64] q and [1, n, 1, 64] k, v = 1 for DUALWAVE_SWP: row r reads
+    dimensions r and r + 32, each with Q = 8, so its score per key is round(8 c) (k_a + k_b)
+    summed exactly: k_a carries ``rows_scores[r]`` at the format's precision and k_b the
+    rest, which puts a score on fp32's grid (one 16-bit K is 2^-11 coarse)."""
+    from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
+
+    n = len(rows_scores[0])
+    qs = float(torch.tensor(8.0 * softmax_scale_log2(64)).to(dtype))
+    q, k = torch.zeros(1, 32, 1, 64), torch.zeros(1, n, 1, 64)
+    for r, sc in enumerate(rows_scores):
+        want = torch.tensor(sc, dtype=torch.float64) / qs
+        a = want.to(dtype).double()
+        b = (want - a).to(dtype).double()
+        q[0, r, 0, r] = q[0, r, 0, r + 32] = 8.0
+        k[0, :, 0, r], k[0, :, 0, r + 32] = a.float(), b.float()
+    return Case(q.to(dtype), k.to(dtype), torch.ones(1, n, 1, 64, dtype=dtype), None, None,
+                "swp")
+
+
+def _carried_saturation(pol):
+    """DUALWAVE_SWP carries the second part of the previous tile's P pack (columns 16-63)
+    across the loop's decision and scales it by the correction: under a drag (row 0 jumps
+    by 10 at tile 1 and fires the wave) the victim, row 1, is rebased from its tile 0 max
+    (0) down to its tile 1 max (-t), and its carried P = 1 becomes round(2^t). An f16 pack
+    passes 65504 at t = log2 65504 (the formula's edge; a capped rebase drops 16 in one
+    step, past it) and rounds to inf from log2 65520 on: the row's O, hence its output, is
+    inf. Five tiles: the decision runs on loop tiles 1 .. N - 4 only. A bf16 pack would need
+    t > 127.99, which no input inside the region reaches: a deficit needs two visible keys,
+    and the accumulator bound H + R + log2 n < 128 then keeps R below 127
+    (``test_onset_bound_edges`` checks this dominance)."""
+    def case(t):
+        trigger = [0.0] * 64 + [10.0] * 256
+        victim = [0.0] * 64 + [-float(t)] * 256
+        return _swp_fine([trigger, victim], torch.float16)
+    # the edge (65504) and the first inf (65520) lie 2^-11 apart: the failure is checked
+    # between 65520 and 65536, where a capped rebase still moves
+    return ("the victim's drag (log2)", case, 8.0, 17.0, ("nonfinite",),
+            f"={math.log2(65528.0)!r}")
+
+
 def _saturation(pol, kind):
-    if _drags(pol):
-        return ("a drag's P passes the format through the ballot's staircase, which depends "
-                "on the wave's other rows: no one-parameter family builds it yet")
     if kind == "swp":
+        if _drags(pol):
+            return _carried_saturation(pol)
         return "a DUALWAVE_SWP P saturates only under a drag"
     bn = pol.semantics.block_n or 64
     first, other = _first_other(pol, bn)
