@@ -204,11 +204,14 @@ def canonical(c: DecodeCandidate) -> DecodeCandidate:
 def build(c: DecodeCandidate) -> cases.Case:
     """The candidate's call (``cases.Case``: ``Case.args()`` is ``pa_decode_tile``'s)."""
     outlier = None if c.outlier_log2 == 0 else (c.outlier_in, c.outlier_at, 2.0 ** c.outlier_log2)
+    # the sliding-window kernel reads a table entry even for an empty context: a table of
+    # empty contexts keeps one column there
+    spare = max(c.spare_pages, 1) if c.window and max(c.contexts) == 0 else c.spare_pages
     return cases.make(c.contexts, query_length=c.query_length,
                       num_q_heads=c.group * c.num_kv_heads, num_kv_heads=c.num_kv_heads,
                       head_dim=c.head_dim, block_size=c.page, per_token=c.per_token,
                       k_mult=2.0 ** c.k_log2, seed=int(c.seed), shuffle=c.shuffle,
-                      spare_pages=c.spare_pages, trans_v=c.trans_v, tail=c.tail, outlier=outlier)
+                      spare_pages=spare, trans_v=c.trans_v, tail=c.tail, outlier=outlier)
 
 
 def run(c: DecodeCandidate, upstream: str, *, tail: str | None = None, recorder=None):
