@@ -33,7 +33,7 @@ from fa_lab import decode, mla
 from fa_lab.kernels import mla_decode, pa_decode
 from fa_lab.upstream import DECODE_DEFAULT, DECODE_VERSIONS
 
-from .grid import MAX_POINTS, GridError, _is_int, _is_number, check_name, read_yaml
+from .grid import GridError, _is_int, _is_number, check_name, read_axes, read_yaml
 
 KIND = "decode"
 
@@ -157,42 +157,9 @@ class DecodeGrid:
         if name is not None:
             check_name(name)
         self.name, self.spec, self.spelled = name, dict(spec), {}
-        axes = {}
-        for key, values in spec.items():
-            if not isinstance(key, str):
-                raise GridError(str(key), "axis names are strings")
-            axis = ALIASES.get(key, key)
-            if axis not in AXES:
-                known = ", ".join(AXES) + "; aliases " + ", ".join(f"{a}={b}" for a, b in ALIASES.items())
-                raise GridError(key, f"unknown axis of a decode grid; the axes are {known}")
-            if axis in axes:
-                raise GridError(key, f"given twice (as {self.spelled[axis]!r} and {key!r})")
-            if isinstance(values, (list, tuple, range)):
-                values = list(values)
-            elif isinstance(values, (set, frozenset, dict)) or values is None:
-                raise GridError(key, f"give a list of values, got {values!r}")
-            else:
-                values = [values]
-            if not values:
-                raise GridError(key, "empty: an axis needs at least one value")
-            self.spelled[axis] = key
-            axes[axis] = _check_values(axis, key, values)
-        for axis in REQUIRED:
-            if axis not in axes:
-                raise GridError(axis, "missing: a decode grid names its " + ", ".join(REQUIRED))
-        for axis in AXES:
-            if axis not in axes:
-                self.spelled[axis] = axis
-                axes[axis] = list(DEFAULTS[axis])
-        self.axes = {a: tuple(axes[a]) for a in AXES}
-        size = math.prod(len(v) for v in self.axes.values())
-        if size > MAX_POINTS:  # before any point is planned
-            big = max(AXES, key=lambda a: len(self.axes[a]))
-            sizes = " × ".join(f"{self.spelled[a]}[{len(v)}]" for a, v in self.axes.items()
-                               if len(v) > 1)
-            raise GridError(self.spelled[big], f"the grid has {size:,} points ({sizes}), more "
-                            f"than a sweep takes ({MAX_POINTS:,}): split it into sweeps of "
-                            "fewer points")
+        self.axes = read_axes(spec, self.spelled, axes=AXES, aliases=ALIASES, required=REQUIRED,
+                              defaults=DEFAULTS, check_values=_check_values, what="a decode grid",
+                              unknown_hint=lambda key: " of a decode grid")
         self._points = None
 
     @classmethod

@@ -170,6 +170,51 @@ def _check_values(axis: str, spelled: str, values: list) -> list:
     return out
 
 
+def read_axes(spec: dict, spelled: dict, *, axes, aliases, required, defaults, check_values,
+              what: str, none_ok=(), unknown_hint=lambda key: "") -> dict:
+    """A grid's axes from its ``spec`` (axis or alias -> a value or a list of values), in
+    ``axes``' order, each checked by ``check_values(axis, key, values)``; the ones the spec
+    leaves out take ``defaults``. ``spelled`` receives each axis's name as the user wrote it.
+    GridError naming the key for an unknown, repeated, empty or missing axis, and for a grid
+    of more than ``MAX_POINTS`` points, before any point is planned. Both grid kinds read
+    their axes here (``Grid``, ``decode_grid.DecodeGrid``)."""
+    out: dict = {}
+    for key, values in spec.items():
+        if not isinstance(key, str):
+            raise GridError(str(key), "axis names are strings")
+        axis = aliases.get(key, key)
+        if axis not in axes:
+            known = ", ".join(axes) + "; aliases " + ", ".join(f"{a}={b}" for a, b in aliases.items())
+            raise GridError(key, f"unknown axis{unknown_hint(key)}; the axes are {known}")
+        if axis in out:
+            raise GridError(key, f"given twice (as {spelled[axis]!r} and {key!r})")
+        if isinstance(values, (list, tuple, range, np.ndarray)):
+            values = list(values)
+        elif isinstance(values, (set, frozenset, dict)) or values is None and axis not in none_ok:
+            raise GridError(key, f"give a list of values, got {values!r}")
+        else:
+            values = [values]
+        if not values:
+            raise GridError(key, "empty: an axis needs at least one value")
+        spelled[axis] = key
+        out[axis] = check_values(axis, key, values)
+    for axis in required:
+        if axis not in out:
+            raise GridError(axis, f"missing: {what} names its " + ", ".join(required))
+    for axis in axes:
+        if axis not in out:
+            spelled[axis] = axis
+            out[axis] = list(defaults[axis])
+    out = {a: tuple(out[a]) for a in axes}
+    size = math.prod(len(v) for v in out.values())
+    if size > MAX_POINTS:
+        big = max(axes, key=lambda a: len(out[a]))
+        sizes = " × ".join(f"{spelled[a]}[{len(v)}]" for a, v in out.items() if len(v) > 1)
+        raise GridError(spelled[big], f"the grid has {size:,} points ({sizes}), more than a "
+                        f"sweep takes ({MAX_POINTS:,}): split it into sweeps of fewer points")
+    return out
+
+
 class Grid:
     """A product of named axes. ``Grid(dict)``, ``Grid.from_yaml(path)``; the mapping
     holds the axes, either at its top level or under ``axes:``, with an optional
@@ -204,45 +249,12 @@ class Grid:
         self.name = name
         self.spec = dict(spec)
         self.spelled = {}
-        axes = {}
-        for key, values in spec.items():
-            if not isinstance(key, str):
-                raise GridError(str(key), "axis names are strings")
-            axis = ALIASES.get(key, key)
-            if axis not in AXES:
-                known = ", ".join(AXES) + "; aliases " + ", ".join(f"{a}={b}" for a, b in ALIASES.items())
-                hint = (" (an axis of a decode grid: give kind: decode, or --kind decode)"
-                        if key in ("kernel", "context", "spread", "page_size", "query_length")
-                        else "")
-                raise GridError(key, f"unknown axis{hint}; the axes are {known}")
-            if axis in axes:
-                raise GridError(key, f"given twice (as {self.spelled[axis]!r} and {key!r})")
-            if isinstance(values, (list, tuple, range, np.ndarray)):
-                values = list(values)
-            elif isinstance(values, (set, frozenset, dict)) or values is None and axis != "threshold":
-                raise GridError(key, f"give a list of values, got {values!r}")
-            else:
-                values = [values]
-            if not values:
-                raise GridError(key, "empty: an axis needs at least one value")
-            self.spelled[axis] = key
-            axes[axis] = _check_values(axis, key, values)
-        for axis in REQUIRED:
-            if axis not in axes:
-                raise GridError(axis, "missing: a grid names its " + ", ".join(REQUIRED))
-        for axis in AXES:
-            if axis not in axes:
-                self.spelled[axis] = axis
-                axes[axis] = list(DEFAULTS[axis])
-        self.axes = {a: tuple(axes[a]) for a in AXES}
-        size = math.prod(len(v) for v in self.axes.values())
-        if size > MAX_POINTS:  # before any point is planned
-            big = max(AXES, key=lambda a: len(self.axes[a]))
-            sizes = " × ".join(f"{self.spelled[a]}[{len(v)}]" for a, v in self.axes.items()
-                               if len(v) > 1)
-            raise GridError(self.spelled[big], f"the grid has {size:,} points ({sizes}), more "
-                            f"than a sweep takes ({MAX_POINTS:,}): split it into sweeps of "
-                            "fewer points")
+        self.axes = read_axes(
+            spec, self.spelled, axes=AXES, aliases=ALIASES, required=REQUIRED, defaults=DEFAULTS,
+            check_values=_check_values, none_ok=("threshold",), what="a grid",
+            unknown_hint=lambda key: (" (an axis of a decode grid: give kind: decode, or --kind "
+                                      "decode)" if key in ("kernel", "context", "spread",
+                                                           "page_size", "query_length") else ""))
         self._points = None
 
     @classmethod
