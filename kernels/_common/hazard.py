@@ -27,6 +27,21 @@ class Hazard:
         return {"name": self.name, "kind": self.kind, "formula": self.formula, "exact": self.exact,
                 "never": self.never, "note": self.note}
 
+    def over_parts(self) -> "Hazard":
+        """This hazard checked on each part of a summary with ``parts`` (a call the kernel
+        runs as independent dense pieces: sequences, splits): safe when it holds on every
+        part; its margin the smallest part's."""
+        def check(whole):
+            safe, margins = True, []
+            for m in whole.parts:
+                ok, margin = self.check(m)
+                safe = safe and ok
+                if margin is not None:
+                    margins.append(margin)
+            return safe, (min(margins) if margins else None)
+        return Hazard(self.name, self.kind, self.formula, check, exact=self.exact,
+                      never=self.never, note=self.note)
+
 
 class HazardChecks:
     """What a region with a ``hazards`` tuple answers about an input's summary ``m``: an

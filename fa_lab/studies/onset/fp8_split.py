@@ -79,18 +79,6 @@ class SplitRegion(HazardChecks):
                 "tolerance": self.dense.tolerance, "hazards": [h.to_dict() for h in self.hazards]}
 
 
-def _per_split(h: Hazard) -> Hazard:
-    def check(sm: SplitMeasure):
-        safe, margins = True, []
-        for m in sm.parts:
-            ok, margin = h.check(m)
-            safe = safe and ok
-            if margin is not None:
-                margins.append(margin)
-        return safe, (min(margins) if margins else None)
-    return Hazard(h.name, h.kind, h.formula, check, exact=h.exact, never=h.never, note=h.note)
-
-
 def _resolve(name):
     """(the split version, the policy a bare fp8 call runs under it, or the named one)."""
     from fa_lab import dispatch, policies, upstream
@@ -119,7 +107,7 @@ def region(policy=None, *, tolerance: float = 0.25, seqlen_kv=4096) -> SplitRegi
                   kernel="swp_fp8")
     H = float(dense.policy.p_headroom)
     raw = version.m_units == "raw"
-    hz = [_per_split(h) for h in dense.hazards]
+    hz = [h.over_parts() for h in dense.hazards]
     hz.append(Hazard(
         "raw split maxima", "mass_loss",
         "num_kv_splits = 1, or no row sees keys in two splits whose maxima differ",

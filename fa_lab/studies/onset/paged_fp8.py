@@ -87,20 +87,6 @@ class PagedRegion(HazardChecks):
                 "tolerance": self.dense.tolerance, "hazards": [h.to_dict() for h in self.hazards]}
 
 
-def _per_sequence(h: Hazard) -> Hazard:
-    """``h`` of the dense region, checked on every sequence of a ``PagedMeasure``: safe when
-    it holds on each; its margin the smallest."""
-    def check(pm: PagedMeasure):
-        safe, margins = True, []
-        for m in pm.parts:
-            ok, margin = h.check(m)
-            safe = safe and ok
-            if margin is not None:
-                margins.append(margin)
-        return safe, (min(margins) if margins else None)
-    return Hazard(h.name, h.kind, h.formula, check, exact=h.exact, never=h.never, note=h.note)
-
-
 READ_PAST = Hazard(
     "non-finite V in a page read past seqlen_k", "nan",
     "every V row the kernel reads past seqlen_k (the last page's tail, an odd page count's "
@@ -133,7 +119,7 @@ def region(policy=None, *, tolerance: float = 0.25, seqlen_kv=4096) -> PagedRegi
     region's. ValueError naming why for what the dense region cannot bound."""
     version, pol = _policy(policy)
     dense = bound(pol, dtype="fp8", tolerance=tolerance, seqlen_kv=seqlen_kv, kernel="swp_fp8")
-    return PagedRegion(version, dense, tuple(_per_sequence(h) for h in dense.hazards) + (READ_PAST,))
+    return PagedRegion(version, dense, tuple(h.over_parts() for h in dense.hazards) + (READ_PAST,))
 
 
 def schedule(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call) -> str:
