@@ -64,9 +64,9 @@ from .predict import LEVELS, Onset, tile_maxima, predict, KERNELS, CHUNK_ELEMENT
 from .validate import model_bad_rows, validate, validate_grid, worst_cell
 from .bound import FAMILY_BOUNDS, UNBOUNDED, Hazard, Region, bound, register_family
 from .measure import Measure, measure
-from . import fp8_split, paged_fp8
+from . import fixed_max, fp8_split, paged_fp8
 
 __all__ = ["OVERFLOW_LOG2", "PACK_LIMIT_LOG2", "PACK_FLOOR_LOG2", "SCORE_MODS", "Tiles", "LEVELS", "Onset",
            "tile_maxima", "predict", "KERNELS", "CHUNK_ELEMENTS", "model_bad_rows", "validate",
            "validate_grid", "worst_cell", "Hazard", "Measure", "Region", "bound", "measure", "UNBOUNDED",
-           "FAMILY_BOUNDS", "register_family", "paged_fp8", "fp8_split"]
+           "FAMILY_BOUNDS", "register_family", "paged_fp8", "fp8_split", "fixed_max"]
