@@ -53,6 +53,15 @@ class HazardChecks:
         """The hazards ``m`` lies outside of (names)."""
         return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
 
+    def described(self, head: str) -> str:
+        """``head``, then one line per hazard: its kind, name and formula, and whether the
+        formula is the boundary itself (exact), only sufficient, or ruled out (never)."""
+        lines = [head]
+        for h in self.hazards:
+            tag = "never" if h.never else ("exact" if h.exact else "sufficient")
+            lines.append(f"  [{h.kind}] {h.name}: {h.formula} ({tag})")
+        return "\n".join(lines)
+
     def contains(self, m) -> bool:
         return not self.violated(m)
 

@@ -44,10 +44,7 @@ class MLARegion(HazardChecks):
 
 
     def describe(self) -> str:
-        lines = [f"{self.kernel} (P lifted by 2^{self.headroom:g}): safe where"]
-        lines += [f"  [{h.kind}] {h.name}: {h.formula} ({'exact' if h.exact else 'sufficient'})"
-                  for h in self.hazards]
-        return "\n".join(lines)
+        return self.described(f"{self.kernel} (P lifted by 2^{self.headroom:g}): safe where")
 
     def to_dict(self) -> dict:
         return {"policy": "mla_decode", "kernel": self.kernel, "headroom": self.headroom,

@@ -145,11 +145,7 @@ class DecodeRegion(HazardChecks):
 
 
     def describe(self) -> str:
-        lines = [f"{self.kernel} at {self.upstream}: safe where"]
-        for h in self.hazards:
-            tag = "never" if h.never else ("exact" if h.exact else "sufficient")
-            lines.append(f"  [{h.kind}] {h.name}: {h.formula} ({tag})")
-        return "\n".join(lines)
+        return self.described(f"{self.kernel} at {self.upstream}: safe where")
 
     def to_dict(self) -> dict:
         return {"policy": self.upstream, "kernel": self.kernel,

@@ -86,11 +86,7 @@ class Region(HazardChecks):
     hazards: tuple
 
     def describe(self) -> str:
-        lines = [f"{self.policy.name} on {self.kernel} ({self.dtype}): safe where"]
-        for h in self.hazards:
-            tag = "never" if h.never else ("exact" if h.exact else "sufficient")
-            lines.append(f"  [{h.kind}] {h.name}: {h.formula} ({tag})")
-        return "\n".join(lines)
+        return self.described(f"{self.policy.name} on {self.kernel} ({self.dtype}): safe where")
 
     def to_dict(self) -> dict:
         return {"policy": self.policy.name, "kernel": self.kernel, "dtype": self.dtype,

@@ -75,12 +75,8 @@ class PagedRegion(HazardChecks):
         return self.dense.policy
 
     def describe(self) -> str:
-        lines = [f"{self.kernel} at {self.version} ({self.policy.name}, threshold "
-                 f"{float(self.policy.threshold):g}): safe where, per sequence"]
-        for h in self.hazards:
-            tag = "never" if h.never else ("exact" if h.exact else "sufficient")
-            lines.append(f"  [{h.kind}] {h.name}: {h.formula} ({tag})")
-        return "\n".join(lines)
+        return self.described(f"{self.kernel} at {self.version} ({self.policy.name}, threshold "
+                              f"{float(self.policy.threshold):g}): safe where, per sequence")
 
     def to_dict(self) -> dict:
         return {"policy": self.policy.name, "kernel": self.kernel, "version": self.version,
