@@ -53,7 +53,7 @@ class HazardChecks:
         """The hazards ``m`` lies outside of (names)."""
         return [h.name for h in self.hazards if not h.never and not h.check(m)[0]]
 
-    def described(self, head: str) -> str:
+    def _described(self, head: str) -> str:
         """``head``, then one line per hazard: its kind, name and formula, and whether the
         formula is the boundary itself (exact), only sufficient, or ruled out (never)."""
         lines = [head]

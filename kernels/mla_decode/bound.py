@@ -44,7 +44,7 @@ class MLARegion(HazardChecks):
 
 
     def describe(self) -> str:
-        return self.described(f"{self.kernel} (P lifted by 2^{self.headroom:g}): safe where")
+        return self._described(f"{self.kernel} (P lifted by 2^{self.headroom:g}): safe where")
 
     def to_dict(self) -> dict:
         return {"policy": "mla_decode", "kernel": self.kernel, "headroom": self.headroom,

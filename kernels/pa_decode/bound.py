@@ -145,7 +145,7 @@ class DecodeRegion(HazardChecks):
 
 
     def describe(self) -> str:
-        return self.described(f"{self.kernel} at {self.upstream}: safe where")
+        return self._described(f"{self.kernel} at {self.upstream}: safe where")
 
     def to_dict(self) -> dict:
         return {"policy": self.upstream, "kernel": self.kernel,

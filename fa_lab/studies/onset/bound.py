@@ -86,7 +86,7 @@ class Region(HazardChecks):
     hazards: tuple
 
     def describe(self) -> str:
-        return self.described(f"{self.policy.name} on {self.kernel} ({self.dtype}): safe where")
+        return self._described(f"{self.policy.name} on {self.kernel} ({self.dtype}): safe where")
 
     def to_dict(self) -> dict:
         return {"policy": self.policy.name, "kernel": self.kernel, "dtype": self.dtype,

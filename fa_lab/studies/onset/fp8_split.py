@@ -68,7 +68,7 @@ class SplitRegion(HazardChecks):
         return self.dense.policy
 
     def describe(self) -> str:
-        return self.described(f"{self.kernel} at {self.version} ({self.policy.name}): safe "
+        return self._described(f"{self.kernel} at {self.version} ({self.policy.name}): safe "
                               "where, per split")
 
     def to_dict(self) -> dict:

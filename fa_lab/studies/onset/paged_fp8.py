@@ -75,7 +75,7 @@ class PagedRegion(HazardChecks):
         return self.dense.policy
 
     def describe(self) -> str:
-        return self.described(f"{self.kernel} at {self.version} ({self.policy.name}, threshold "
+        return self._described(f"{self.kernel} at {self.version} ({self.policy.name}, threshold "
                               f"{float(self.policy.threshold):g}): safe where, per sequence")
 
     def to_dict(self) -> dict:
