@@ -7,7 +7,7 @@ failing call, and the attack record.
     res.found, res.shrunk.size, res.repro
     decode_search.summary(res)      # "... nothing in N runs found a failure" when none
 
-The search knows nothing of the failure it may find: it starts from ``random_starts``
+The search is given no failing call: it starts from ``random_starts``
 draws (``random_candidate``: a quarter of the numbers at an end of their range) and
 ``boundary_starts`` draws of the partition-boundary family (``boundary_candidate``: a call
 cut where a decode's geometry has its edges, a tile that begins a partition and that the
@@ -97,9 +97,9 @@ BOUNDARY_RESTARTS = 0.5
 def boundary_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandidate:
     """A draw of the partition-boundary family: a ``random_candidate`` whose call is cut
     where a decode's geometry has its edges. One sequence (the cheapest call of that
-    geometry, its context not emptied); a context ``last`` = 1 .. ``query_length`` tokens into its last tile, so
-    the MTP rows' bounds straddle the tile's start (the earliest rows see none of it, the
-    latest one token or a few); ``num_partitions`` from ``tiles`` up, so every tile,
+    geometry, its context not emptied) ending ``last`` = 1 .. ``query_length`` tokens into
+    its last tile, so the MTP rows' bounds straddle the tile's start (the earliest rows see
+    none of it, the latest one token or a few); ``num_partitions`` from ``tiles`` up, so every tile,
     that last one included, begins a partition of its own (and the partitions past the
     tiles are empty); and one outlier token, in K or V, at that tile's first token, the
     only one there that the earliest row to see the tile sees (a per-token scale outlier,
