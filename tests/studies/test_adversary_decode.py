@@ -105,11 +105,43 @@ def test_a_draw_puts_a_number_at_an_end_of_its_range_a_quarter_of_the_time():
     assert all(0 <= d.last <= 256 and 1 <= d.tiles <= 5 for d in draws)
 
 
+def test_a_boundary_draw_cuts_the_call_at_a_partition_boundary():
+    """The partition-boundary family: one sequence, a context 1 .. QL tokens into its last
+    tile, every tile a partition of its own, and the outlier at that tile's first token
+    (the one the earliest row to see the tile sees alone); inside the space's ranges."""
+    rng = np.random.default_rng(0)
+    for sp in (decode.DECODE_SPACE, decode.DECODE_SPACES["decode_v_outliers"]):
+        for _ in range(200):
+            c = decode_search.boundary_candidate(sp, rng)
+            (ctx,) = c.contexts
+            assert 1 <= c.last <= c.query_length and c.num_partitions >= c.tiles
+            first = 256 * (c.tiles - 1)
+            assert int(c.outlier_at * (ctx - 1)) == first and c.outlier_log2 >= 0
+            assert all(sp.range(f)[0] <= getattr(c, f) <= sp.range(f)[1]
+                       for f in ("last", "num_partitions", "outlier_log2", "outlier_at"))
+            assert c.outlier_in in sp.range("outlier_in")
+            bounds = decode.model.row_bounds(ctx, c.query_length, c.group)
+            assert min(b - first for b in bounds if b > first) == 1 or c.query_length == 1
+
+
 @pytest.mark.slow
-def test_the_search_finds_nothing_on_the_fixed_version_in_n_runs():
-    res = decode_search.search(MAIN, budget_s=60, max_evals=30, seed=0)
+def test_the_search_finds_nothing_where_no_row_sits_far_below_zero():
+    """Outliers in V only: no key's score dwarfs the rest, and main's inf path is not met."""
+    res = decode_search.search(MAIN, space="decode_v_outliers", budget_s=60, max_evals=30,
+                               seed=0)
     assert not res.found and res.evals == 30 and res.best_fitness < 129
     assert "nothing in 30 runs found a failure" in decode_search.summary(res)
+
+
+@pytest.mark.slow
+def test_the_search_finds_the_inf_path_overflow_on_main():
+    res = decode_search.search(MAIN, budget_s=600, max_evals=30, seed=0, shrink_found=False)
+    assert res.found and res.evals_to_first <= 30, decode_search.summary(res)
+    s = res.first
+    assert s.query_length * s.group > 16 and decode.judge(s, MAIN).failed
+    rec: dict = {}
+    decode.run(s, MAIN, recorder=rec)     # the inf path's first correction, exp2(0 - m)
+    assert float(rec["exp2_arg"][torch.isfinite(rec["exp2_arg"])].max()) >= 128
 
 
 @pytest.mark.slow

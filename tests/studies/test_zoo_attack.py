@@ -3,6 +3,7 @@ outliers, logits far below zero, KV caches with a NaN tail, masked rows and tile
 classes of failure the judge counts (each on a constructed case), and the search finding
 every entry's reported failure."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -253,3 +254,36 @@ def test_a_shift_is_stepped_by_decades():
     moved = [x for x in got if x != c.shift]
     assert moved and all(-3e5 <= x <= 0 for x in moved)
     assert sum(-12.0 < x < -8.0 for x in moved) > 0.3 * len(moved)
+
+
+def test_the_unshifted_family_leaves_the_shared_draws_alone():
+    """The zoo space's unshifted draws come from a stream of their own: a seed's shared
+    draws are those ``random_candidate`` makes from ``default_rng(seed)``, in every space,
+    and the family's draws are the zoo's with ``shift`` at 0 (elsewhere a plain draw)."""
+    zoo = A.SPACES["zoo"]
+    fam_rng = A.optimize._family_rng(3)
+    fam = [A.optimize.unshifted_candidate(zoo, fam_rng) for _ in range(40)]
+    assert all(c.shift == 0.0 for c in fam)
+    assert len({(c.family, c.n_tiles, c.seed) for c in fam}) == 40
+    rng = np.random.default_rng(3)
+    shared = [A.random_candidate(zoo, rng) for _ in range(40)]
+    assert sum(c.shift < -1.0 for c in shared) > 35   # a uniform shift is almost never 0
+    rng, fam_rng = np.random.default_rng(5), np.random.default_rng([5, 1])
+    first = A.random_candidate(zoo, np.random.default_rng(5))
+    restart = A.optimize._fresh_centre(zoo, rng, fam_rng)
+    assert dataclasses.replace(restart, shift=first.shift) == first
+    scores = A.SPACES["scores"]
+    assert A.optimize.unshifted_candidate(scores, np.random.default_rng(1)) == \
+        A.random_candidate(scores, np.random.default_rng(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_starts_find_the_fixed_max_overflow(seed):
+    """Primus-Turbo a6a16cdc's fixed max (P = exp2 of the raw score) overflows only on
+    scores far above zero: the unshifted family reaches it from random starts alone."""
+    res = A.search("primus-a6a16cdc", seed=seed, structured=False, max_evals=12,
+                   budget_s=600, classes=("nonfinite",), shrink=False)
+    assert res.found and res.found_classes == ["nonfinite"], A.summary(res)
+    assert res.first.shift == 0.0 and A.judge(res.first, "primus-a6a16cdc",
+                                              classes=("nonfinite",)).failed

@@ -7,8 +7,12 @@ failing call, and the attack record.
     res.found, res.shrunk.size, res.repro
     decode_search.summary(res)      # "... nothing in N runs found a failure" when none
 
-The search knows nothing of the failure it may find: it starts from ``random_starts``
-draws (``random_candidate``: a quarter of the numbers at an end of their range) and climbs
+The search is given no failing call: it starts from ``random_starts``
+draws (``random_candidate``: a quarter of the numbers at an end of their range) and
+``boundary_starts`` draws of the partition-boundary family (``boundary_candidate``: a call
+cut where a decode's geometry has its edges, a tile that begins a partition and that the
+MTP rows' bounds straddle, with an outlier token at its start; drawn from a stream of its
+own, so the shared draws of a seed are what they were), and climbs
 the space's generic fitness (``decode.judge``: how close some row comes to a fully masked
 tile, and how close an exp2 the kernel takes comes to fp32's overflow); the fields that
 make a call fail are its coordinates like every other. Candidates are judged without the
@@ -26,6 +30,7 @@ import time
 import numpy as np
 
 from . import decode
+from .decode import model
 from .decode import DECODE_FIELDS, DECODE_SPACES, DecodeCandidate, DecodeSpace, canonical, judge
 from .optimize import Attack
 
@@ -80,6 +85,48 @@ def random_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandida
     if rng.random() < 0.5:
         vals["outlier_log2"] = 0.0
     return DecodeCandidate(**vals)
+
+
+#: Draws of the partition-boundary family tried after the shared random starts
+#: (``boundary_candidate``), and the share of the strategy's fresh restarts that begin from
+#: one.
+BOUNDARY_STARTS = 4
+BOUNDARY_RESTARTS = 0.5
+
+
+def boundary_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandidate:
+    """A draw of the partition-boundary family: a ``random_candidate`` whose call is cut
+    where a decode's geometry has its edges. One sequence (the cheapest call of that
+    geometry, its context not emptied) ending ``last`` = 1 .. ``query_length`` tokens into
+    its last tile, so the MTP rows' bounds straddle the tile's start (the earliest rows see
+    none of it, the latest one token or a few); ``num_partitions`` from ``tiles`` up, so every tile,
+    that last one included, begins a partition of its own (and the partitions past the
+    tiles are empty); and one outlier token, in K or V, at that tile's first token, the
+    only one there that the earliest row to see the tile sees (a per-token scale outlier,
+    or a per-tensor scale that flushes the rest). Every value is clipped into ``sp``'s
+    ranges."""
+    c = random_candidate(sp, rng)
+    vals = c.to_dict()
+    vals["n_seqs"], vals["empty_seq"] = sp.range("n_seqs")[0], "none"
+    vals["last"] = int(rng.integers(1, max(1, c.query_length) + 1))
+    np_lo, np_hi = sp.range("num_partitions")
+    vals["num_partitions"] = int(rng.integers(min(max(c.tiles, np_lo), np_hi), np_hi + 1))
+    lo, hi = sp.range("outlier_log2")
+    vals["outlier_log2"] = float(rng.uniform(lo, hi))
+    ctx0 = model.TILE_TOK * (c.tiles - 1) + vals["last"]
+    first = model.TILE_TOK * (c.tiles - 1)     # the last tile's first token
+    vals["outlier_at"] = 1.0 if ctx0 <= 1 else min(1.0, (first + 0.5) / (ctx0 - 1))
+    return DecodeCandidate(**{f: _clip(sp, f, x) for f, x in vals.items()})
+
+
+def _fresh_start(sp: DecodeSpace, rng: np.random.Generator,
+                 family_rng: np.random.Generator) -> DecodeCandidate:
+    """A restart's fresh point: ``BOUNDARY_RESTARTS`` of the time a boundary draw (from
+    ``family_rng``), else a shared draw (from ``rng``); the choice is ``family_rng``'s, so
+    ``rng``'s stream moves only when it draws."""
+    if family_rng.random() < BOUNDARY_RESTARTS:
+        return boundary_candidate(sp, family_rng)
+    return random_candidate(sp, rng)
 
 
 def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
@@ -160,12 +207,15 @@ def shrink(c: DecodeCandidate, upstream: str, classes, *, budget_s: float = 20.0
 
 
 def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed: int = 0,
-           classes=None, max_evals: int | None = None, random_starts: int = 8, lam: int = 6,
-           shrink_found: bool = True, progress=None) -> DecodeAttack:
+           classes=None, max_evals: int | None = None, random_starts: int = 8,
+           boundary_starts: int = BOUNDARY_STARTS, lam: int = 6, shrink_found: bool = True,
+           progress=None) -> DecodeAttack:
     """Look for a call of ``space`` (a ``decode.DECODE_SPACES`` name) on which the decode version ``upstream``
     (``fa_lab.upstream.DECODE_VERSIONS``) fails for ``classes`` (``decode.DECODE_CLASSES``;
     default ``nonfinite``), for at most ``budget_s`` seconds of search: ``random_starts``
-    draws, then a (1 + ``lam``) evolution strategy from the fittest with restarts.
+    draws, ``boundary_starts`` draws of the partition-boundary family
+    (``boundary_candidate``, a stream of its own), then a (1 + ``lam``) evolution strategy
+    from the fittest with restarts (``_fresh_start``).
     Stops at the first failure and shrinks it (a budget of its own, as much again, at most
     20 s). Every argument is checked before any work."""
     if not decode.is_decode_target(upstream):
@@ -177,7 +227,7 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
         raise ValueError(f"space={space!r}; choose one of {tuple(DECODE_SPACES)}")
     sp = DECODE_SPACES[space]
     for name, x in (("budget_s", budget_s), ("seed", seed), ("random_starts", random_starts),
-                    ("lam", lam)):
+                    ("boundary_starts", boundary_starts), ("lam", lam)):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
             raise ValueError(f"{name} must be a number >= 0, got {x!r}")
     res = DecodeAttack(policy=upstream, space=sp.to_dict(), budget_s=float(budget_s),
@@ -201,10 +251,13 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
         return c, v
 
     found = None
-    for _ in range(random_starts):
+    family_rng = np.random.default_rng([int(seed), 1])   # the boundary family's own stream
+    draws = [lambda: random_candidate(sp, rng)] * random_starts
+    draws += [lambda: boundary_candidate(sp, family_rng)] * boundary_starts
+    for draw in draws:
         if out_of_budget():
             break
-        c, v = evaluate(random_candidate(sp, rng))
+        c, v = evaluate(draw())
         if v.failed:
             found = c
             break
@@ -228,7 +281,7 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
         else:
             sigma, stall = max(0.02, sigma * 0.8), stall + 1
         if stall > 12:  # restart from a fresh draw or from the best so far
-            parent = random_candidate(sp, rng) if rng.random() < 0.5 else res.best
+            parent = _fresh_start(sp, rng, family_rng) if rng.random() < 0.5 else res.best
             pfit, sigma, stall = -math.inf, 0.2, 0
         if progress is not None:
             progress(f"{upstream}: {res.evals} evals, best fitness {res.best_fitness:.1f}")

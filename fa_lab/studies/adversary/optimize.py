@@ -58,6 +58,39 @@ def random_candidate(space: Space, rng: np.random.Generator) -> Candidate:
     return Candidate(**vals)
 
 
+#: Draws of the zoo space's unshifted family, tried after the shared random starts
+#: (``unshifted_candidate``), and the share of the optimiser's fresh restarts that begin
+#: from one (``_cma_loop``, ``_es_loop``).
+UNSHIFTED_STARTS = 3
+UNSHIFTED_RESTARTS = 0.5
+
+
+def unshifted_candidate(space: Space, rng: np.random.Generator) -> Candidate:
+    """A draw of ``random_candidate`` with the zoo's ``shift`` at 0: the scores left where
+    the draw put them. ``shift``'s range spans five decades below zero, so a uniform draw
+    almost never leaves them there, and a kernel that assumes where the scores lie (a fixed
+    max: P = exp2 of the raw score) fails only on scores far above zero. ``search`` draws
+    this family from a stream of its own (``_family_rng``), so every other draw of a seed
+    is what it was without it."""
+    c = random_candidate(space, rng)
+    return dataclasses.replace(c, shift=Candidate().shift) if space.zoo else c
+
+
+def _family_rng(seed: int) -> np.random.Generator:
+    """The unshifted family's own stream for ``seed`` (independent of the shared one)."""
+    return np.random.default_rng([int(seed), 1])
+
+
+def _fresh_centre(sp: Space, rng: np.random.Generator, family_rng) -> Candidate:
+    """A restart's fresh random point: a shared draw (from ``rng``, as ever), and, in the
+    zoo space, ``UNSHIFTED_RESTARTS`` of the time the same draw unshifted (the decision
+    from ``family_rng``, so ``rng``'s stream is the same either way)."""
+    c = random_candidate(sp, rng)
+    if sp.zoo and family_rng is not None and family_rng.random() < UNSHIFTED_RESTARTS:
+        c = dataclasses.replace(c, shift=Candidate().shift)
+    return c
+
+
 def mutate(c: Candidate, space: Space, rng: np.random.Generator, sigma: float) -> Candidate:
     """Perturb a few fields: numbers by a Gaussian step of ``sigma`` times their range,
     choices by a new draw."""
@@ -227,12 +260,12 @@ def _short(c: Candidate) -> dict:
 OPTIMIZERS = ("cma", "es")
 
 
-def _es_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
+def _es_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report, family_rng=None):
     """The (1 + lambda) evolution strategy with restarts, from ``res.best``: ``mutate``
     perturbs a few fields at a time (choices included), the step grows on success and
     shrinks on failure, and 12 generations without progress restart it from a fresh
-    random point or from the best so far. Returns (candidate, verdict) of the first
-    failure, or None when the budget is spent."""
+    random point (``_fresh_centre``) or from the best so far. Returns (candidate, verdict)
+    of the first failure, or None when the budget is spent."""
     parent, pfit, sigma, stall = res.best, res.best_fitness, 0.15, 0
     while not out_of_budget():
         best_child = None
@@ -252,7 +285,7 @@ def _es_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
         else:
             sigma, stall = max(0.01, sigma * 0.8), stall + 1
         if stall > 12:  # restart: from a fresh random point, or from the best so far
-            parent = random_candidate(sp, rng) if rng.random() < 0.5 else res.best
+            parent = _fresh_centre(sp, rng, family_rng) if rng.random() < 0.5 else res.best
             pfit, sigma, stall = -math.inf, 0.2, 0
         report(f"sigma {sigma:.3f}")
     return None
@@ -357,11 +390,11 @@ def _quiet():
         yield
 
 
-def _cma_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
+def _cma_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report, family_rng=None):
     """Mixed-integer CMA-ES with restarts (``_cma_run``). The first run starts at
     ``res.best`` (the best starting point, sigma0 0.2, CMA-ES's default population
     4 + 3 ln n); then the restarts alternate between a fresh random point
-    (``random_candidate``, sigma0 0.3, the default population) and the best input so far
+    (``_fresh_centre``, sigma0 0.3, the default population) and the best input so far
     (sigma0 0.1, the population doubled at each such restart up to 64, as IPOP-CMA-ES
     does). ``lam`` is not used. Returns (candidate, verdict) of the first failure, or None
     when the budget is spent."""
@@ -371,7 +404,7 @@ def _cma_loop(res, sp, rng, evaluate, out_of_budget, *, lam, report):
         if k == 0:
             center, sigma0, pop = res.best, 0.2, pop0
         elif k % 2:
-            center, sigma0, pop = random_candidate(sp, rng), 0.3, pop0
+            center, sigma0, pop = _fresh_centre(sp, rng, family_rng), 0.3, pop0
         else:
             pop_local = min(64, 2 * pop_local)
             center, sigma0, pop = res.best, 0.1, pop_local
@@ -471,8 +504,11 @@ def search(policy, *, space=None, mods=None, budget_s: float = 60.0, seed: int =
     found = None
     mod_starts = [c for need, c in MOD_STARTS if set(need) <= set(sp.mods)]
     zoo_starts = list(ZOO_STARTS) if sp.zoo else []
+    family_rng = _family_rng(seed) if sp.zoo else None
     starts = [*((*zoo_starts, *mod_starts, *STARTS) if structured else ()),
-              *(random_candidate(sp, rng) for _ in range(4))]
+              *(random_candidate(sp, rng) for _ in range(4)),
+              *(unshifted_candidate(sp, family_rng) for _ in range(UNSHIFTED_STARTS if sp.zoo
+                                                                 else 0))]
     for c in starts:
         if out_of_budget():
             break
@@ -486,7 +522,8 @@ def search(policy, *, space=None, mods=None, budget_s: float = 60.0, seed: int =
                 progress(f"{name}: {res.evals} evals, best fitness {res.best_fitness:.1f}, {msg}")
 
         loop = _es_loop if optimizer == "es" else _cma_loop
-        found = loop(res, sp, rng, evaluate, out_of_budget, lam=lam, report=report)
+        found = loop(res, sp, rng, evaluate, out_of_budget, lam=lam, report=report,
+                     family_rng=family_rng)
     res.search_s = time.perf_counter() - t0
     if found is None:
         return res
