@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fa_lab-installed
 
-.PHONY: setup test test-quick test-wheel test-triton-floor test-gpu merge-gpu-record check-gpu-record lab table strip \
+.PHONY: setup ci-venvs test test-quick test-wheel test-triton-floor test-gpu merge-gpu-record check-gpu-record lab table strip \
 	screenshots clean docs docs-test docs-clean
 
 setup: $(STAMP)
@@ -48,13 +48,24 @@ test-quick: setup
 # folder outside the checkout: import, a model call (tests/project/wheel_smoke.py), fa-lab
 # table at a small size and fa-lab attack, whose results land in that folder; fa-lab lab
 # says which extra it needs.
+# The venv with torch alone is a step of its own ($(WHEEL_TORCH), whose stamp says the venv
+# holds torch and nothing else), so make -j builds it beside make setup (make ci-venvs);
+# test-wheel takes the stamp away before the wheel goes in, so a venv that a failed run left
+# with fa_lab in it is never taken for a fresh one, and clears everything else in
+# WHEEL_DIR (an earlier wheel, earlier results) first.
 WHEEL_DIR ?= $(if $(TMPDIR),$(TMPDIR),/tmp)/fa_lab-wheel
+WHEEL_TORCH := $(WHEEL_DIR)/venv/.torch-only
 WHEEL_RUN := cd $(WHEEL_DIR) && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FA_LAB_RESULTS=
-test-wheel: setup
-	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+$(WHEEL_TORCH): Makefile
+	rm -rf $(WHEEL_DIR)/venv
 	$(PYTHON) -m venv $(WHEEL_DIR)/venv
 	$(WHEEL_DIR)/venv/bin/python -m pip install -q "torch==2.13.0"
+	touch $@
+
+test-wheel: setup $(WHEEL_TORCH)
+	find $(WHEEL_DIR) -mindepth 1 -maxdepth 1 ! -name venv -exec rm -rf {} +
+	rm $(WHEEL_TORCH)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
 	$(WHEEL_DIR)/venv/bin/python -m pip install -q $(WHEEL_DIR)/fa_lab-*.whl
 	$(WHEEL_RUN) venv/bin/python $(CURDIR)/tests/project/wheel_smoke.py
 	$(WHEEL_RUN) venv/bin/fa-lab table --which bf16 --S 512 --H 1
@@ -96,9 +107,17 @@ FLOOR_DESELECT := $(addprefix --deselect tests/studies/test_bench.py::,\
 	tests/kernels/swp_bf16/test_swp_bf16_fast_features.py::test_split_k_policy_semantics \
 	tests/kernels/test_fast_kernels.py::test_api_fast_backend_runs_the_fast_kernels_interpreted)
 
-$(FLOOR_STAMP): pyproject.toml Makefile
+# Two steps: $(FLOOR_BASE), torch, Triton and the test runner, writes nothing in the checkout,
+# so make -j builds it beside make setup (make ci-venvs); $(FLOOR_STAMP) installs fa_lab
+# itself (editable, which writes fa_lab.egg-info here) and its dependencies.
+FLOOR_BASE := $(FLOOR_VENV)/.torch-installed
+$(FLOOR_BASE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" "triton==$(TRITON_FLOOR)"
+	$(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" "triton==$(TRITON_FLOOR)" pytest \
+		pytest-xdist hypothesis
+	touch $@
+
+$(FLOOR_STAMP): $(FLOOR_BASE) pyproject.toml Makefile
 	$(FLOOR_VENV)/bin/python -m pip install -q -e . "triton==$(TRITON_FLOOR)" pytest pytest-xdist \
 		hypothesis
 	touch $@
@@ -106,6 +125,13 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
 		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS) $(FLOOR_DESELECT)
+
+# .ci/run's first step, make -j 3 ci-venvs: make setup's venv, and the torch (and Triton) of
+# the wheel's and the floor's venvs, installed at once. A pip install runs on one core, so
+# one after the other they leave the second core of the 2-core CI machine idle; of the
+# three only make setup writes in the checkout (fa_lab.egg-info), and make -j fails when any
+# of them fails.
+ci-venvs: setup $(FLOOR_BASE) $(WHEEL_TORCH)
 
 # make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
 # (tests/gpu_record.py): the shared tests with GPU_WORKERS xdist workers, the gpu_alone ones

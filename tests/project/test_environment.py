@@ -80,11 +80,36 @@ def test_torch_is_a_lower_bound_in_the_library_and_pinned_where_machines_are_set
     deps = [norm(r) for r in _project()["dependencies"] if norm(r).startswith("torch")]
     assert deps == ["torch>=2.11"]
     assert 'pip install -q "torch==2.13.0"' in recipe("$(STAMP)")[2]
-    assert '"torch==2.13.0"' in recipe("$(FLOOR_STAMP)")[1]
+    assert '"torch==2.13.0"' in recipe("$(FLOOR_BASE)")[1]
+    assert "$(FLOOR_BASE)" in prerequisites("$(FLOOR_STAMP)")
+    # the wheel's venv gets the pinned torch in a step test-wheel depends on, before the wheel
+    assert recipe("$(WHEEL_TORCH)")[1:3] == ["$(PYTHON) -m venv $(WHEEL_DIR)/venv",
+                                            '$(WHEEL_DIR)/venv/bin/python -m pip install -q "torch==2.13.0"']
+    assert "$(WHEEL_TORCH)" in prerequisites("test-wheel")
+    assert any("fa_lab-*.whl" in c and "install" in c for c in recipe("test-wheel"))
+
+
+def prerequisites(target: str) -> list[str]:
+    """The prerequisites on the Makefile's rule line for ``target``."""
+    lines = (ROOT / "Makefile").read_text().replace("\\\n", " ").splitlines()
+    line = next(line for line in lines if line.split(":")[0] == target)
+    return line.split(":", 1)[1].split("|")[0].split()
+
+
+def test_ci_builds_the_three_venvs_at_once_and_fails_with_any_of_them():
+    """.ci/run starts with make -j ci-venvs: make setup's venv and the first steps of the
+    floor's and the wheel's venvs, none of which (but setup's) writes in the checkout; a
+    failing one fails make, and set -e stops CI there. The wheel's venv step starts afresh
+    and test-wheel takes its stamp away before the wheel goes in."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci
+    assert ci.index("make -j 3 --output-sync=target ci-venvs") < ci.index("make test\n")
+    assert prerequisites("ci-venvs") == ["setup", "$(FLOOR_BASE)", "$(WHEEL_TORCH)"]
+    assert recipe("$(WHEEL_TORCH)")[0] == "rm -rf $(WHEEL_DIR)/venv"
     wheel = recipe("test-wheel")
-    torch_at = next(i for i, c in enumerate(wheel) if '"torch==2.13.0"' in c)
-    wheel_at = next(i for i, c in enumerate(wheel) if "fa_lab-*.whl" in c and "install" in c)
-    assert torch_at < wheel_at
+    assert wheel.index("rm $(WHEEL_TORCH)") < next(
+        i for i, c in enumerate(wheel) if "fa_lab-*.whl" in c and "install" in c)
+    assert not any(" -e " in c for c in recipe("$(FLOOR_BASE)") + recipe("$(WHEEL_TORCH)"))
 
 
 def test_make_test_builds_installs_and_runs_the_wheel_without_the_lab():
@@ -92,7 +117,7 @@ def test_make_test_builds_installs_and_runs_the_wheel_without_the_lab():
     extra, then the smoke script, fa-lab table and fa-lab attack there."""
     assert "$(MAKE) test-wheel" in recipe("test")
     wheel = " ; ".join(recipe("test-wheel"))
-    assert "pip wheel" in wheel and "-m venv $(WHEEL_DIR)/venv" in wheel
+    assert "pip wheel" in wheel and "-m venv $(WHEEL_DIR)/venv" in " ; ".join(recipe("$(WHEEL_TORCH)"))
     assert "fa_lab-*.whl" in wheel and "fa_lab-*.whl[" not in wheel  # no extra
     for step in ("tests/project/wheel_smoke.py", "fa-lab table", "fa-lab attack lazy_unfixed --budget 5"):
         assert step in wheel, step
@@ -122,7 +147,7 @@ def test_the_triton_floor_is_the_one_make_test_runs_against():
     assert kernels.TRITON_FLOOR == version(floor)[:2] and version(floor)[2] == 0
     assert kernels.INSTALL == f"pip install 'triton>={floor}'"
     assert "$(MAKE) test-triton-floor" in recipe("test")
-    installs = [c for c in recipe("$(FLOOR_STAMP)") if "pip install" in c]
+    installs = [c for c in recipe("$(FLOOR_BASE)") + recipe("$(FLOOR_STAMP)") if "pip install" in c]
     assert installs and all('"triton==$(TRITON_FLOOR)"' in c for c in installs)
     assert any("pytest" in c and "$(FLOOR_TESTS)" in c for c in recipe("test-triton-floor"))
 
