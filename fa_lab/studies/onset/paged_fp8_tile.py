@@ -97,6 +97,11 @@ class TilePart:
     causal_short: bool
     tiles: int
 
+    @property
+    def empty_rows(self) -> bool:
+        """Some row sees no key (causal, more query rows than keys)."""
+        return self.causal_short
+
 
 @dataclass
 class TileMeasure:
