@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fa_lab
+from fa_lab import decode
 from fa_lab.studies import sweep
 from fa_lab.studies.sweep import decode_point
 
@@ -72,7 +72,7 @@ def test_triton_without_a_gpu_is_refused_before_any_work(tmp_path, monkeypatch):
     (point,) = sweep.DecodeGrid(grid).points()
     assert point["device"] == "cuda"
     ran = []
-    monkeypatch.setattr(fa_lab.decode, "pa_decode_tile", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr(decode, "pa_decode_tile", lambda *a, **k: ran.append(1))
     with pytest.raises(ValueError, match="backend 'triton'.*'interpret'"):
         decode_point.outputs(point)
     with pytest.raises(ValueError, match="backend 'triton'"):

@@ -220,7 +220,7 @@ def part_measure(q8, kg, vg, *, skv: int, ls: float, headroom: float, v_descale:
 def measure_call(paged, q8, k, v, *, q_descale: float, k_descale: float, v_descale: float,
                  policy) -> TileMeasure:
     """The ``TileMeasure`` of a checked per-tile call (``paged.schedule == "tile"``)."""
-    from fa_lab.kernels.swp_fp8 import paged_tile
+    from fa_lab.kernels import swp_fp8
     from fa_lab.kernels._common.geometry import block_groups
 
     ls = log2_scale(q_descale, k_descale, q8.shape[-1])
@@ -232,7 +232,7 @@ def measure_call(paged, q8, k, v, *, q_descale: float, k_descale: float, v_desca
             continue
         groups = block_groups(q1 - q0, skv, True, q8.device)
         n_tiles = max(g.n_tiles for g in groups)
-        kg, vg = paged_tile.gather(paged, k, v, b, n_tiles)
+        kg, vg = swp_fp8.paged_tile.gather(paged, k, v, b, n_tiles)
         pages.append(paged.page_ids(b, n_tiles).tolist())
         parts.append(part_measure(q8[q0:q1], kg, vg, skv=skv, ls=ls, headroom=H,
                                   v_descale=float(v_descale), tiles=n_tiles))
