@@ -227,3 +227,31 @@ def test_refusals_name_why():
     odd = pc.make([8], [3 * pc.PAGE])
     with pytest.raises(ValueError, match="per-tile kernel: .*rebases a row below"):
         r.violated(measure(odd, "lazy"))
+
+
+@pytest.mark.parametrize("D,Dv", [(192, 128), (192, 192)])
+def test_the_d192_calls_inside_do_not_fail(D, Dv):
+    """(192, 128) and (192, 192) always run the per-tile kernel (the cases of its kernel
+    tests): inside the region, every row within its bound E of the fp64 reference."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "kernels" / "swp_fp8"))
+    from test_swp_fp8_paged_tile import make_case, vectorized
+
+    q8, kc, vc, call, dense = make_case([40, 70], [200, 256], D=D, Dv=Dv, seed=1)
+    k5, v5 = vectorized(kc, vc)
+    m = onset.paged_fp8.measure(q8, k5, v5, **call)
+    assert isinstance(m, pt.TileMeasure) and onset.bound("swp_fp8_paged").contains(m)
+    out = fa_lab.flash_attn_func(q8, k5, v5, **call, backend="emulator").double()
+    cq = call["cu_seqlens_q"].tolist()
+    for b, ((kb, vb), part) in enumerate(zip(dense, m.parts)):
+        q = q8[cq[b]:cq[b + 1]].double() * call["q_descale"]
+        k, v = kb[0].double() * call["k_descale"], vb[0].double() * call["v_descale"]
+        s = torch.einsum("qhd,khd->hqk", q, k.expand(-1, q.shape[1], -1)) / math.sqrt(D)
+        sq, skv = q.shape[0], k.shape[0]
+        vis = torch.arange(skv)[None, :] <= torch.arange(sq)[:, None] + (skv - sq)
+        ref = torch.einsum("hqk,khd->qhd", torch.softmax(s.masked_fill(~vis, -math.inf), -1),
+                           v.expand(-1, q.shape[1], -1))
+        e = (out[cq[b]:cq[b + 1]] - ref).abs().amax(-1).T.flatten() / part.v_max
+        assert (e.numpy() <= part.err).all() and float(part.err.max()) < TOL

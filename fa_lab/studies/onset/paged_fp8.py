@@ -30,6 +30,12 @@ rows NaN (on the heads of that kv head). This is exact, and pages the kernel nev
 policy) or for a policy named after the family (``"swp_fp8_paged:lazy"``): a policy that
 runs on another family (semantics of its own) is refused, and so is whatever the dense
 region refuses, with its reason.
+
+**The per-tile kernel.** A call that ``fa_lab.paged.fp8_schedule`` sends to #1066's other
+kernel ((D, Dv) other than (128, 128), or an odd page count) is measured as that kernel
+runs it (``measure`` gives a ``paged_fp8_tile.TileMeasure``), and the region answers it
+with the per-tile region (``paged_fp8_tile``: no P headroom, 64-column tiles, padding
+tiles on ``block_table[0, 0]``).
 """
 
 from __future__ import annotations
