@@ -229,18 +229,40 @@ def test_refusals_name_why():
         r.violated(measure(odd, "lazy"))
 
 
+def _d192_case(lens_q, lens_k, D, Dv, seed=1):
+    """Packed q [total_q, 2, D] and a linear page-64 cache (one kv head, a shuffled table,
+    page 0 unnamed), N(0, 1) q and V, 2 N(0, 1) K, quantized per tensor at absmax / 448."""
+    g = torch.Generator().manual_seed(seed)
+    n = [math.ceil(s / pc.PAGE) for s in lens_k]
+    nb = 1 + len(lens_k) * (max(n) + 1)
+    q = torch.randn(sum(lens_q), 2, D, generator=g)
+    ks = [2 * torch.randn(s, 1, D, generator=g) for s in lens_k]
+    vs = [torch.randn(s, 1, Dv, generator=g) for s in lens_k]
+    qd, kd, vd = (max(float(x.abs().max()) for x in xs) / 448 for xs in ([q], ks, vs))
+    dense = [((k / kd).to(pc.FP8)[None], (v / vd).to(pc.FP8)[None]) for k, v in zip(ks, vs)]
+    kc = torch.randn(nb, pc.PAGE, 1, D, generator=g).to(pc.FP8)
+    vc = torch.randn(nb, pc.PAGE, 1, Dv, generator=g).to(pc.FP8)
+    bt = (1 + torch.randperm(nb - 1, generator=g)).reshape(len(lens_k), -1).to(torch.int32)
+    for b, (kb, vb) in enumerate(dense):
+        for t in range(n[b]):
+            rows = kb[0, t * pc.PAGE:(t + 1) * pc.PAGE].shape[0]
+            kc[bt[b, t], :rows] = kb[0, t * pc.PAGE:t * pc.PAGE + rows]
+            vc[bt[b, t], :rows] = vb[0, t * pc.PAGE:t * pc.PAGE + rows]
+    cum = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32)
+           for x in (lens_q, lens_k)]
+    call = dict(cu_seqlens_q=cum[0], cu_seqlens_kv=cum[1], max_seqlen_q=max(lens_q),
+                block_table=bt, seqlen_k=torch.tensor(lens_k, dtype=torch.int32),
+                kv_cache_layout="vectorized", q_descale=qd, k_descale=kd, v_descale=vd)
+    return (q / qd).to(pc.FP8), kc, vc, call, dense
+
+
 @pytest.mark.parametrize("D,Dv", [(192, 128), (192, 192)])
 def test_the_d192_calls_inside_do_not_fail(D, Dv):
-    """(192, 128) and (192, 192) always run the per-tile kernel (the cases of its kernel
-    tests): inside the region, every row within its bound E of the fp64 reference."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "kernels" / "swp_fp8"))
-    from test_swp_fp8_paged_tile import make_case, vectorized
-
-    q8, kc, vc, call, dense = make_case([40, 70], [200, 256], D=D, Dv=Dv, seed=1)
-    k5, v5 = vectorized(kc, vc)
+    """(192, 128) and (192, 192) always run the per-tile kernel: inside the region, every
+    row within its bound E of the fp64 reference."""
+    q8, kc, vc, call, dense = _d192_case([40, 70], [200, 256], D, Dv)
+    k5 = kc.reshape(*kc.shape[:3], D // 16, 16).permute(0, 2, 3, 1, 4).contiguous()
+    v5 = vc.reshape(vc.shape[0], 4, 16, 1, Dv).permute(0, 3, 1, 4, 2).contiguous()
     m = onset.paged_fp8.measure(q8, k5, v5, **call)
     assert isinstance(m, pt.TileMeasure) and onset.bound("swp_fp8_paged").contains(m)
     out = fa_lab.flash_attn_func(q8, k5, v5, **call, backend="emulator").double()
