@@ -42,4 +42,4 @@ FAMILY = Family(
      "fast": Implementation("fast", Caps(FP8, (128,), frozenset(), _FAST_VOTES, _REBASES))},
     rule=FP8_DUALWAVE, raw_units=True)
 
-from . import paged, paged_cases  # noqa: E402,F401 -- the paged prefill's face for the layers above
+from . import paged, paged_cases, paged_tile  # noqa: E402,F401 -- the paged prefill's face for the layers above

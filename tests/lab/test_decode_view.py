@@ -109,8 +109,34 @@ def test_the_picker_reaches_the_paged_fp8_prefill():
     assert "inside the paged region" in v["summary"]
     fig = v["figures"]["partitions"]
     assert len(fig.data) == 2 and "row 5" in fig.layout.title.text
-    with pytest.raises(ValueError, match="context=150.*page"):
-        widgets.compute_decode_view(kernel=PAGED, context=150, query_length=4, group=2)
+    assert v["schedule"] == "bn128"
+
+
+def test_the_paged_fp8_view_draws_the_per_tile_kernel():
+    """150 keys are 3 pages, an odd count: the per-tile kernel runs. Its parts are 64-key
+    tiles reading one page each, the padding tile 3 reading block_table[0, 0]; the row's
+    max per tile against an fp64 pass; the call inside the per-tile region."""
+    from fa_lab.kernels.swp_fp8 import paged_cases
+    from fa_lab.numerics import log2_scale
+
+    v = widgets.compute_decode_view(kernel=PAGED, context=150, query_length=4, group=2, row=5,
+                                    seed=1)
+    case = paged_cases.make([4], [150], H=2, Hkv=1, k_mult=4.0, seed=1, spare=1)
+    bt = case.call["block_table"]
+    assert v["schedule"] == "tile" and v["threshold"] == 8.0
+    assert [p["tiles"] for p in v["parts"]] == [(0, 64), (64, 128), (128, 192), (192, 256)]
+    assert [p["pages"] for p in v["parts"]] == [(int(bt[0, t]),) for t in (0, 1, 2)] + [
+        (int(bt[0, 0]),)]
+    c = case.call
+    x = (case.q8[2, 1].double() @ case.dense[0][0][0, :, 0].double().T).float().double() * log2_scale(
+        c["q_descale"], c["k_descale"], 128)
+    assert v["bound"] == 149
+    for p, (lo, hi) in zip(v["parts"], ((0, 64), (64, 128), (128, 149))):
+        assert p["pmax"] == pytest.approx(float(x[lo:hi].max()), rel=1e-6)
+    assert v["parts"][3]["pmax"] == -math.inf and v["parts"][3]["psum"] == 0.0
+    assert 0 < v["max_err"] < 0.05 and v["violated"] == [] and v["nan_rows"] == []
+    assert "per-tile kernel" in v["summary"] and "inside the paged region" in v["summary"]
+    assert "per tile:" in v["figures"]["partitions"].layout.title.text
 
 
 @pytest.mark.parametrize("kw, err, words", [

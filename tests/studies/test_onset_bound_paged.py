@@ -133,6 +133,16 @@ def test_refusals_name_why():
         onset.paged_fp8.measure(case.q8.float(), case.k5, case.v5, **case.call)
     with pytest.raises(ValueError, match="block_table"):
         onset.paged_fp8.measure(case.q8, case.k5, case.v5, **{**case.call, "block_table": None})
-    odd = pc.make([8], [3 * pc.PAGE])      # an odd page count: the per-tile kernel runs
-    with pytest.raises(ValueError, match="per-tile kernel"):
-        measure(odd)
+
+
+
+def test_a_per_tile_call_is_answered_by_the_per_tile_region():
+    """An odd page count runs #1066's per-tile kernel: its measure is the per-tile one and
+    the paged region answers it with the per-tile region (onset.paged_fp8_tile)."""
+    odd = pc.make([8], [3 * pc.PAGE])
+    m = measure(odd)
+    assert isinstance(m, onset.paged_fp8_tile.TileMeasure)
+    r, tile = onset.bound("swp_fp8_paged"), onset.bound("swp_fp8_paged_tile")
+    assert r.contains(m) and r.margins(m) == tile.margins(m)
+    assert set(r.margins(m)) == {h.name for h in tile.hazards
+                                 if not h.never and h.check(m)[1] is not None}

@@ -3,11 +3,12 @@ one sequence of ``query_length`` query positions and ``group`` heads over ``cont
 in a shuffled page-64 table, causal (bottom-right), through ``flash_attn_func`` as a bare
 call runs it (the builder's lazy threshold 8) and under the dense builder's threshold 6.
 
-Per tile pair (the kernel reads two pages at a time) the view gives its key range, the two
-pages it reads, and for the chosen row its largest score ``pmax`` (log2 units, the kernel's
+Per tile pair (the kernel reads two pages at a time; per tile of one page for an odd page
+count, which runs the per-tile kernel) the view gives its key range, the pages it reads, and for the chosen row its largest score ``pmax`` (log2 units, the kernel's
 fp32 scores) and its mass ``psum`` = sum 2^(s - pmax) over the keys it sees there (fp64):
 where the row's softmax mass sits, and how far each pair's keys lie below the row's best
-(P below 2^-(10 + H) flushes in the e4m3 cast, H = log2(448) - threshold). The row's output
+(P below 2^-(10 + H) flushes in the e4m3 cast, H = log2(448) - threshold; the per-tile
+kernel has H = 0). The row's output
 is checked against the fp64 reference under both thresholds, and the call against the
 paged region (``onset.bound("swp_fp8_paged")``). Its inputs are
 ``kernels/swp_fp8/paged_cases.make``'s: q, V ~ N(0, 1), K ~ ``k_mult`` N(0, 1).
@@ -36,15 +37,13 @@ K_MULT = 4.0
 def view(kernel: str, version: str, context: int, query_length: int, group: int, row: int,
          seed: int, figures) -> dict:
     """The paged fp8 prefill's view (module docstring); ``row`` = qi * group + g. A
-    ``context`` of an odd page count (which runs #1066's per-tile kernel, not the
-    paired-page kernel this view draws) is refused, ValueError naming it."""
+    ``context`` of an odd page count runs #1066's per-tile kernel (``schedule`` "tile"):
+    the parts are then its 64-key tiles, one page each, and the region's answer the
+    per-tile region's (``onset.paged_fp8_tile``)."""
     case = swp_fp8.paged_cases.make([query_length], [context], H=group, Hkv=1, k_mult=K_MULT,
                             seed=seed, spare=1)
     try:
-        if onset.paged_fp8.schedule(case.q8, case.k5, case.v5, **case.call) != "bn128":
-            raise ValueError(f"it is {-(-context // swp_fp8.paged_cases.PAGE)} pages of "
-                             f"{swp_fp8.paged_cases.PAGE}: an odd page count runs the per-tile "
-                             "kernel, and this view shows the paired-page kernel's tile pairs")
+        schedule = onset.paged_fp8.schedule(case.q8, case.k5, case.v5, **case.call)
         out = fa_lab.flash_attn_func(case.q8, case.k5, case.v5, **case.call, backend="emulator")
     except ValueError as e:
         raise ValueError(f"context={context}: {e}") from None
@@ -59,33 +58,41 @@ def view(kernel: str, version: str, context: int, query_length: int, group: int,
         c["q_descale"], c["k_descale"], swp_fp8.paged_cases.HEAD_DIM)
     m = onset.paged_fp8.measure(case.q8, case.k5, case.v5, **case.call)
     ids = m.pages[0]
+    per = 1 if schedule == "tile" else 2     # pages a tile (pair) reads
+    width = per * swp_fp8.paged_cases.PAGE
     parts = []
-    for p in range(len(ids) // 2):
-        lo, hi = 128 * p, min(128 * (p + 1), sees)
+    for p in range(len(ids) // per):
+        lo, hi = width * p, min(width * (p + 1), sees)
         s = x[lo:hi].double()
         pmax = float(s.max()) if s.numel() else -math.inf
         psum = float(torch.exp2(s - pmax).sum()) if s.numel() else 0.0
-        parts.append({"tiles": (128 * p, 128 * (p + 1)), "pages": (int(ids[2 * p]), int(ids[2 * p + 1])),
+        parts.append({"tiles": (width * p, width * (p + 1)),
+                      "pages": tuple(int(i) for i in ids[per * p:per * (p + 1)]),
                       "pmax": pmax, "psum": psum, "weight": math.nan})
     rows = out.float().reshape(query_length * group, -1)
     ref_rows = ref.reshape(query_length * group, -1)
     err = float((rows[row].double() - ref_rows[row]).abs().max())
     err6 = float((out6.float().reshape(query_length * group, -1)[row].double()
                   - ref_rows[row]).abs().max())
+    pol = region.tile.policy if schedule == "tile" else region.policy
     v = {"params": dict(kernel=kernel, context=context, query_length=query_length, group=group,
                         row=row, seed=seed, k_mult=K_MULT),
-         "upstream": version, "parts": parts, "pmax_units": "log2", "out": rows[row],
+         "upstream": version, "schedule": schedule, "parts": parts, "pmax_units": "log2", "out": rows[row],
          "ref": ref_rows[row], "nan_rows": rows.isnan().any(-1).nonzero().flatten().tolist(),
          "bound": sees, "max_err": err, "max_err_threshold_6": err6,
-         "threshold": float(region.policy.threshold), "violated": region.violated(m)}
+         "threshold": float(pol.threshold), "violated": region.violated(m)}
     verdict = ("inside the paged region" if not v["violated"]
                else "outside the paged region: " + ", ".join(v["violated"]))
-    v["summary"] = (f"<b>{html.escape(kernel)}</b> (threshold {v['threshold']:g})<br>row {row}: sees {sees} "
+    which = ("the per-tile kernel, no P headroom" if schedule == "tile"
+             else "the paired-page kernel")
+    v["summary"] = (f"<b>{html.escape(kernel)}</b> ({which}, threshold {v['threshold']:g})<br>"
+                    f"row {row}: sees {sees} "
                     f"of {context} keys, max |out - fp64| = {err:.3g} (threshold 6: {err6:.3g})"
                     f"<br>{verdict}")
 
     def make_figures(which):
-        title = (f"{kernel}: row {row} (sees {sees} of {context} keys), per tile pair: "
+        unit = "tile" if schedule == "tile" else "tile pair"
+        title = (f"{kernel}: row {row} (sees {sees} of {context} keys), per {unit}: "
                  "max and mass of the row's scores")
         return {name: partitions_figure(parts, title=title, panels=PAGED_PANELS, unit="keys")
                 for name in which if name == "partitions"}

@@ -15,7 +15,7 @@ A ``PagedCandidate`` (``PAGED_FIELDS``) is one packed causal call over a page-64
   a call of several sequences is sized by the longest context rounded up to a pair
   (``max_seqlen_kv``), as the paired-page kernel needs; one sequence is sized by its own
   length (upstream builds it without varlen), so an odd page count there runs the
-  per-tile kernel, which the search runs too but has no region to measure against;
+  per-tile kernel, which the search runs too (its region: ``onset.paged_fp8_tile``);
 * **the query**: ``q_len`` packed query rows per sequence (``q_step`` more for each next
   one), causal bottom-right: more rows than keys leave rows that see nothing, whose tile
   maxima are floored (``descale_log2`` lifts q's descale, and with it the kernel's ls,
@@ -226,13 +226,12 @@ def judge(c: PagedCandidate, version: str = "flydsl-6aeb4321", *, classes=None) 
             bad |= rows[name]
     if found:
         fit = 129.0
-    elif onset.paged_fp8.schedule(case.q8, case.k5, case.v5, **case.call) != "bn128":
-        fit = 0.0        # the per-tile kernel: no derived region to measure a distance to
-    else:
+    else:   # either kernel: the region answers the per-tile call's measure too
         region = onset.bound(f"swp_fp8_paged:{version}")
         m = onset.paged_fp8.measure(case.q8, case.k5, case.v5, **case.call)
         tail_case = cases.make(c.lens_q, c.lens_k, H=c.heads, seed=0, tail="nan", spare=c.spare)
-        tail_case.call["max_seqlen_kv"] = case.call["max_seqlen_kv"]
+        if "max_seqlen_kv" in case.call:
+            tail_case.call["max_seqlen_kv"] = case.call["max_seqlen_kv"]
         reads_past = bool(onset.paged_fp8.measure(tail_case.q8, tail_case.k5, tail_case.v5,
                                                   **tail_case.call).read_past)
         floor = region.margins(m).get("fp8 causal floor overflows", math.inf)

@@ -14,6 +14,7 @@
     region = onset.bound("fa4_fp8_saturation:before")   # the safe region in closed form
     region.contains(onset.measure(q, k, v, policy="fa4_fp8_saturation:before"))
     onset.bound("swp_fp8_paged")        # FlyDSL #1066's paged fp8 prefill (onset.paged_fp8)
+    onset.bound("swp_fp8_paged_tile")   # its per-tile kernel (onset.paged_fp8_tile)
     onset.bound("swp_fp8_split")        # FlyDSL #1097's fp8 split-K (onset.fp8_split)
     onset.bound("pa_decode_swa")        # the sliding-window decode (kernels/pa_decode/swa_bound.py)
 
@@ -64,9 +65,9 @@ from .predict import LEVELS, Onset, tile_maxima, predict, KERNELS, CHUNK_ELEMENT
 from .validate import model_bad_rows, validate, validate_grid, worst_cell
 from .bound import FAMILY_BOUNDS, UNBOUNDED, Hazard, Region, bound, register_family
 from .measure import Measure, measure
-from . import fixed_max, fp8_split, paged_fp8
+from . import fixed_max, fp8_split, paged_fp8, paged_fp8_tile
 
 __all__ = ["OVERFLOW_LOG2", "PACK_LIMIT_LOG2", "PACK_FLOOR_LOG2", "SCORE_MODS", "Tiles", "LEVELS", "Onset",
            "tile_maxima", "predict", "KERNELS", "CHUNK_ELEMENTS", "model_bad_rows", "validate",
            "validate_grid", "worst_cell", "Hazard", "Measure", "Region", "bound", "measure", "UNBOUNDED",
-           "FAMILY_BOUNDS", "register_family", "paged_fp8", "fp8_split", "fixed_max"]
+           "FAMILY_BOUNDS", "register_family", "paged_fp8", "paged_fp8_tile", "fp8_split", "fixed_max"]

@@ -30,6 +30,12 @@ rows NaN (on the heads of that kv head). This is exact, and pages the kernel nev
 policy) or for a policy named after the family (``"swp_fp8_paged:lazy"``): a policy that
 runs on another family (semantics of its own) is refused, and so is whatever the dense
 region refuses, with its reason.
+
+**The per-tile kernel.** A call that ``fa_lab.paged.fp8_schedule`` sends to #1066's other
+kernel ((D, Dv) other than (128, 128), or an odd page count) is measured as that kernel
+runs it (``measure`` gives a ``paged_fp8_tile.TileMeasure``), and the region answers it
+with the per-tile region (``paged_fp8_tile``: no P headroom, 64-column tiles, padding
+tiles on ``block_table[0, 0]``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import torch
 
 from fa_lab.kernels._common.hazard import Hazard, HazardChecks
 
+from . import paged_fp8_tile
 from .bound import Region, bound, register_family
 from .measure import Measure, measure as dense_measure
 
@@ -63,16 +70,36 @@ class PagedMeasure:
 @dataclass(frozen=True)
 class PagedRegion(HazardChecks):
     """The paged fp8 prefill's region: the dense fp8 region (``dense``) per sequence, and
-    the pages read past ``seqlen_k``."""
+    the pages read past ``seqlen_k``. A per-tile call's measure (``TileMeasure``) is
+    answered by ``tile``, the per-tile kernel's region (``paged_fp8_tile``)."""
 
     version: str
     dense: Region
     hazards: tuple
     kernel: str = FAMILY
+    tile: object = None   # the per-tile region, or why it is not derived for this policy
 
     @property
     def policy(self):
         return self.dense.policy
+
+    def _tile(self, m):
+        if not isinstance(m, paged_fp8_tile.TileMeasure):
+            return None
+        if isinstance(self.tile, str):
+            raise ValueError(f"this call runs #1066's per-tile kernel: {self.tile}")
+        return self.tile
+
+    def violated(self, m) -> list[str]:
+        t = self._tile(m)
+        return t.violated(m) if t is not None else super().violated(m)
+
+    def contains(self, m) -> bool:
+        return not self.violated(m)
+
+    def margins(self, m) -> dict:
+        t = self._tile(m)
+        return t.margins(m) if t is not None else super().margins(m)
 
     def describe(self) -> str:
         return self._described(f"{self.kernel} at {self.version} ({self.policy.name}, threshold "
@@ -112,10 +139,17 @@ def _policy(name):
 def region(policy=None, *, tolerance: float = 0.25, seqlen_kv=4096) -> PagedRegion:
     """The paged fp8 prefill's safe region under ``policy`` (None or a version name: the
     builder's defaults; else a policy's name or a Policy), ``tolerance`` as the dense
-    region's. ValueError naming why for what the dense region cannot bound."""
+    region's; a per-tile call's measure is answered by the per-tile region
+    (``paged_fp8_tile.region``, the version's per-tile defaults or the same policy).
+    ValueError naming why for what either region cannot bound."""
     version, pol = _policy(policy)
     dense = bound(pol, dtype="fp8", tolerance=tolerance, seqlen_kv=seqlen_kv, kernel="swp_fp8")
-    return PagedRegion(version, dense, tuple(h.over_parts() for h in dense.hazards) + (READ_PAST,))
+    try:
+        tile = paged_fp8_tile.region(policy or None, tolerance=tolerance, seqlen_kv=seqlen_kv)
+    except ValueError as e:    # the paired-page region stands; a per-tile call says why not
+        tile = str(e)
+    return PagedRegion(version, dense, tuple(h.over_parts() for h in dense.hazards) + (READ_PAST,),
+                       tile=tile)
 
 
 def schedule(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **call) -> str:
@@ -141,22 +175,21 @@ def _checked(q8, k, v, *, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, block_table
 def measure(q8: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q, cu_seqlens_kv,
             max_seqlen_q, block_table, seqlen_k, q_descale: float, k_descale: float,
             v_descale: float, max_seqlen_kv=None, kv_cache_layout: str = "vectorized",
-            policy=None) -> PagedMeasure:
+            policy=None):
     """The ``PagedMeasure`` of one paged fp8 call (``flash_attn_func``'s arguments, checked
-    as it checks them, ``fa_lab.paged.check_fp8``) under ``policy`` (as ``region``'s). A
-    call that runs the per-tile kernel (``schedule``) is refused: its region is not derived."""
+    as it checks them, ``fa_lab.paged.check_fp8``) under ``policy`` (as ``region``'s); a
+    call that runs the per-tile kernel (``schedule``) gives the per-tile kernel's
+    ``paged_fp8_tile.TileMeasure`` (its policy: ``paged_fp8_tile.resolve_policy``'s)."""
     from fa_lab.kernels import swp_fp8
     from fa_lab.kernels._common.geometry import block_groups
 
     paged = _checked(q8, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                      max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
                      block_table=block_table, seqlen_k=seqlen_k, kv_cache_layout=kv_cache_layout)
-    if paged.schedule != "bn128":
-        raise ValueError(
-            "onset.bound('swp_fp8_paged') bounds the paired-page BN128 kernel; this call "
-            "(head dims other than (128, 128), or an odd page count of the length the build "
-            "is sized by) runs #1066's per-tile kernel (kernels/swp_fp8/paged_tile.py: the "
-            "bf16 schedule, no P headroom), whose region is not derived")
+    if paged.schedule == "tile":
+        return paged_fp8_tile.measure_call(
+            paged, q8, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+            policy=paged_fp8_tile.resolve_policy(policy)[1])
     _, pol = _policy(policy)
     parts: list[Measure] = []
     read_past, pages = [], []

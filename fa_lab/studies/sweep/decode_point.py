@@ -125,14 +125,24 @@ def _stats(out: torch.Tensor, ref: torch.Tensor, vmax: float) -> dict:
             if bool(keep.any()) else math.nan}
 
 
+def outputs(point: dict):
+    """One decode grid point's run: (out [rows, Dv] fp64 on the CPU, its fp64 reference,
+    max |V|, the region's violated hazards, the kernel's seconds). A point on CUDA (backend
+    ``triton``) on a machine without a GPU is refused before any work, ValueError naming
+    the backend axis (``interpret`` runs the same port in Triton's interpreter)."""
+    if point["device"] == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"backend {point['backend']!r} runs the compiled Triton port on a CUDA "
+                         "device and this machine has none: set the grid's backend axis to "
+                         "'interpret' (the same port in Triton's interpreter) or 'emulator', "
+                         "or run the sweep on a cluster with GPU workers")
+    return _mla(point) if point["kernel"] == "mla_decode" else _paged(point)
+
+
 def compute_decode_point(point: dict) -> dict:
     """Run one decode grid point (``decode_grid.DecodeGrid.points()``) and return its table
     row (``store.DECODE_SCHEMA``)."""
     t0 = time.perf_counter()
-    if point["kernel"] == "mla_decode":
-        out, ref, vmax, violated, kernel_s = _mla(point)
-    else:
-        out, ref, vmax, violated, kernel_s = _paged(point)
+    out, ref, vmax, violated, kernel_s = outputs(point)
     row = {a: point[a] for a in _ROW_AXES}
     row.update(_stats(out, ref, vmax))
     row["violated"] = violated
