@@ -558,6 +558,32 @@ def test_a_rule_policys_identity_is_its_source_and_what_it_closes_over():
         fa_lab.Policy("wave", "tile", name="x", semantics=fa_lab.semantics.Semantics(block_n=128)))
 
 
+def test_a_redefined_rule_is_recomputed(client, tmp_path, capsys):
+    """A Python rule registered under one name, swept, then registered again under that
+    name with another value it closes over: the rerun recomputes the point and says so,
+    and an unchanged rule is still resumed."""
+    from fa_lab.numerics import fmax
+
+    def make(cap):
+        return fa_lab.Policy.from_rule(lambda m, mt, thr: fmax(m, mt - cap), name="rule_redef")
+    grid = {"policy": ["rule_redef"], "k_scale": [40], "S": [512], "D": [64]}
+    try:
+        fa_lab.policies.register(make(0.0))
+        first = sweep.run(grid, client=client, out=tmp_path, name="rule_redef", progress=False)
+        fa_lab.policies.register(make(0.0), replace=True)  # the same definition, a new object
+        same = sweep.run(grid, client=client, out=tmp_path, name="rule_redef", progress=False)
+        fa_lab.policies.register(make(30.0), replace=True)
+        capsys.readouterr()
+        table = sweep.run(grid, client=client, out=tmp_path, name="rule_redef", progress=False)
+    finally:
+        fa_lab.policies.unregister("rule_redef")
+    assert (first.attrs["computed"], same.attrs["computed"], same.attrs["skipped"]) == (1, 0, 1)
+    assert (table.attrs["computed"], table.attrs["skipped"]) == (1, 0)
+    assert "policy 'rule_redef' changed since the stored run: recomputing 1 point" in \
+        capsys.readouterr().err
+    assert table.point_id[0] != first.point_id[0]
+
+
 def test_the_dask_dashboard_listens_on_loopback_only(client):
     """A LocalCluster's dashboard at ":0" listens on every interface (0.0.0.0) while the
     sweep prints http://127.0.0.1:...: every listening socket of the sweep's cluster (this

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .bound import bound
-from .edge_builders import (BF16_INF_LOG2, BUILDERS, SKIPPED, TOLERANCE_FOR,  # noqa: F401
-                            Case)
+from .edge_builders import BUILDERS, SKIPPED, TOLERANCE_FOR, Case
 from .measure import measure
 
 #: The bisection's last step, in the parameter's units (log2 units for a magnitude).
