@@ -436,13 +436,16 @@ def check_guaranteed_safe(guaranteed_safe, nan: pd.DataFrame | None = None, *, n
     Returns the limit the bound gives at ``n_keys`` and ``v_max`` (1 when not given)."""
     assert guaranteed_safe(8.0, 2048, 4.5), "the kernel's threshold of 8 is safe at 2048 keys"
     assert not guaranteed_safe(160.0, 2048, 4.5), "160 is past fp32's 128"
+    # before the boundary cases, so that a bound without n_keys is told so (125 + 10 is past
+    # 128 in log2 units and in natural-log units alike; 125 alone is not)
+    assert not guaranteed_safe(125, 2 ** 10, 1), \
+        "1024 keys add 10 binades (125 + 10 > 128): is n_keys in your bound?"
     assert not guaranteed_safe(117, 2048, 1), \
         "117 + log2(2048) = 128 reaches fp32's limit: in log2 units, and strictly below 128"
     assert guaranteed_safe(116.9, 2048, 1), "116.9 + log2(2048) < 128: safe, in log2 units"
     assert not guaranteed_safe(100, 2048, 2 ** 20), \
         "values up to 2^20 add 20 binades: is max |v| in your bound?"
     assert guaranteed_safe(120, 1, 1), "one key and values at most 1: only the threshold counts"
-    assert not guaranteed_safe(120, 2 ** 8, 1), "256 keys add 8 binades: is n_keys in your bound?"
     vm = 1.0 if v_max is None else float(v_max)
     if nan is not None:
         for pol in ("lazy", "fa4_row"):
