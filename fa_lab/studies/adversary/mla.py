@@ -165,19 +165,20 @@ def build(c: MLACandidate):
             torch.arange(P, dtype=torch.int32), f32(math.log(2.0)))
 
 
-def run(c: MLACandidate, p_headroom: float = 0.0) -> torch.Tensor:
-    """The model's output [S, 128, 512] (bf16 as the call returns it, in fp32)."""
+def run(c: MLACandidate, p_headroom: float = 0.0, *, call=None) -> torch.Tensor:
+    """The model's output [S, 128, 512] (bf16 as the call returns it, in fp32); ``call``:
+    ``build(c)`` when already made."""
     from fa_lab import mla
 
-    out, _ = mla.mla_decode(*build(c), num_kv_splits=c.num_kv_splits, backend="emulator",
-                            p_headroom=p_headroom)
+    out, _ = mla.mla_decode(*(call or build(c)), num_kv_splits=c.num_kv_splits,
+                            backend="emulator", p_headroom=p_headroom)
     return out.float()
 
 
-def reference(c: MLACandidate):
+def reference(c: MLACandidate, *, call=None):
     """Per sequence, the fp64 reference output [128, 512] (None for an empty one) and its
-    max|V| (the latent columns' largest magnitude)."""
-    query, kv_buffer, indptr, _, scale = build(c)
+    max|V| (the latent columns' largest magnitude); ``call``: ``build(c)`` when made."""
+    query, kv_buffer, indptr, _, scale = call or build(c)
     kv = kv_buffer.float().reshape(-1, M.QK_HEAD_DIM)
     ind = indptr.tolist()
     refs = []
@@ -226,12 +227,13 @@ def judge(c: MLACandidate, p_headroom: float = 0.0, *, classes=None) -> Verdict:
     classes = check_classes(classes)
     H = check_headroom(p_headroom)
     t0 = time.perf_counter()
-    out = run(c, H)
+    call = build(c)
+    out = run(c, H, call=call)
     S = out.shape[0]
     finite = torch.isfinite(out).all(-1)
     defined = torch.zeros(S, M.NUM_HEADS, dtype=torch.bool)
     err = torch.zeros(S, M.NUM_HEADS, dtype=torch.float64)
-    for b, (ref, vmax) in enumerate(reference(c)):
+    for b, (ref, vmax) in enumerate(reference(c, call=call)):
         if ref is None:
             continue
         defined[b] = True
