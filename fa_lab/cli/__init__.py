@@ -21,6 +21,7 @@ USAGE = """\
     fa-lab table  [--which bf16|fp8|both] [--full] [--device cuda] [--B .. --S .. --H ..]
     fa-lab sweep  GRID.yaml [--workers 2] [--import FILE]
     fa-lab attack POLICY [--budget 60] [--mods bias,alibi,sink] [--import FILE]
+    fa-lab attack VERSION|mla_decode [--space decode_swa|paged_fp8|..] [--p-headroom H]
     fa-lab bench  [--suite dense,splitk,varlen] [--shapes 0,1,..] [--impls a,b,..]
     fa-lab show   [NAME] [--reference] [--columns a,b,..]  list the results, or print one
     fa-lab lab    [--port N] [--no-browser]  JupyterLab on notebooks/ (pip install 'fa_lab[lab]')

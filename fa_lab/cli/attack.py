@@ -1,7 +1,11 @@
 """``fa-lab attack``: search for inputs on which a policy's output goes non-finite, and
 shrink them (``fa_lab.studies.adversary``). The run is saved as an attack record
 (``adversary.record``: the schema of the lab's reference ``attack_<policy>.json``) in the
-results folder, and its repro line runs as printed."""
+results folder, and its repro line runs as printed.
+
+A kernel target instead of a policy runs that kernel's own space (``KERNEL_SPACES``): a
+decode version (``decode``, ``decode_v_outliers``, ``decode_swa``), a paged fp8 version
+(``paged_fp8``) or ``mla_decode`` (``--p-headroom``); ``--space`` picks among them."""
 
 from __future__ import annotations
 
@@ -20,16 +24,23 @@ def add_arguments(p) -> None:
     from fa_lab.studies.adversary import OPTIMIZERS, SPACES
 
     p.add_argument("policy_pos", nargs="?", metavar="POLICY",
-                   help="the registered policy to attack (or --policy)")
+                   help="the registered policy to attack (or --policy), or a kernel target: "
+                        "a decode version, a paged fp8 version, mla_decode")
     p.add_argument("--policy", dest="policy_opt", help="the policy (instead of POLICY)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds of search (shrinking a find takes up to as much again)")
-    p.add_argument("--space", choices=(*SPACES, "decode"), default=None,
+    p.add_argument("--space", choices=(*SPACES, *KERNEL_SPACES), default=None,
                    help="the search space: scores (|V| <= 4; the default), values (V up to "
                         "2^126), zoo (KV caches, sentinels, masked rows and tiles; the "
-                        "default for the failure zoo's presets) or decode (paged-decode calls; "
-                        "the default, and the only space, for a decode version such as "
-                        "main-11c4174d or flydsl-985c653a^ given as POLICY)")
+                        "default for the failure zoo's presets); for a decode version "
+                        "(main-11c4174d, flydsl-985c653a^) as POLICY: decode (paged-decode "
+                        "calls, its default), decode_v_outliers (outliers in V only) or "
+                        "decode_swa (the sliding-window kernel); paged_fp8 (the paged fp8 "
+                        "prefill, the default for flydsl-6aeb4321); mla_decode (the MLA decode, "
+                        "the default for POLICY mla_decode)")
+    p.add_argument("--p-headroom", dest="p_headroom", type=float, default=None, metavar="H",
+                   help="mla_decode only: lift P by 2^H before its e4m3 cast (0, upstream's "
+                        "cast, by default; 8: the fix)")
     p.add_argument("--classes", default=None, metavar="LIST",
                    help="classes of failure to count, comma-separated: nonfinite, empty, "
                         "silent, saturation, nan_factor (default: a zoo preset's own, "
@@ -114,10 +125,11 @@ def run(args) -> int:
         raise UsageError("name the policy to attack: fa-lab attack POLICY (or --policy NAME)")
     if args.policy_opt and args.policy_pos and args.policy_opt != args.policy_pos:
         raise UsageError(f"two policies given: {args.policy_pos!r} and --policy {args.policy_opt!r}")
-    from fa_lab.studies.adversary import decode as decode_space
-
-    if decode_space.is_decode_target(name) or args.space == "decode":
-        return _run_decode(args, name)
+    space = kernel_space(name, args.space)
+    if space is not None:
+        return _run_kernel(args, name, space)
+    if args.p_headroom is not None:
+        raise UsageError("--p-headroom is the mla_decode space's (fa-lab attack mla_decode)")
     if name not in policies.names():
         raise UsageError(f"{name!r} is not a registered policy; registered: "
                          f"{', '.join(policies.names())} (register yours in a file given to --import)")
@@ -165,63 +177,175 @@ def run(args) -> int:
     return 0
 
 
-def _run_decode(args, name) -> int:
-    """``fa-lab attack VERSION [--space decode]``: the decode space's attack on a decode
-    version (``adversary.decode_search``), saved as an attack record."""
+#: The kernel spaces' targets and searches (``fa-lab attack TARGET [--space S]``): space ->
+#: (what the target is, the module in fa_lab.studies.adversary).
+KERNEL_SPACES = {"decode": "decode_search", "decode_v_outliers": "decode_search",
+                 "decode_swa": "decode_search", "paged_fp8": "paged_fp8", "mla_decode": "mla"}
+
+
+def kernel_space(name, space):
+    """The kernel space ``fa-lab attack NAME [--space SPACE]`` runs (None: the policy
+    attack): ``space`` when it is one, else the space of the kind of target NAME is (a
+    decode version, a paged fp8 version, or ``mla_decode``)."""
+    from fa_lab.studies.adversary import decode as decode_space
+    from fa_lab.studies.adversary import mla
+    from fa_lab.upstream import FP8_PAGED_VERSIONS
+
+    if space in KERNEL_SPACES:
+        return space
+    own = ("decode" if decode_space.is_decode_target(name) else
+           "paged_fp8" if name in FP8_PAGED_VERSIONS else
+           "mla_decode" if name == mla.TARGET else None)
+    if own is not None and space is not None:
+        spaces = [s for s, m in KERNEL_SPACES.items() if m == KERNEL_SPACES[own]]
+        raise UsageError(f"{name!r} is a {own} target: its spaces are {', '.join(spaces)}, "
+                         f"not {space!r}")
+    return own
+
+
+def _check_target(name, space):
+    """UsageError unless ``name`` is a target of the kernel space ``space``; returns the
+    target as the search takes it (the MLA decode's is its p_headroom, given apart)."""
+    from fa_lab.kernels.mla_decode import VERSIONS as MLA_VERSIONS
+    from fa_lab.studies.adversary import decode as decode_space
+    from fa_lab.studies.adversary import mla
+    from fa_lab.upstream import DECODE_VERSIONS, FP8_PAGED_VERSIONS
+
+    if space == "mla_decode":
+        if name not in (mla.TARGET, *MLA_VERSIONS):
+            raise UsageError(f"--space mla_decode attacks the MLA decode: name it "
+                             f"{mla.TARGET} (or its version, {', '.join(MLA_VERSIONS)}); got {name!r}")
+    elif space == "paged_fp8":
+        if name not in FP8_PAGED_VERSIONS:
+            raise UsageError(f"--space paged_fp8 attacks a paged fp8 version, one of "
+                             f"{', '.join(FP8_PAGED_VERSIONS)}; got {name!r}")
+    elif not decode_space.is_decode_target(name):
+        raise UsageError(f"--space {space} attacks a decode version, one of "
+                         f"{', '.join(DECODE_VERSIONS)}; got {name!r}")
+
+
+def _target_file(name, space, args) -> str:
+    """The kernel attack's default result name: attack_<target>, the space when it is not
+    the target's own, --p-headroom, --seed, --classes, --max-evals (--budget is not: a
+    longer search of the same attack)."""
+    def word(x):
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", str(x))
+    target = "mla_decode" if space == "mla_decode" else name
+    parts = [f"attack_{word(target)}"]
+    parts += [space] if space not in ("decode", "paged_fp8", "mla_decode") else []
+    parts += [f"h{args.p_headroom:g}"] if args.p_headroom else []
+    parts += [f"seed{args.seed}"] if args.seed else []
+    parts += [f"classes-{word(args.classes)}"] if args.classes is not None else []
+    parts += [f"evals{args.max_evals}"] if args.max_evals is not None else []
+    return results.check_name("_".join(parts))
+
+
+def _run_kernel(args, name, space) -> int:
+    """``fa-lab attack TARGET [--space S]`` on a kernel space: the paged decode's
+    (``decode``, ``decode_v_outliers``, ``decode_swa``: ``adversary.decode_search``), the
+    paged fp8 prefill's (``paged_fp8``) or the MLA decode's (``mla_decode``, with
+    ``--p-headroom``), saved as an attack record."""
+    import importlib
     import json
     import math
     import time
 
     import torch
 
-    from fa_lab.studies.adversary import decode as decode_space
-    from fa_lab.studies.adversary import decode_search
-    from fa_lab.upstream import DECODE_VERSIONS
-
-    if not decode_space.is_decode_target(name):
-        raise UsageError(f"--space decode attacks a decode version, one of "
-                         f"{', '.join(DECODE_VERSIONS)}; got {name!r}")
-    if args.space not in (None, "decode"):
-        raise UsageError(f"{name!r} is a decode version: its space is decode, not {args.space!r}")
+    _check_target(name, space)
     off = [flag for flag, val in (("--mods", args.mods), ("--baseline", args.baseline),
                                   ("--threshold", args.threshold),
                                   ("--tolerance", args.tolerance),
                                   ("--regression", args.regression),
-                                  ("--random-starts", args.random_starts)) if val]
-    if off or args.optimizer != "cma":
-        raise UsageError(f"{', '.join(off) or '--optimizer'} does not apply to the decode "
-                         "space (random starts and an evolution strategy, no modifiers)")
+                                  ("--random-starts", args.random_starts),
+                                  ("--optimizer", args.optimizer != "cma")) if val]
+    if space != "mla_decode" and args.p_headroom is not None:
+        off.append("--p-headroom")
+    if off:
+        raise UsageError(f"{', '.join(off)} does not apply to the {space} space (random "
+                         "starts and an evolution strategy, no modifiers"
+                         + ("; --p-headroom is the mla_decode space's)" if "--p-headroom" in off
+                            else ")"))
     if not (args.budget > 0 and math.isfinite(args.budget)):
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget}")
+    mod = importlib.import_module(f"fa_lab.studies.adversary.{KERNEL_SPACES[space]}")
     try:
-        classes = decode_space.check_decode_classes(args.classes)
+        if space == "mla_decode":
+            classes = mod.check_classes(args.classes)
+            headroom = mod.check_headroom(args.p_headroom or 0.0)
+        elif space == "paged_fp8":
+            classes = mod.check_classes(args.classes)
+        else:
+            from fa_lab.studies.adversary import decode as decode_space
+            classes = decode_space.check_decode_classes(args.classes)
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
-    opts = {"seed": args.seed, "budget_s": args.budget, "space": "decode",
+    opts = {"seed": args.seed, "budget_s": args.budget, "space": space,
             "max_evals": args.max_evals, "classes_asked": args.classes}
+    if space == "mla_decode":
+        opts["p_headroom"] = headroom
     saved_as = None
-    if not args.no_save:
+    if not args.no_save:  # the file, checked before the search
         results.check_folder(args.out_dir)
-        saved_as = args.name or default_name(name, args)
+        saved_as = args.name or _target_file(name, space, args)
         results.check_same_run(saved_as, opts, root=args.out_dir, ignore=VOLATILE)
     started = time.perf_counter()
-    res = decode_search.search(name, budget_s=args.budget, seed=args.seed, classes=classes,
-                               max_evals=args.max_evals)
+    common = dict(budget_s=args.budget, seed=args.seed, classes=classes, max_evals=args.max_evals)
+    if space == "mla_decode":
+        res = mod.search(headroom, **common)
+    elif space == "paged_fp8":
+        res = mod.search(name, **common)
+    else:
+        res = mod.search(name, space=space, **common)
     wall = time.perf_counter() - started
     params = {**opts, "classes": list(res.classes),
               "machine": f"CPU, {torch.get_num_threads()} torch thread(s)",
               "command": "fa-lab attack"}
-    rec = decode_search.record(name, [(res, wall)], params=params)
+    if space == "mla_decode":
+        rec = mod.record([(res, wall)], params=params)
+    elif space == "paged_fp8":
+        rec = _paged_record(name, res, wall, params)
+    else:
+        rec = mod.record(name, [(res, wall)], params=params)
     saved = None if saved_as is None else results.save(saved_as, rec, root=args.out_dir)
     if args.json:
         run = rec["runs"][0]
         slim = {k: run[k] for k in ("policy", "found", "size", "repro", "budget_s", "evals",
                                     "time_to_first_s", "bad_rows", "classes", "found_classes")}
-        slim.update(space="decode", repro_command=res.repro_command,
+        slim.update(space=space, repro_command=res.repro_command,
                     saved=None if saved is None else str(saved))
         print(json.dumps(slim, default=str))
     else:
-        print(decode_search.summary(res))
+        print(_summary(res, space))
         if saved is not None:
             print(f"saved {saved}")
     return 0
+
+
+def _paged_record(version, res, wall, params) -> dict:
+    """The attack record of one paged fp8 run (``record.RECORD_KEYS``)."""
+    from fa_lab.studies.adversary.record import summary_row
+    from fa_lab.upstream import FP8_PAGED_VERSIONS
+
+    run = {**res.to_dict(), "wall_s": float(wall)}
+    return {"policy": version, "found": run["found"], "repro": run["repro"], "size": run["size"],
+            "mods": [], "description": f"paged fp8 prefill {version}: "
+                                       f"{FP8_PAGED_VERSIONS[version].description}",
+            "user_policy": False, "summary": [summary_row(run)], "runs": [run],
+            "params": dict(params)}
+
+
+def _summary(res, space) -> str:
+    from fa_lab.studies.adversary import decode_search, mla
+
+    if space == "mla_decode":
+        return mla.summary(res)
+    if space != "paged_fp8":
+        return decode_search.summary(res)
+    if res.found:
+        return (f"{res.policy}: FAILS ({', '.join(res.found_classes)}). First failure after "
+                f"{res.time_to_first_s:.1f} s ({res.evals_to_first} model runs) in space "
+                f"'paged_fp8'; shrunk in {res.shrink_evals} runs to {res.shrunk.size}\n"
+                f"  repro: {res.repro_command}")
+    return (f"{res.policy}: nothing in {res.evals} runs found a failure ({res.search_s:.1f} s, "
+            f"budget {res.budget_s:g} s, space 'paged_fp8', classes {', '.join(res.classes)})")

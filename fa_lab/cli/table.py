@@ -177,6 +177,13 @@ def add_arguments(t):
                    help="score spreads: K times each, the logits' standard deviation (1)")
     g.add_argument("--head-dim", dest="head_dim", type=positive_int, default=None,
                    help="head dim: 64, 128 or 256 (64; 64 or 128 with a window)")
+    g.add_argument("--kernels", type=_word_list, default=None,
+                   help="pa_decode (the paged decode), mla_decode (the MLA decode: contexts, "
+                        "partitions as KV splits, spreads, --p-headrooms; the paged decode's "
+                        "other axes do not apply to it) (both)")
+    g.add_argument("--p-headrooms", dest="p_headrooms", type=_float_list, default=None,
+                   help="mla_decode: lifts of P by 2^H before its e4m3 cast, 0 = upstream's "
+                        "(0,8)")
 
 
 
@@ -199,7 +206,8 @@ def run(args) -> int:
     if args.which == "decode":
         return _run_decode(args)
     decode_only = [f for f in ("contexts", "query_lens", "partitions", "page_sizes", "scales",
-                               "windows", "decode_versions", "spreads", "head_dim")
+                               "windows", "decode_versions", "spreads", "head_dim", "kernels",
+                               "p_headrooms")
                    if getattr(args, f) is not None]
     if decode_only:
         raise UsageError(f"--{decode_only[0].replace('_', '-')} is an axis of --which decode")
@@ -308,7 +316,8 @@ def result_name_and_params(args, kind: str, sizes: dict, tables: int, version: s
 
 
 def _run_decode(args) -> int:
-    """``fa-lab table --which decode``: ``fa_lab.studies.decode_table`` over the axes given."""
+    """``fa-lab table --which decode``: ``fa_lab.studies.decode_table`` over the axes given,
+    for the kernels given (``--kernels``: the paged decode and the MLA decode by default)."""
     from fa_lab.studies import decode_table as dt
 
     off = [flag for flag, val in (("--full", args.full), ("--causal", args.causal),
@@ -318,13 +327,34 @@ def _run_decode(args) -> int:
     if off or args.device != "cpu" or args.backend != "auto":
         raise UsageError(f"{', '.join(off) or '--device/--backend'} does not apply to "
                          "--which decode (the emulator on the CPU, over the decode's own axes)")
+    kernels = args.kernels if args.kernels is not None else dt.KERNELS
+    bad = [k for k in kernels if k not in dt.KERNELS]
+    if bad or not kernels:
+        raise UsageError(f"--kernels: {bad[0] if bad else ''!r} is not one of "
+                         f"{', '.join(dt.KERNELS)}")
+    if "pa_decode" not in kernels:
+        off = [flag for flag, val in (("--query-lens", args.query_lens),
+                                      ("--page-sizes", args.page_sizes),
+                                      ("--scales", args.scales), ("--windows", args.windows),
+                                      ("--decode-versions", args.decode_versions),
+                                      ("--head-dim", args.head_dim), ("--H", args.H))
+               if val is not None]
+        if off:
+            raise UsageError(f"{', '.join(off)} does not apply to --kernels mla_decode (one "
+                             "token, one kv head of 576, pages of one token, no descales, one "
+                             "version); its axes: --contexts, --partitions, --spreads, "
+                             "--p-headrooms")
+    if "mla_decode" not in kernels and args.p_headrooms is not None:
+        raise UsageError("--p-headrooms applies to mla_decode alone; add it to --kernels")
     axes = {k: v for k, v in (("contexts", args.contexts), ("query_lengths", args.query_lens),
                               ("partitions", args.partitions), ("page_sizes", args.page_sizes),
                               ("scales", args.scales), ("windows", args.windows),
-                              ("versions", args.decode_versions), ("spreads", args.spreads))
+                              ("versions", args.decode_versions), ("spreads", args.spreads),
+                              ("p_headrooms", args.p_headrooms))
             if v is not None}
     kw = {**axes, **({"group": args.H} if args.H is not None else {}),
-          **({"head_dim": args.head_dim} if args.head_dim is not None else {}), "seed": args.seed}
+          **({"head_dim": args.head_dim} if args.head_dim is not None else {}), "seed": args.seed,
+          "kernels": tuple(kernels)}
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
     name = None
     if not args.no_save:

@@ -95,7 +95,7 @@ def canonical_inputs(spreads, n_keys: int, dominant: str = "first"):
     pos = 0 if dominant == "first" else n_keys - 1
     kv[pos, M.KV_LORA_RANK:M.KV_LORA_RANK + 2] = 1.0
     fp8 = torch.float8_e4m3fn
-    return (q.to(fp8)[None], kv.to(fp8).reshape(n_keys, 1, 1, -1),
+    return (q.to(fp8)[None], kv.to(fp8).reshape(n_keys, 1, 1, M.QK_HEAD_DIM),
             torch.arange(n_keys, dtype=torch.int32), f32(math.log(2.0)), pos)
 
 
@@ -140,7 +140,7 @@ def gaussian_inputs(sigma: float, n_keys: int, seed: int = 0):
     kv[:, :M.KV_LORA_RANK] = 1.0
     kv[:, M.KV_LORA_RANK:] = torch.randn(n_keys, M.QK_ROPE_HEAD_DIM, generator=g)
     scale = f32(sigma / math.sqrt(M.QK_ROPE_HEAD_DIM))
-    return (q.to(fp8)[None], kv.to(fp8).reshape(n_keys, 1, 1, -1),
+    return (q.to(fp8)[None], kv.to(fp8).reshape(n_keys, 1, 1, M.QK_HEAD_DIM),
             torch.arange(n_keys, dtype=torch.int32), scale)
 
 

@@ -155,3 +155,55 @@ def test_the_decode_attack_refuses_what_does_not_apply(args, needle, capsys):
     with pytest.raises(SystemExit) as e:
         main(["attack", *args, "--no-save"])
     assert e.value.code != 0 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, name, space", [
+    pytest.param(["main-11c4174d", "--space", "decode_swa"],
+                 "attack_main-11c4174d_decode_swa_evals2", "decode_swa", marks=pytest.mark.slow),
+    pytest.param(["flydsl-6aeb4321"], "attack_flydsl-6aeb4321_evals2", "paged_fp8",
+                 marks=pytest.mark.slow),
+    (["mla_decode", "--p-headroom", "8", "--seed", "3"], "attack_mla_decode_h8_seed3_evals2",
+     "mla_decode"),
+    (["main-11c4174d", "--space", "mla_decode"], "attack_mla_decode_evals2", "mla_decode"),
+])
+def test_every_kernel_space_runs_from_the_command_line(args, name, space, tmp_path, capsys):
+    from fa_lab.cli import main
+
+    assert main(["attack", *args, "--max-evals", "2", "--budget", "30", "--json",
+                 "--out-dir", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["space"] == space and out["saved"] == str(tmp_path / f"{name}.json")
+    rec = adversary.load_record(name, root=tmp_path)
+    assert rec["params"]["space"] == space and rec["runs"][0]["space"]["name"] == space
+    assert rec["runs"][0]["evals"] <= 2 + rec["runs"][0]["shrink_evals"]
+    if space == "mla_decode":
+        assert rec["params"]["p_headroom"] == (8.0 if "8" in args else 0.0)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["lazy", "--p-headroom", "8"], "--p-headroom"),
+    (["main-11c4174d", "--p-headroom", "8"], "--p-headroom"),
+    (["mla_decode", "--p-headroom", "9"], "p_headroom"),
+    (["mla_decode", "--space", "decode"], "decode version"),
+    (["mla_decode", "--space", "zoo"], "mla_decode"),
+    (["flydsl-6aeb4321", "--space", "decode_swa"], "decode version"),
+    (["main-11c4174d", "--space", "paged_fp8"], "paged fp8 version"),
+    (["mla_decode", "--classes", "stale_nan"], "classes"),
+    (["flydsl-6aeb4321", "--optimizer", "es"], "--optimizer"),
+])
+def test_the_kernel_spaces_refuse_what_does_not_apply(args, needle, capsys):
+    from fa_lab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["attack", *args, "--no-save"])
+    assert e.value.code != 0 and needle in capsys.readouterr().err
+
+
+def test_the_output_folder_is_checked_before_a_kernel_search(tmp_path, capsys):
+    from fa_lab.cli import main
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["attack", "mla_decode", "--out-dir", str(blocked / "sub"), "--budget", "600"])
+    assert e.value.code != 0 and str(blocked) in capsys.readouterr().err

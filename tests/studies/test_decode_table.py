@@ -14,7 +14,7 @@ MAIN, BEFORE = "main-11c4174d", "flydsl-985c653a^"
 
 def test_each_row_is_its_call():
     t = dt.table(contexts=(257,), query_lengths=(4,), partitions=(2,), scales=("per_token",),
-                 versions=(MAIN, BEFORE), seed=11)
+                 versions=(MAIN, BEFORE), seed=11, kernels=("pa_decode",))
     assert list(t.upstream) == [MAIN, BEFORE] and list(t.rows) == [8, 8]
     before = t[t.upstream == BEFORE].iloc[0]
     assert before.nan_rows == 8 and before.violated == "sentinel_pack_nan"
@@ -30,7 +30,7 @@ def test_each_row_is_its_call():
 
 def test_inside_the_region_no_row_is_nan():
     t = dt.table(contexts=(0, 1, 300), query_lengths=(1, 3), partitions=(1, 3),
-                 scales=("per_token",), versions=(BEFORE,))
+                 scales=("per_token",), versions=(BEFORE,), kernels=("pa_decode",))
     assert (t[t.violated == ""].nan_rows == 0).all()
     assert t.undefined[t.context == 0].gt(0).all()
 
@@ -51,6 +51,15 @@ def test_inside_the_region_no_row_is_nan():
     (dict(spreads=(-1.0,)), ValueError, "spreads"),
     (dict(spreads=(float("nan"),)), ValueError, "spreads"),
     (dict(spreads=("2",)), TypeError, "spreads"),
+    (dict(kernels=("mla",)), ValueError, "kernels"),
+    (dict(kernels=()), ValueError, "kernels"),
+    (dict(kernels=("mla_decode",), query_lengths=(1,)), ValueError, "query_lengths"),
+    (dict(kernels=("mla_decode",), versions=(MAIN,)), ValueError, "versions"),
+    (dict(kernels=("mla_decode",), group=4), ValueError, "group"),
+    (dict(kernels=("pa_decode",), p_headrooms=(0.0,)), ValueError, "p_headrooms"),
+    (dict(p_headrooms=(9.0,)), ValueError, "p_headrooms"),
+    (dict(p_headrooms=()), ValueError, "p_headrooms"),
+    (dict(p_headrooms=("8",)), TypeError, "p_headrooms"),
 ])
 def test_bad_axes_are_refused(kw, err, words):
     with pytest.raises(err, match=words):
@@ -60,7 +69,8 @@ def test_bad_axes_are_refused(kw, err, words):
 def test_window_rows_run_the_sliding_window_kernel():
     # windows (0, 300) over page sizes (16, 1024): each window takes its kernel's pages
     t = dt.table(contexts=(700,), query_lengths=(2,), partitions=(1, 3), scales=("per_tensor",),
-                 versions=(MAIN,), windows=(0, 300), page_sizes=(16, 1024), seed=3)
+                 versions=(MAIN,), windows=(0, 300), page_sizes=(16, 1024), seed=3,
+                 kernels=("pa_decode",))
     assert sorted(zip(t.window, t.page_size, t.num_partitions)) == [
         (0, 16, 1), (0, 16, 3), (300, 1024, 1), (300, 1024, 3)]
     sw = t[t.window == 300].set_index("num_partitions")
@@ -80,7 +90,8 @@ def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
     from fa_lab.cli import main
 
     assert main(["table", "--which", "decode", "--contexts", "257", "--query-lens", "2",
-                 "--partitions", "2", "--scales", "per_token", "--out-dir", str(tmp_path)]) == 0
+                 "--partitions", "2", "--scales", "per_token", "--kernels", "pa_decode",
+                 "--out-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "sentinel_pack_nan" in printed and "inside" in printed
     saved = results.load("table_decode_cpu", root=tmp_path)
@@ -90,7 +101,7 @@ def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
     assert "--causal" in capsys.readouterr().err
     assert main(["table", "--which", "decode", "--contexts", "300", "--query-lens", "1",
                  "--partitions", "2", "--scales", "per_token", "--windows", "100",
-                 "--page-sizes", "1024", "--no-save"]) == 0
+                 "--page-sizes", "1024", "--kernels", "pa_decode", "--no-save"]) == 0
     assert "no region" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["table", "--which", "decode", "--windows", "100", "--no-save"])
@@ -104,7 +115,7 @@ def test_the_cli_prints_and_saves_the_table(tmp_path, capsys):
 
 def test_the_spread_axis_scales_k_and_matches_its_call():
     t = dt.table(contexts=(300,), query_lengths=(2,), partitions=(2,), scales=("per_tensor",),
-                 versions=(MAIN,), spreads=(1.0, 8.0), seed=5)
+                 versions=(MAIN,), spreads=(1.0, 8.0), seed=5, kernels=("pa_decode",))
     assert list(t.spread) == [1.0, 8.0]
     for sp in (1.0, 8.0):
         case = cases.make([300], query_length=2, num_q_heads=2, k_mult=sp, seed=5)
@@ -122,7 +133,8 @@ def test_the_cli_takes_spreads_and_head_dim(capsys):
 
     assert main(["table", "--which", "decode", "--contexts", "257", "--query-lens", "1",
                  "--partitions", "1", "--scales", "per_tensor", "--decode-versions", MAIN,
-                 "--spreads", "0.5,4", "--head-dim", "128", "--no-save"]) == 0
+                 "--spreads", "0.5,4", "--head-dim", "128", "--kernels", "pa_decode",
+                 "--no-save"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "spread" in lines[0] and len(lines) == 3
     with pytest.raises(SystemExit):
@@ -131,3 +143,50 @@ def test_the_cli_takes_spreads_and_head_dim(capsys):
     with pytest.raises(SystemExit):
         main(["table", "--which", "bf16", "--spreads", "2", "--no-save"])
     assert "--spreads is an axis of --which decode" in capsys.readouterr().err
+
+
+def test_mla_rows_are_their_calls_and_show_the_mass_loss_the_lift_removes():
+    from fa_lab import mla
+    from fa_lab.kernels.mla_decode import model as M
+    from fa_lab.studies.mla_mass_loss import gaussian_inputs
+
+    t = dt.table(kernels=("mla_decode",), contexts=(0, 200), partitions=(2,), spreads=(3.0,),
+                 p_headrooms=(0.0, 8.0), seed=2)
+    assert list(zip(t.context, t.p_headroom)) == [(0, 0.0), (0, 8.0), (200, 0.0), (200, 8.0)]
+    assert (t.kernel == "mla_decode").all() and (t.page_size == 1).all()
+    empty = t[t.context == 0]
+    assert (empty.undefined == 128).all() and empty.max_err.isna().all()
+    q, kv, pages, scale = gaussian_inputs(3.0, 200, 2)
+    ref, _ = M.reference(q[0].float(), kv.float().reshape(-1, 576), scale)
+    for h in (0.0, 8.0):
+        out, _ = mla.mla_decode(q, kv, torch.tensor([0, 200], dtype=torch.int32), pages, scale,
+                                num_kv_splits=2, backend="emulator", p_headroom=h)
+        row = t[(t.context == 200) & (t.p_headroom == h)].iloc[0]
+        assert row.max_err == pytest.approx(float((out[0].double() - ref).abs().max()))
+        o = out[0].double()
+        lost = 1 - (o * ref).sum(-1) / (ref * ref).sum(-1)     # V = 1: 1 - mean(out)
+        assert row.mass_loss == pytest.approx(float(lost.mean()))
+        assert row.mass_loss == pytest.approx(float((1 - o.mean(-1)).mean()), abs=1e-9)
+    up, lifted = (t[(t.context == 200) & (t.p_headroom == h)].iloc[0] for h in (0.0, 8.0))
+    assert up.mass_loss > 4 * lifted.mass_loss > 0
+    assert "p_flush" in up.violated.split(",")
+
+
+def test_the_cli_table_takes_the_mla_kernel_and_refuses_what_does_not_apply(capsys):
+    from fa_lab.cli import main
+
+    assert main(["table", "--which", "decode", "--kernels", "mla_decode", "--contexts", "200",
+                 "--partitions", "1", "--spreads", "2", "--p-headrooms", "0", "--no-save"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] == "mla_decode" and "mass loss" in lines[0]
+    for args, needle in ((["--kernels", "mla_decode", "--query-lens", "2"], "--query-lens"),
+                         (["--kernels", "mla_decode", "--H", "4"], "--H"),
+                         (["--kernels", "pa_decode", "--p-headrooms", "8"], "--p-headrooms"),
+                         (["--kernels", "mla"], "--kernels"),
+                         (["--p-headrooms", "9"], "p_headrooms")):
+        with pytest.raises(SystemExit):
+            main(["table", "--which", "decode", *args, "--no-save"])
+        assert needle in capsys.readouterr().err, args
+    with pytest.raises(SystemExit):
+        main(["table", "--which", "bf16", "--kernels", "mla_decode", "--no-save"])
+    assert "--kernels is an axis of --which decode" in capsys.readouterr().err

@@ -107,7 +107,13 @@ outliers) and its own search (``adversary.decode_search``), run against a decode
 (FlyDSL #1066) has one too (``adversary.paged_fp8``: odd page counts and their partner
 pages, padding pairs, empty contexts, rows that see no key, stale or NaN slots without a
 key, outlier keys and values, q descales towards the causal floor's limit), with its own
-``search`` against a paged version (``fa_lab.upstream.FP8_PAGED_VERSIONS``).
+``search`` against a paged version (``fa_lab.upstream.FP8_PAGED_VERSIONS``; ``fa-lab attack
+flydsl-6aeb4321``). **The MLA decode** has one too (``adversary.mla``: contexts and KV
+splits, empty sequences, Gaussian or one-peak scores, V of ones, signs or N(0, 1)), judged
+for the mass its unscaled e4m3 P cast loses (``silent``: a row off fp64 by more than 2^-3
+max|V|, which a lift of P by 2^8 cannot reach), against a ``p_headroom``: ``fa-lab attack
+mla_decode [--p-headroom 8]``. The decode and MLA searches share one loop
+(``adversary.climb``).
 
 **Records**: ``record`` makes the one result file every attack run writes (``fa-lab
 attack`` and the campaigns in benchmarks/: ``RECORD_KEYS``, one summary row and one

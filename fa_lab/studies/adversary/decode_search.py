@@ -23,13 +23,11 @@ run gets).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
 
 import numpy as np
 
-from . import decode
+from . import climb, decode
 from .decode import model
 from .decode import DECODE_FIELDS, DECODE_SPACES, DecodeCandidate, DecodeSpace, canonical, judge
 from .optimize import Attack
@@ -119,16 +117,6 @@ def boundary_candidate(sp: DecodeSpace, rng: np.random.Generator) -> DecodeCandi
     return DecodeCandidate(**{f: _clip(sp, f, x) for f, x in vals.items()})
 
 
-def _fresh_start(sp: DecodeSpace, rng: np.random.Generator,
-                 family_rng: np.random.Generator) -> DecodeCandidate:
-    """A restart's fresh point: ``BOUNDARY_RESTARTS`` of the time a boundary draw (from
-    ``family_rng``), else a shared draw (from ``rng``); the choice is ``family_rng``'s, so
-    ``rng``'s stream moves only when it draws."""
-    if family_rng.random() < BOUNDARY_RESTARTS:
-        return boundary_candidate(sp, family_rng)
-    return random_candidate(sp, rng)
-
-
 def mutate(c: DecodeCandidate, sp: DecodeSpace, rng: np.random.Generator,
            sigma: float) -> DecodeCandidate:
     """Perturb a few fields: numbers to an end of their range (``AT_END`` of the time) or by
@@ -182,28 +170,14 @@ def _blind_rows(c: DecodeCandidate) -> int:
 
 
 def shrink(c: DecodeCandidate, upstream: str, classes, *, budget_s: float = 20.0):
-    """Greedy passes over ``_SIMPLER``, each change kept only if the call still fails (for
-    one of ``classes``) and has no more rows that see nothing than the call found; until a
-    pass changes nothing or the budget is spent. Returns the shrunk candidate and the
-    model runs spent."""
-    t0, evals, changed = time.perf_counter(), 0, True
+    """Greedy passes over ``_SIMPLER`` (``climb.shrink``), each change kept only if the call
+    still fails (for one of ``classes``) and has no more rows that see nothing than the
+    call found; until a pass changes nothing or the budget is spent. Returns the shrunk
+    candidate and the model runs spent."""
     blind = _blind_rows(c)
-    while changed and time.perf_counter() - t0 < budget_s:
-        changed = False
-        for f, simpler in _SIMPLER:
-            cur = getattr(c, f)
-            tries = simpler(cur) if callable(simpler) else [simpler]
-            for val in tries:
-                if val == cur or time.perf_counter() - t0 >= budget_s:
-                    continue
-                cand = canonical(dataclasses.replace(c, **{f: val}))
-                if _blind_rows(cand) > blind:
-                    continue
-                evals += 1
-                if judge(cand, upstream, classes=classes).failed:
-                    c, changed = cand, True
-                    break
-    return c, evals
+    return climb.shrink(c, _SIMPLER, canonical=canonical, budget_s=budget_s,
+                        keep=lambda cand: _blind_rows(cand) <= blind,
+                        fails=lambda cand: judge(cand, upstream, classes=classes).failed)
 
 
 def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed: int = 0,
@@ -215,9 +189,9 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
     default ``nonfinite``), for at most ``budget_s`` seconds of search: ``random_starts``
     draws, ``boundary_starts`` draws of the partition-boundary family
     (``boundary_candidate``, a stream of its own), then a (1 + ``lam``) evolution strategy
-    from the fittest with restarts (``_fresh_start``).
-    Stops at the first failure and shrinks it (a budget of its own, as much again, at most
-    20 s). Every argument is checked before any work."""
+    from the fittest with restarts (``climb.run_search``). Stops at the first failure and
+    shrinks it (a budget of its own, as much again, at most 20 s). Every argument is checked
+    before any work."""
     if not decode.is_decode_target(upstream):
         from fa_lab.upstream import DECODE_VERSIONS
         raise ValueError(f"upstream={upstream!r}: the decode space attacks a decode version, "
@@ -226,79 +200,24 @@ def search(upstream: str, *, space: str = "decode", budget_s: float = 60.0, seed
     if space not in DECODE_SPACES:
         raise ValueError(f"space={space!r}; choose one of {tuple(DECODE_SPACES)}")
     sp = DECODE_SPACES[space]
-    for name, x in (("budget_s", budget_s), ("seed", seed), ("random_starts", random_starts),
-                    ("boundary_starts", boundary_starts), ("lam", lam)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {x!r}")
+    climb.check_numbers(budget_s=budget_s, seed=seed, random_starts=random_starts,
+                        boundary_starts=boundary_starts, lam=lam)
     res = DecodeAttack(policy=upstream, space=sp.to_dict(), budget_s=float(budget_s),
                        seed=int(seed), threshold=None, structured=False, optimizer="es",
                        classes=classes)
-    rng = np.random.default_rng(seed)
-    t0 = time.perf_counter()
-
-    def out_of_budget():
-        return (time.perf_counter() - t0 >= budget_s
-                or (max_evals is not None and res.evals >= max_evals))
-
-    def evaluate(c):
-        c = canonical(DecodeCandidate(**{f: _clip(sp, f, x) for f, x in c.to_dict().items()}))
-        v = judge(c, upstream, classes=classes, quick=True)
-        res.evals += 1
-        if v.fitness > res.best_fitness:
-            res.best_fitness, res.best = v.fitness, c
-            res.history.append({"evals": res.evals, "t": time.perf_counter() - t0,
-                                "fitness": v.fitness})
-        return c, v
-
-    found = None
-    family_rng = np.random.default_rng([int(seed), 1])   # the boundary family's own stream
-    draws = [lambda: random_candidate(sp, rng)] * random_starts
-    draws += [lambda: boundary_candidate(sp, family_rng)] * boundary_starts
-    for draw in draws:
-        if out_of_budget():
-            break
-        c, v = evaluate(draw())
-        if v.failed:
-            found = c
-            break
-    parent, pfit, sigma, stall = res.best, res.best_fitness, 0.15, 0
-    while found is None and parent is not None and not out_of_budget():
-        best_child = None
-        for _ in range(lam):
-            c, v = evaluate(mutate(parent, sp, rng, sigma))
-            if v.failed:
-                found = c
-                break
-            if best_child is None or v.fitness > best_child[1]:
-                best_child = (c, v.fitness)
-            if out_of_budget():
-                break
-        if found is not None or best_child is None:
-            break
-        if best_child[1] >= pfit:
-            parent, pfit = best_child
-            sigma, stall = min(0.5, sigma * 1.5), 0
-        else:
-            sigma, stall = max(0.02, sigma * 0.8), stall + 1
-        if stall > 12:  # restart from a fresh draw or from the best so far
-            parent = _fresh_start(sp, rng, family_rng) if rng.random() < 0.5 else res.best
-            pfit, sigma, stall = -math.inf, 0.2, 0
-        if progress is not None:
-            progress(f"{upstream}: {res.evals} evals, best fitness {res.best_fitness:.1f}")
-    res.search_s = time.perf_counter() - t0
-    if found is None:
-        return res
-    res.found, res.first = True, found
-    res.time_to_first_s, res.evals_to_first = res.search_s, res.evals
-    t1 = time.perf_counter()
-    if shrink_found:
-        res.shrunk, res.shrink_evals = shrink(found, upstream, classes,
-                                              budget_s=min(20.0, max(5.0, budget_s)))
-    else:
-        res.shrunk = found
-    res.shrink_s = time.perf_counter() - t1
-    final = judge(res.shrunk, upstream, classes=classes)
-    res.bad_rows, res.found_classes = final.bad_rows, final.classes
+    found = climb.run_search(
+        res, draw=lambda rng: random_candidate(sp, rng),
+        mutate=lambda c, rng, sigma: mutate(c, sp, rng, sigma),
+        judge=lambda c: judge(c, upstream, classes=classes, quick=True),
+        canonical=lambda c: canonical(DecodeCandidate(**{f: _clip(sp, f, x)
+                                                         for f, x in c.to_dict().items()})),
+        budget_s=budget_s, seed=seed, max_evals=max_evals, random_starts=random_starts,
+        lam=lam, family=lambda rng: boundary_candidate(sp, rng), family_starts=boundary_starts,
+        family_restarts=BOUNDARY_RESTARTS, progress=progress)
+    climb.finish(res, found, shrink_found=shrink_found,
+                 shrink_fn=lambda c: shrink(c, upstream, classes,
+                                            budget_s=min(20.0, max(5.0, budget_s))),
+                 judge_full=lambda c: judge(c, upstream, classes=classes))
     return res
 
 
