@@ -121,6 +121,18 @@ def fp8_casts(*, k_scale, settings, rows) -> dict:
 RECORDS = {"lesson02_sweep": bf16_threshold_sweep, "lesson02_fates": bf16_fates,
            "lesson03_table": fp8_table, "lesson03_casts": fp8_casts}
 
+#: The lessons' CPU sizes, as their cells pass them (notebooks/02_lazy_rescale.ipynb,
+#: notebooks/03_fp8.ipynb).
+LESSON_PARAMS = {
+    "lesson02_sweep": dict(k_grid=(24, 32, 48, 64), thr_grid=(8, 16, 32, 64, 96), rows=256,
+                           skv=4096, heads=1, kv_grid=(1024, 2048, 4096, 8192), trace_k=32),
+    "lesson02_fates": dict(k_scale=32, rows=256, skv=8192, heads=16),
+    "lesson03_table": dict(k_scales=(1000, 5000, 20000), rows=256, heads=1),
+    "lesson03_casts": dict(k_scale=1000, rows=256,
+                           settings=((8.0, 0.0), (8.84, 0.0), (9.0, 0.0), (12.0, 0.0),
+                                     (16.0, 0.0), (8.0, 1.0))),
+}
+
 
 # ---- storing and reading -------------------------------------------------------------------
 
