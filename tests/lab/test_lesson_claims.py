@@ -78,6 +78,32 @@ def test_00_one_rows_story():
     assert abs(dip["log2_l"] + jump) < 1 and abs(dip["log2_l_next"]) < 1
 
 
+# ---- lesson 02, section 1: the ballot ----------------------------------------------------
+
+def test_02_the_ballot_of_one_wave():
+    """Section 1's wave (its seed, its 32 rows): one row votes, the wave fires for all 32, the
+    other 31 sit below their base; unfixed they get corr > 1 and a lower base, fixed corr = 1;
+    the voter gets the same correction below 1 both ways; a wave with no vote does not fire."""
+    from fa_lab.kernels._common.geometry import WAVE_ROWS, wave_any
+    from fa_lab.numerics import exp2, fmax, le
+
+    g = torch.Generator().manual_seed(4)
+    m = 100 + 4 * torch.randn(WAVE_ROWS, generator=g)
+    mt = m - 20 * torch.rand(WAVE_ROWS, generator=g)
+    mt[7] = m[7] + 12
+    vote = ~le(mt - m, 8.0)
+    fire = wave_any(vote)
+    below = fire & (mt < m)
+    m_unfixed, m_fixed = torch.where(fire, mt, m), torch.where(fire, fmax(m, mt), m)
+    corr_u, corr_f = exp2(m - m_unfixed), exp2(m - m_fixed)
+    assert int(vote.sum()) == 1 and bool(vote[7]) and bool(fire.all())
+    assert int(below.sum()) == WAVE_ROWS - 1 and (corr_u[below] > 1).all()
+    assert (m_unfixed[below] < m[below]).all() and (corr_f[below] == 1).all()
+    assert corr_u[7] == corr_f[7] < 1
+    two_waves = torch.cat([vote, torch.zeros(WAVE_ROWS, dtype=torch.bool)])
+    assert wave_any(two_waves)[:WAVE_ROWS].all() and not wave_any(two_waves)[WAVE_ROWS:].any()
+
+
 # ---- lesson 02, section 1: the by-hand table --------------------------------------------
 
 HAND = {"A": [0, 20, 40, 60, 80, 100], "B": [100, 30, 60, -10, 50, -40],
@@ -112,6 +138,27 @@ def test_02_waves_fire_at_every_loop_step_and_the_deficit_is_record_minus_tile_m
     loop = U[U.phase == "loop"]
     assert loop.fire.all()
     assert ((loop.deficit - (loop.true_max - loop.mt)).abs() == 0).all()
+
+
+@pytest.mark.slow
+def test_02_a_drag_in_the_kernel_model(unfixed_block):
+    """Section 2's block at K x32: every drag of the unfixed rule has corr > 1 and moves m
+    down, and the rows that die reach a deficit past 100 first; under the fix the same event
+    leaves the base alone; eager's deficit is 0 and the fixed lazy rescale's within 8; both
+    stay finite."""
+    tr, U = unfixed_block
+    q, k, v = experiments.bf16_inputs(1, 8192, 1, 128, 32)
+    other = {pol: fa_lab.trace(q[:, :256].contiguous(), k, v, rows=range(256), causal=False,
+                               rescale=pol) for pol in ("lazy", "eager")}
+    L, EG = (lessons.with_deficit(other[p]) for p in ("lazy", "eager"))
+    drags_u, below_f = U[U.swept], L[L.swept]
+    assert len(drags_u) > 0 and (drags_u["corr"] > 1).all() and (drags_u.m < drags_u.m_before).all()
+    assert len(below_f) > 0 and (below_f["corr"] == 1).all() and (below_f.m == below_f.m_before).all()
+    bad = tr.lanes[~tr.lanes.out_finite]
+    for lane, step in bad.first_nonfinite_step.astype(int).items():
+        assert float(U[(U.lane == lane) & (U.step == step)].deficit.iloc[0]) > 100
+    assert (EG.deficit == 0).all() and 0 <= L.deficit.min() and L.deficit.max() <= 8
+    assert other["lazy"].lanes.out_finite.all() and other["eager"].lanes.out_finite.all()
 
 
 def test_02_the_onset_rule_on_the_block(unfixed_block):
@@ -180,6 +227,59 @@ def test_02_all_three_fates_happen():
     nan_rows = fates[fates.NaN > 0]
     assert (counts > 0).all()
     assert (nan_rows.fate == lessons.FATES[1]).mean() >= 0.95
+
+
+# ---- lesson 03, section 1: the fp8 helper ------------------------------------------------
+
+@pytest.mark.slow
+def test_03_the_fp8_helper_at_k5000():
+    """Section 1: ls as the kernel rounds it, one log2 unit about 1300 raw units, the
+    threshold in raw units, 96 steps of 128 keys, a score spread of about 50 natural-log
+    units."""
+    from fa_lab.kernels.swp_fp8 import model as swp_fp8
+    from fa_lab.numerics import f32
+
+    (q8, k8, v8), ds = lessons.Fp8Lesson("cpu").inputs(5000)
+    qd, kd, _ = ds
+    ls = swp_fp8.log2_scale(qd, kd)
+    tr5 = lessons.trace_fp8((q8, k8, v8), ds, range(256), rescale="lazy_unfixed")
+    nat = (q8[0, :, 0].float() * qd) @ (k8[0, :1024, 0].float() * kd).T / math.sqrt(128)
+    assert ls == f32(f32(f32(f32(1 / math.sqrt(128)) * f32(math.log2(math.e))) * f32(qd)) * f32(kd))
+    assert 1250 < 1 / ls < 1350 and abs(tr5.threshold_units * ls - 8.0) < 1e-6 * 8.0
+    assert tr5.n_steps == 12288 // 128 == 96 and (tr5.lane(0).col0.diff().dropna() == 128).all()
+    assert abs(nat.std().item() / 50 - 1) < 0.05
+
+
+# ---- lesson 03, section 3: the fp8 branch of the bug -------------------------------------
+
+def test_03_the_fp8_table_and_its_sentences():
+    """Section 3's table at the lesson's CPU sizes, as the lesson reads it from its record
+    (tests/lab/test_lesson_records.py checks the record against the model), against the
+    sentences under it and the bug report's figures."""
+    import json
+
+    import pandas as pd
+
+    st = recorded.recorded("lesson03_table", **recorded.LESSON_PARAMS["lesson03_table"])[0]["table"]
+    h200 = pd.DataFrame(json.loads((experiments.REFERENCE_DIR / "seed_fp8_h200_sat.json").read_text())
+                        ["rows"]).set_index(["variant", "k_scale"])
+    n_report = lessons.seed_fp8_elements()
+    unfixed_nan = st.loc["unfixed"].nan_frac
+    rare = h200.loc[("bound 32", 20000), "nan"] / h200.loc[("bound 32", 20000), "elements"] \
+        * st.loc[("bound 32", 20000), "elements"]
+    assert unfixed_nan[1000] == 0 and unfixed_nan[5000] > 0.5 and unfixed_nan[20000] == 1
+    assert abs(unfixed_nan[5000] - lessons.seed_fp8("lazy_unfixed", 5000, "nan") / n_report) < 0.05
+    assert abs(h200.loc[("unfixed", 5000), "nan"] / lessons.seed_fp8("lazy_unfixed", 5000, "nan") - 1) < 0.02
+    assert (st.loc[["bound 8", "bound 16", "monotonic", "eager"]].nan == 0).all()
+    assert st.loc[("bound 32", 5000), "nan"] > 0 and st.loc[("bound 32", 1000), "nan"] == 0
+    assert st.loc[("bound 32", 20000), "nan"] == 0 and rare < 5
+    assert 1000 < lessons.seed_fp8("lazy_capped", 20000, "nan", 32) < 10_000 and 20e6 < n_report < 30e6
+    assert 1000 < h200.loc[("bound 32", 20000), "nan"] < 10_000
+    assert st.loc[("unfixed", 1000), "mean_abs_dev"] == st.loc[("bound 16", 1000), "mean_abs_dev"] \
+        == st.loc[("bound 32", 1000), "mean_abs_dev"]
+    assert st.loc[("unfixed", 5000), "mean_abs_dev"] == 0 and math.isnan(st.loc[("unfixed", 20000), "mean_abs_dev"])
+    mono = st.loc[("monotonic", 1000), "mean_abs_dev"]
+    assert mono > 3 * st.loc[[("bound 8", 1000), ("bound 16", 1000), ("eager", 1000)], "mean_abs_dev"].max()
 
 
 # ---- lesson 03, section 4: why the fix costs accuracy -------------------------------------
