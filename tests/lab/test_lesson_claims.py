@@ -311,6 +311,72 @@ def test_03_where_the_e4m3_error_comes_from():
     assert u[total] < 2.0 ** -9 / 10
 
 
+# ---- lesson 03, section 5: the cap, by hand ---------------------------------------------
+
+@pytest.mark.slow
+def test_03_the_cap_by_hand():
+    """Section 5's row built by hand: under bound 16 the victim is dragged at every pair after
+    the first, each correction within the cap, their product past 2^128; the unfixed rule
+    and bound 16 end it as NaN, bound 8, the fix and eager keep it finite with no correction
+    above 1."""
+    import numpy as np
+
+    from fa_lab.kernels.swp_fp8 import model as swp_fp8
+
+    kd = 0.46875 / swp_fp8.log2_scale(1.0, 1.0)
+    victim = [448, 416, 384, 352, 320, 288, 256, 240, 224, 208, 192, 176, 160, 144, 128]
+    q = torch.zeros(1, 32, 1, 128)
+    q[0, 0, 0, 0], q[0, 1, 0, 1] = 2.0, 1.0
+    k = torch.zeros(1, 128 * len(victim), 1, 128)
+    for p, x in enumerate(victim):
+        k[0, 128 * p:128 * (p + 1), 0, 0] = -x
+        k[0, 128 * p:128 * (p + 1), 0, 1] = x
+    hand = tuple(t.to(torch.float8_e4m3fn) for t in (q, k, torch.ones_like(k)))
+    assert torch.equal(hand[1].float(), k)
+    tr = {name: lessons.trace_fp8(hand, (1.0, kd, 1.0), [0, 1], rescale=pol, rebase_bound=bd)
+          for name, pol, bd in (("unfixed", "lazy_unfixed", None), ("bound 16", "lazy_capped", 16.0),
+                                ("bound 8", "lazy_capped", 8.0), ("monotonic", "lazy", None),
+                                ("eager", "eager", None))}
+    vic = tr["bound 16"].lane(1)
+    drags = vic[vic.swept]
+    assert (drags["corr"] <= 2.0 ** 16).all() and len(drags) == len(victim) - 1
+    assert np.log2(drags["corr"]).sum() > 128
+    assert 0 < int(vic[~vic.l_finite].step.min()) < len(victim) - 1
+    assert not tr["bound 16"].lanes.out_finite[1] and not tr["unfixed"].lanes.out_finite[1]
+    for name in ("bound 8", "monotonic", "eager"):
+        assert tr[name].lanes.out_finite.all() and (tr[name].steps["corr"] <= 1).all()
+
+
+# ---- lesson 03, section 6: PR #1020 ------------------------------------------------------
+
+@pytest.mark.slow
+def test_03_pr1020_headroom_and_thresholds():
+    """Section 6 at k x1000 (256 rows): every largest P at or below 448 (eager + H at 448
+    after the cast), THR 8's at or below 256; the headroom lowers the monotonic rule's error,
+    the threshold by KV length more, to about two thirds, still above eager's."""
+    from fa_lab import policies
+    from fa_lab.numerics import e4m3, exp2, fma_f32
+
+    inputs, ds = lessons.Fp8Lesson("cpu").inputs(1000, 1)
+
+    def largest_p_seen(t):
+        s = t.steps
+        bias = (0.0 - torch.tensor(s.m.values, dtype=torch.float32) * t.log2_per_unit) + t.policy.p_headroom
+        return exp2(fma_f32(torch.tensor(s.mt.values, dtype=torch.float32), t.log2_per_unit, bias)).max().item()
+
+    variants = {"mono": dict(rescale="lazy"), "mono H": dict(rescale="lazy", p_headroom=True),
+                "kv H": dict(rescale="lazy", rescale_threshold="by_kv_len", p_headroom=True),
+                "eager": dict(rescale="eager"), "eager H": dict(rescale="eager", p_headroom=True)}
+    tr = {n: lessons.trace_fp8(inputs, ds, range(256), **kw) for n, kw in variants.items()}
+    big = {n: largest_p_seen(t) for n, t in tr.items()}
+    r = {n: lessons.mean_abs_dev(t.out) for n, t in tr.items()}
+    assert all(p <= 448 * (1 + 1e-5) and e4m3(torch.tensor(p)).item() <= 448 for p in big.values())
+    assert big["mono"] <= 2 ** 8 and e4m3(torch.tensor(big["eager H"])).item() == 448
+    assert r["kv H"] < r["mono H"] < r["mono"] and r["eager H"] < r["eager"] < r["kv H"]
+    assert 0.55 < r["kv H"] / r["mono"] < 0.75 and tr["kv H"].policy.threshold == 4
+    assert policies.threshold_by_kv_len(4096) == 6 and policies.threshold_by_kv_len(12288) == 4
+
+
 # ---- lesson 04, section 1: per row or per wave -------------------------------------------
 
 @pytest.fixture(scope="module")
