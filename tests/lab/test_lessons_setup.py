@@ -35,3 +35,19 @@ def test_a_gpu_run_keeps_its_threads(threads, monkeypatch):
     lessons.setup(device="cuda")
     assert torch.get_num_threads() == 2
 
+
+
+@pytest.mark.slow
+def test_the_lab_keeps_jsonschemas_iri_grammar_out():
+    """fa_lab.lab keeps rfc3987_syntax (an IRI grammar built at import, seconds of CPU) out of
+    the process, so a lesson's first figure (plotly -> nbformat -> jsonschema) does not build
+    it; jsonschema still imports and validates."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fa_lab.lab, jsonschema; "
+            "jsonschema.validate({'a': 1}, {'type': 'object'}, "
+            "format_checker=jsonschema.FormatChecker()); "
+            "assert sys.modules['rfc3987_syntax'] is None; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
