@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -40,7 +41,15 @@ def setup(full: bool = False, *, device: str | None = None, precision: int = 4):
     On the CPU, torch computes on one thread unless ``OMP_NUM_THREADS`` says otherwise, as
     ``make lab`` runs it, whatever started the kernel (``jupyter nbconvert --execute``,
     nbval, the docs build): the lessons' tensors are small, and on a machine whose cores are
-    busy, threads that wait for each other spin and cost many times the work."""
+    busy, threads that wait for each other spin and cost many times the work.
+
+    A lesson's figures go through plotly's renderers, which import nbformat, whose validator
+    imports jsonschema, which builds rfc3987_syntax's IRI grammar at import where that
+    package is installed: seconds of CPU per lesson kernel, for jsonschema's "iri" formats,
+    which no schema a lesson validates uses. Unless something imported it already, the
+    lesson's process runs as if it were not installed (jsonschema leaves those two formats
+    unchecked)."""
+    sys.modules.setdefault("rfc3987_syntax", None)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

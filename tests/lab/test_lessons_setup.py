@@ -38,14 +38,14 @@ def test_a_gpu_run_keeps_its_threads(threads, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_lab_keeps_jsonschemas_iri_grammar_out():
-    """fa_lab.lab keeps rfc3987_syntax (an IRI grammar built at import, seconds of CPU) out of
+def test_lesson_setup_keeps_jsonschemas_iri_grammar_out():
+    """lessons.setup() keeps rfc3987_syntax (an IRI grammar built at import, seconds of CPU) out of
     the process, so a lesson's first figure (plotly -> nbformat -> jsonschema) does not build
     it; jsonschema still imports and validates."""
     import subprocess
     import sys
 
-    code = ("import sys, fa_lab.lab, jsonschema; "
+    code = ("import sys; from fa_lab.lab import lessons; lessons.setup(); import jsonschema; "
             "jsonschema.validate({'a': 1}, {'type': 'object'}, "
             "format_checker=jsonschema.FormatChecker()); "
             "assert sys.modules['rfc3987_syntax'] is None; print('ok')")
