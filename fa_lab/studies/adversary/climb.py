@@ -1,5 +1,5 @@
-"""The search loop the attack's kernel spaces share (the paged decode's, ``decode_search``, and
-the MLA decode's, ``mla``): random draws, then a (1 + lambda) evolution strategy with
+"""The search loop the attack's kernel spaces share (the paged decode's, ``decode_search``,
+the MLA decode's, ``mla``, and the paged fp8 prefill's, ``paged_fp8``): random draws, then a (1 + lambda) evolution strategy with
 restarts on the space's fitness, stopping at the first failure; the greedy shrinker; and the
 bookkeeping that fills an ``Attack`` with what was found.
 
@@ -32,14 +32,15 @@ def check_numbers(**kw) -> None:
 
 def run_search(res, *, draw, mutate, judge, canonical, budget_s: float, seed: int,
                max_evals: int | None, random_starts: int, lam: int, family=None,
-               family_starts: int = 0, family_restarts: float = 0.0, progress=None):
+               family_starts: int = 0, family_restarts: float = 0.0, restart_after=STALL,
+               progress=None):
     """Fill ``res`` (an ``Attack``) with a search: ``random_starts`` draws, then
     ``family_starts`` draws of the space's ``family`` (a second draw of its own, e.g. calls
     cut where the kernel's geometry has its edges; from a stream of its own, so a seed's
     shared draws are the same with or without it), then a (1 + ``lam``) evolution strategy
     from the fittest whose step grows on success and shrinks on failure, restarting after
-    ``STALL`` generations without a gain (from the best so far, or from a fresh draw: the
-    family's ``family_restarts`` of the time). Every candidate is ``canonical``-ised, then
+    ``restart_after`` generations without a gain (None: never) from the best so far or from
+    a fresh draw (the family's ``family_restarts`` of the time). Every candidate is ``canonical``-ised, then
     judged; the fittest is ``res.best``. Returns the first failing candidate, or None when
     the budget (``budget_s`` seconds or ``max_evals`` runs) is spent; ``res.search_s`` is
     set either way."""
@@ -95,7 +96,7 @@ def run_search(res, *, draw, mutate, judge, canonical, budget_s: float, seed: in
             sigma, stall = min(0.5, sigma * 1.5), 0
         else:
             sigma, stall = max(0.02, sigma * 0.8), stall + 1
-        if stall > STALL:
+        if restart_after is not None and stall > restart_after:
             parent = fresh() if rng.random() < 0.5 else res.best
             pfit, sigma, stall = -math.inf, 0.2, 0
         if progress is not None:

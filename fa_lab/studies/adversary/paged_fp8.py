@@ -51,6 +51,7 @@ import torch
 
 from fa_lab.kernels import swp_fp8
 
+from . import climb
 from .judge import SILENT_TOL, Verdict
 from .optimize import Attack
 
@@ -335,58 +336,18 @@ def search(version: str = "flydsl-6aeb4321", *, budget_s: float = 60.0, seed: in
         raise ValueError(f"version={version!r}: the paged fp8 space attacks one of "
                          f"{tuple(upstream.FP8_PAGED_VERSIONS)}")
     classes = check_classes(classes)
-    for name, x in (("budget_s", budget_s), ("seed", seed), ("random_starts", random_starts),
-                    ("lam", lam)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {x!r}")
+    climb.check_numbers(budget_s=budget_s, seed=seed, random_starts=random_starts, lam=lam)
     res = PagedAttack(policy=version, space=dict(SPACE), budget_s=float(budget_s), seed=int(seed),
                       threshold=None, structured=False, optimizer="es", classes=classes)
-    rng = np.random.default_rng(seed)
-    t0 = time.perf_counter()
-
-    def spent():
-        return time.perf_counter() - t0 >= budget_s or (max_evals is not None
-                                                        and res.evals >= max_evals)
-
-    def evaluate(c):
-        c = canonical(c)
-        v = judge(c, version, classes=classes)
-        res.evals += 1
-        if v.fitness > res.best_fitness:
-            res.best_fitness, res.best = v.fitness, c
-            res.history.append({"evals": res.evals, "t": time.perf_counter() - t0,
-                                "fitness": v.fitness})
-        return c, v
-
-    found = None
-    for _ in range(random_starts):
-        if spent():
-            break
-        c, v = evaluate(random_candidate(rng))
-        if v.failed:
-            found = c
-            break
-    parent, pfit, sigma = res.best, res.best_fitness, 0.15
-    while found is None and parent is not None and not spent():
-        best_child = None
-        for _ in range(lam):
-            c, v = evaluate(mutate(parent, rng, sigma))
-            if v.failed:
-                found = c
-                break
-            if best_child is None or v.fitness > best_child[1]:
-                best_child = (c, v.fitness)
-            if spent():
-                break
-        if found is not None or best_child is None:
-            break
-        if best_child[1] >= pfit:
-            parent, pfit, sigma = best_child[0], best_child[1], min(0.5, sigma * 1.5)
-        else:
-            sigma = max(0.02, sigma * 0.8)
-    res.search_s = time.perf_counter() - t0
-    if found is None:
-        return res
+    found = climb.run_search(
+        res, draw=random_candidate, mutate=mutate, canonical=canonical,
+        judge=lambda c: judge(c, version, classes=classes), budget_s=budget_s, seed=seed,
+        max_evals=max_evals, random_starts=random_starts, lam=lam, restart_after=None)
+    climb.finish(res, found, shrink_found=shrink_found,
+                 shrink_fn=lambda c: shrink(c, version, classes,
+                                            budget_s=min(20.0, max(5.0, budget_s))),
+                 judge_full=lambda c: judge(c, version, classes=classes))
+    return res
     res.found, res.first = True, found
     res.time_to_first_s, res.evals_to_first = res.search_s, res.evals
     t1 = time.perf_counter()
