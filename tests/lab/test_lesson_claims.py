@@ -615,3 +615,29 @@ def test_06_recorded_search_runs_live_when_the_call_differs():
     assert where == "searched now" and att.found
     with pytest.raises(TypeError, match="policy"):
         lessons.recorded_search(None)
+
+
+# ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
+
+def _zoo_history(name, key, row=(0, 0, 0)):
+    """Lesson 07's strip, one side: the entry's row state per step under ``key``."""
+    from fa_lab.kernels.online.model import row_history
+    from fa_lab.zoo import ENTRIES
+
+    return row_history(ENTRIES[name].run(key)[3], *row)
+
+
+def test_07_fa3_tail_and_the_drag():
+    """Section 4: FA3's `l` is finite and the same before and after (the tail's P is 0), the
+    largest |O| NaN before and finite after; the lab's drag moves the base down from 200 to 0
+    at step 1 with an inf factor; its bound is onset.bound's first hazard, and not exact."""
+    from fa_lab.studies import onset
+
+    fa3_b, fa3_a = _zoo_history("fa3_v_tail_nan", "before"), _zoo_history("fa3_v_tail_nan", "after")
+    assert math.isfinite(fa3_b[0]["l"]) and fa3_b[0]["l"] == fa3_a[0]["l"]
+    assert math.isnan(fa3_b[0]["o_max"]) and math.isfinite(fa3_a[0]["o_max"])
+    drag_b = _zoo_history("flydsl_lazy_drag", "before")
+    assert drag_b[1]["step"] == 1 and drag_b[1]["factor"] == math.inf
+    assert drag_b[0]["m"] == 200 and drag_b[1]["m"] == 0                 # dragged down
+    first = onset.bound("lazy_unfixed").hazards[0]
+    assert first.name == "accumulator overflow" and not first.exact
