@@ -641,3 +641,33 @@ def test_07_fa3_tail_and_the_drag():
     assert drag_b[0]["m"] == 200 and drag_b[1]["m"] == 0                 # dragged down
     first = onset.bound("lazy_unfixed").hazards[0]
     assert first.name == "accumulator overflow" and not first.exact
+
+
+# ---- lesson 06, section 4: the shrunk input, read back ------------------------------------
+
+def test_06_the_shrunk_input_is_a_staircase_within_the_cap():
+    """Section 4 on the recorded search: the shrunk input is no larger than the one found, in
+    rows or keys; its failing row is dragged on several steps, each drop within the cap of 16,
+    and its deficit passes 100 (128 with the row's L and V) where O overflows; the tile level,
+    the exact level and the model all find the recorded bad row, and nothing else."""
+    from fa_lab import policies
+    from fa_lab.studies import adversary, onset
+
+    policy, kw = _LESSON06_CALLS[0]
+    found, _ = lessons.recorded_search(policy, **kw)
+    first, shrunk = found.first, found.shrunk
+    assert shrunk.size["Skv"] <= first.size["Skv"] and shrunk.size["Sq"] <= first.size["Sq"]
+    steps = [dict(s) for s in found.trace]
+    record = list(itertools.accumulate((s["mt"] for s in steps),        # the best tile max so far
+                                       lambda a, b: a if b is None else b if a is None else max(a, b)))
+    drops = [a["m"] - b["m"] for a, b in zip(steps, steps[1:]) if b["m"] < a["m"]]
+    cap = policies.get("lazy_capped").rebase_bound
+    assert cap == 16 and len(drops) > 1 and max(drops) <= cap
+    first_bad = next(i for i, s in enumerate(steps) if not s["o_finite"])
+    assert record[first_bad] - steps[first_bad]["m"] > 100
+    q, k, v = adversary.build(shrunk)
+    kw = dict(causal=shrunk.causal, rescale="lazy_capped", kernel=adversary.KERNEL)
+    tile_p, exact_p = onset.predict(q, k, v, **kw), onset.predict(q, k, v, **kw, level="exact")
+    model_bad = onset.model_bad_rows(fa_lab.flash_attn_func(q, k, v, **kw))
+    bad = [p[0, :, 0].nonzero().flatten().tolist() for p in (tile_p.bad, exact_p.bad, model_bad)]
+    assert bad == [found.bad_rows] * 3 and torch.equal(exact_p.bad, model_bad)
