@@ -579,6 +579,29 @@ def test_01_more_splits_the_same_accuracy():
         assert metrics.rel_l2(o, ref) < 1e-2 and (lse - ref_lse).abs().max() < 5e-2, n
 
 
+# ---- lesson 01, section 7: one row under the lazy rule --------------------------------------
+
+def test_01_one_row_under_the_lazy_rule():
+    """Section 7's row (the traced block's row with the largest deficit among those whose
+    `l` dips): its deficit stays within THR; it has a step where its wave fired for another
+    row and its base rose only to that tile's max, below its true running max; where its base
+    rose, `log2(l)` fell by the rise, within one log2 unit."""
+    g3 = torch.Generator().manual_seed(3)
+    qb = torch.randn(1, 256, 1, 128, generator=g3).to(torch.bfloat16)
+    kb = (torch.randn(1, 2048, 1, 128, generator=g3) * 4).to(torch.bfloat16)
+    vb = torch.randn(1, 2048, 1, 128, generator=g3).to(torch.bfloat16)
+    tr = fa_lab.trace(qb, kb, vb, rows=range(256), causal=False, rescale="lazy")
+    steps = lessons.with_deficit(tr)
+    stale = steps.groupby("lane").deficit.max()
+    dips = {lane: lessons.l_lag_dip(tr, lane) for lane in stale.index}
+    lane = int(stale[[ln for ln, d in dips.items() if d is not None]].idxmax())
+    dip, row = dips[lane], steps[steps.lane == lane]
+    short = row[(row.m > row.m_before) & (row.deficit > 0)].iloc[0]     # rose, not to the true max
+    assert 0 < stale[lane] <= 8.0
+    assert short.fire and not short.vote and short.m == short.mt         # to this tile's max
+    assert abs(dip["log2_l"] - (dip["log2_l_before"] - dip["rise"])) < 1
+
+
 # ---- lesson 06, section 4: the attack, read back from its record --------------------------
 
 #: The lesson's two calls (notebooks/06_atlas_and_attack.ipynb, section 4).
