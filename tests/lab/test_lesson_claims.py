@@ -640,7 +640,7 @@ def test_06_recorded_search_runs_live_when_the_call_differs():
         lessons.recorded_search(None)
 
 
-# ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
+# ---- lesson 07, sections 1 to 3: FA4's toy, the boundary, the rows that see keys ----------
 
 def _zoo_history(name, key, row=(0, 0, 0)):
     """Lesson 07's strip, one side: the entry's row state per step under ``key``."""
@@ -649,6 +649,88 @@ def _zoo_history(name, key, row=(0, 0, 0)):
 
     return row_history(ENTRIES[name].run(key)[3], *row)
 
+
+def test_07_fa4_saturation_and_the_offset():
+    """Section 1: before the fix, step 1's key has P = 2^11.5, cast to 448 while `l` adds it
+    whole, so the output is 448 / (256 + 2^11.5); after (threshold 0) the base moves to 3.5
+    and P stays 256. The offset's fix clips nothing and is off only by e4m3's 181 -> 176."""
+    from fa_lab.numerics import E4M3_MAX
+    from fa_lab.zoo import ENTRIES
+
+    before, after = (_zoo_history("fa4_fp8_saturation", key) for key in ("before", "after"))
+    assert before[1]["m"] == 0 and abs(before[1]["p_max"] / 2 ** 11.5 - 1) < 1e-6
+    assert before[1]["saturated"] == 1 and abs(before[1]["l"] - (256 + 2 ** 11.5)) < 1e-3
+    out_b = ENTRIES["fa4_fp8_saturation"].run("before")[0].item()
+    assert abs(out_b - 448 / (256 + 2 ** 11.5)) < 1e-6
+    assert after[1]["m"] == 3.5 and after[1]["p_max"] == 256
+    offset_after = _zoo_history("fa4_fp8_offset", "after")
+    assert offset_after[1]["saturated"] == 0 and offset_after[1]["p_max"] < E4M3_MAX
+    assert abs(ENTRIES["fa4_fp8_offset"].run("after")[0].item() - 176 / (16 + 2 ** 7.5)) < 1e-6
+
+
+@pytest.mark.slow
+def test_07_fa4_boundary_curves():
+    """Section 1's sweep of the second tile's jump: within log2 448 - 8 the unfixed error is
+    e4m3's rounding (at most 2^-4), past it the clipped P loses weight; every fix stays
+    within 2^-4, e5m2 within 2^-3, and their bounds rule P saturation out."""
+    from fa_lab.numerics import E4M3_MAX
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES, Case
+    from fa_lab.zoo.entries import fa4_tile_boundary
+
+    def sat(policy):
+        return next(h for h in onset.bound(policy).hazards if h.name == "P saturation")
+
+    fa4 = {p.name: p for p in ENTRIES["fa4_fp8_saturation"].policies().values()}
+    assert [(p.threshold, p.p_headroom) for p in fa4.values()] == [(4, 8), (0, 8), (0.75, 8), (4, 4), (4, 8)]
+    jumps = [i / 20 for i in range(0, 91)]
+    errors = {name: [] for name in fa4}
+    for j in jumps:
+        c = fa4_tile_boundary()
+        k = c.k.clone()
+        k[0, 0] = j
+        c = Case(c.q, k, c.v, mask=c.mask, softmax_scale=c.softmax_scale)
+        ref_j = c.reference()[0].item()
+        for name, p in fa4.items():
+            errors[name].append(abs(c.run(p)[0].item() - ref_j))
+    n_inside = sum(j <= math.log2(E4M3_MAX) - 8 for j in jumps)
+    assert max(errors["fa4_fp8_saturation:before"][:n_inside]) <= 2 ** -4
+    assert max(errors["fa4_fp8_saturation:before"][n_inside + 4:80]) > 0.25
+    assert not sat("fa4_fp8_saturation:before").never
+    assert all(sat(n).never for n in errors if not n.endswith(":before"))
+    fixes = [n for n in errors if n.endswith(("after", "0.75", "offset"))]
+    assert len(fixes) == 3 and all(max(errors[n]) <= 2 ** -4 for n in fixes)
+    assert max(errors["fa4_fp8_saturation:before_e5m2"]) <= 2 ** -3
+    assert "log2(57344) = 15.8" in sat("fa4_fp8_saturation:before_e5m2").formula
+
+
+def test_07_rows_that_see_keys_die():
+    """Section 3: PyTorch's row 600 sees keys only in its second block, and dies before the
+    fix (born in block 0, kept by 0 x NaN), not after (#130014 skips block 0); every entry's
+    row is NaN before; after, only ffpa's (its P is NaN too: the fix removes the factor)."""
+    from fa_lab.zoo import ENTRIES
+
+    cpu = ENTRIES["pytorch_cpu_masked_block"]
+    block = cpu.before.semantics.block_n
+    seen = cpu.case().mask[600].isfinite().nonzero().flatten()
+    assert (seen // block == 1).all()
+    rows = {"flydsl_fp8_empty_tile": 0, "sdpa_masked_row": 5, "pytorch_cpu_masked_block": 600,
+            "ffpa_vote_nan": 0}
+    for name, r in rows.items():
+        e = ENTRIES[name]
+        ref_row = e.case().reference()[0][0, r, 0]
+        err = {key: (e.run(key)[0][0, r, 0].double() - ref_row).abs().max().item()
+               for key in ("before", "after")}
+        assert math.isnan(err["before"]) and math.isnan(err["after"]) == (name == "ffpa_vote_nan"), name
+    cpu_b, cpu_a = (_zoo_history("pytorch_cpu_masked_block", k, (0, 0, 600)) for k in ("before", "after"))
+    assert math.isnan(cpu_b[0]["factor"]) and math.isnan(cpu_b[1]["o_max"])
+    assert cpu_a[0]["skipped"] and math.isfinite(cpu_a[1]["o_max"])
+    ffpa_b, ffpa_a = (_zoo_history("ffpa_vote_nan", k) for k in ("before", "after"))
+    assert math.isnan(ffpa_b[0]["o_factor"]) and ffpa_a[0]["o_factor"] == 1.0
+    assert math.isnan(ffpa_a[-1]["o_max"])
+
+
+# ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
 
 def test_07_fa3_tail_and_the_drag():
     """Section 4: FA3's `l` is finite and the same before and after (the tail's P is 0), the
