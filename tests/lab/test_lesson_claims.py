@@ -730,6 +730,42 @@ def test_07_rows_that_see_keys_die():
     assert math.isnan(ffpa_a[-1]["o_max"])
 
 
+def test_07_the_headroom_halves_the_safe_length_per_unit():
+    """Section 1's bound: the silent-mass-loss hazard's formula as printed, and its safe
+    length (2 to its margin on a one-key row) 2^(8 - 4) = 16 times longer at H = 8 than at 4."""
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES
+
+    fa4 = {p.name: p for p in ENTRIES["fa4_fp8_saturation"].policies().values()}
+    keep, lower = fa4["fa4_fp8_saturation:after"], fa4["fa4_fp8_saturation:dtype_aware_offset"]
+    mass = "silent mass loss (rounding and flushed tails)"
+    one = torch.ones(1, 1, 1, 8)
+
+    def safe(p):
+        return 2 ** onset.bound(p).margins(onset.measure(one, one, one, policy=p))[mass]
+
+    hz = next(h for h in onset.bound(keep).hazards if h.name == mass)
+    assert hz.formula.startswith("2^-4 + n 2^(-10 - H)") and (keep.p_headroom, lower.p_headroom) == (8, 4)
+    assert safe(keep) == 2 ** (keep.p_headroom - lower.p_headroom) * safe(lower) > 1
+
+
+def test_07_sentinels():
+    """Section 3: flashinfer's -5e4 sentinel puts the base so high that every P is 0 and the
+    output 0 where the reference is not; TensorRT-LLM's masked row weighs every column 1 and
+    returns exactly the mean of V."""
+    from fa_lab.zoo import ENTRIES
+
+    assert ENTRIES["flashinfer_sentinel"].before.semantics.mask_value == -5e4
+    fi_b, trt_b = _zoo_history("flashinfer_sentinel", "before"), _zoo_history("trtllm_neg_inf", "before")
+    out_fi, _, case_fi, _ = ENTRIES["flashinfer_sentinel"].run("before")
+    ref_fi = case_fi.reference()[0][0, 0, 0]
+    assert abs(fi_b[0]["m"] - -5e4 * case_fi.softmax_scale * math.log2(math.e)) < 0.1
+    assert fi_b[0]["p_max"] == 0 and (out_fi[0, 0, 0] == 0).all() and (ref_fi != 0).any()
+    out_trt, _, case_trt, _ = ENTRIES["trtllm_neg_inf"].run("before")
+    assert trt_b[0]["l"] == case_trt.k.shape[1]
+    assert torch.equal(out_trt[0, 0, 0].double(), case_trt.v[0, :, 0].double().mean(0))
+
+
 # ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
 
 def test_07_fa3_tail_and_the_drag():
