@@ -579,6 +579,31 @@ def test_01_more_splits_the_same_accuracy():
         assert metrics.rel_l2(o, ref) < 1e-2 and (lse - ref_lse).abs().max() < 5e-2, n
 
 
+# ---- lesson 01, sections 5 and 6: the eager loop and the lazy one ------------------------
+
+def test_01_eager_rescales_often_lazy_rarely_and_p_stays_under_2_to_thr():
+    """Sections 5 and 6 on the lesson's problem (fp64, 256 rows, 2048 keys at K x4): the eager loop
+    keeps P <= 1 (exactly 1 at the max) with m non-decreasing; the lazy one at THR = 8
+    rebases far less often, its max within THR of the true running max, P above 1 but never
+    256, and its output the reference's to 1e-12."""
+    from fa_lab.lab import exercises
+
+    q, k, v, ref_out, _ = exercises.online_problem()
+    out_e, steps_e = lessons.flash_forward(q, k, v)
+    out_l, steps_l = lessons.flash_forward(q, k, v, threshold=8.0)
+    corr_e, m_e = lessons.stacked(steps_e, "corr")[1:], lessons.stacked(steps_e, "m")
+    corr_l, m_l = lessons.stacked(steps_l, "corr")[1:], lessons.stacked(steps_l, "m")
+    assert (corr_e <= 1).all() and (m_e[1:] >= m_e[:-1]).all()
+    assert lessons.stacked(steps_e, "p_max").max().item() == 1.0
+    assert (out_e - ref_out).abs().max().item() < 1e-12
+    assert int((corr_l < 1).sum()) < int((corr_e < 1).sum())
+    stale = torch.cummax(lessons.stacked(steps_l, "mt"), 0).values - m_l
+    assert (stale >= 0).all() and stale.max().item() <= 8.0
+    assert 1.0 < lessons.stacked(steps_l, "p_max").max().item() <= 2 ** 8
+    assert (corr_l <= 1).all() and (m_l[1:] >= m_l[:-1]).all()
+    assert (out_l - ref_out).abs().max().item() < 1e-12
+
+
 # ---- lesson 01, section 7: one row under the lazy rule --------------------------------------
 
 def test_01_one_row_under_the_lazy_rule():
