@@ -819,6 +819,39 @@ def test_07_sentinels():
     assert torch.equal(out_trt[0, 0, 0].double(), case_trt.v[0, :, 0].double().mean(0))
 
 
+def test_07_the_sentinel_bound_and_one_keys_lift():
+    """Section 3's bound: sound and within a binade at flashinfer's finite sentinel (onset at
+    most 129), never for TensorRT-LLM's; one key lifted below the sentinel is right, then inf
+    from a lift of 128 to 140, then 0 from about 150 (the prose's 128 and 150)."""
+    from fa_lab.studies import onset
+    from fa_lab.studies.onset import boundcheck
+    from fa_lab.zoo import ENTRIES, Case
+
+    sw = boundcheck.sweep("flashinfer_sentinel:before", "finite sentinel")
+    assert sw["sound"] and sw["within_one_binade_or_tile"] and sw["measured_onset"] <= 129
+    assert next(h for h in onset.bound("trtllm_neg_inf:before").hazards
+                if h.name == "finite sentinel").never
+
+    def one_key(lift):
+        s_max = -5e4 - lift / math.log2(math.e)
+        k = torch.full((1, 64, 1, 1), s_max - 1.0)
+        k[0, 0] = s_max
+        v = torch.zeros(1, 64, 1, 1)
+        v[0, 0] = 1.0
+        return Case(torch.ones(1, 1, 1, 1), k, v, softmax_scale=1.0)
+
+    fi = ENTRIES["flashinfer_sentinel"].before
+    lifts = range(100, 171)
+    outs = {lift: one_key(lift).run(fi)[0].item() for lift in lifts}
+    ref_key = one_key(0).reference()[0].item()
+    first_inf = min(lift for lift in lifts if outs[lift] == math.inf)
+    first_zero = min(lift for lift in lifts if outs[lift] == 0)
+    assert all(abs(outs[lift] - ref_key) < 0.01 for lift in lifts if lift < first_inf)
+    assert all(outs[lift] == math.inf for lift in lifts if first_inf <= lift < first_zero)
+    assert all(outs[lift] == 0 for lift in lifts if lift >= first_zero)
+    assert 128 <= first_inf < 140 and 145 <= first_zero <= 155
+
+
 # ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
 
 def test_07_fa3_tail_and_the_drag():
