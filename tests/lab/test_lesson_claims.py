@@ -579,6 +579,82 @@ def test_01_more_splits_the_same_accuracy():
         assert metrics.rel_l2(o, ref) < 1e-2 and (lse - ref_lse).abs().max() < 5e-2, n
 
 
+# ---- lesson 01, sections 5 and 6: the eager loop and the lazy one ------------------------
+
+def test_01_eager_rescales_often_lazy_rarely_and_p_stays_under_2_to_thr():
+    """Sections 5 and 6 on the lesson's problem (fp64, 256 rows, 2048 keys at K x4): the eager loop
+    keeps P <= 1 (exactly 1 at the max) with m non-decreasing; the lazy one at THR = 8
+    rebases far less often, its max within THR of the true running max, P above 1 but never
+    256, and its output the reference's to 1e-12."""
+    from fa_lab.lab import exercises
+
+    q, k, v, ref_out, _ = exercises.online_problem()
+    out_e, steps_e = lessons.flash_forward(q, k, v)
+    out_l, steps_l = lessons.flash_forward(q, k, v, threshold=8.0)
+    corr_e, m_e = lessons.stacked(steps_e, "corr")[1:], lessons.stacked(steps_e, "m")
+    corr_l, m_l = lessons.stacked(steps_l, "corr")[1:], lessons.stacked(steps_l, "m")
+    assert (corr_e <= 1).all() and (m_e[1:] >= m_e[:-1]).all()
+    assert lessons.stacked(steps_e, "p_max").max().item() == 1.0
+    assert (out_e - ref_out).abs().max().item() < 1e-12
+    assert int((corr_l < 1).sum()) < int((corr_e < 1).sum())
+    stale = torch.cummax(lessons.stacked(steps_l, "mt"), 0).values - m_l
+    assert (stale >= 0).all() and stale.max().item() <= 8.0
+    assert 1.0 < lessons.stacked(steps_l, "p_max").max().item() <= 2 ** 8
+    assert (corr_l <= 1).all() and (m_l[1:] >= m_l[:-1]).all()
+    assert (out_l - ref_out).abs().max().item() < 1e-12
+
+
+# ---- lesson 01, section 7: one row under the lazy rule --------------------------------------
+
+def _traced_block(rescale):
+    """Section 7's block: 256 bf16 query rows against 2048 keys at K x4 (seed 3), traced."""
+    g3 = torch.Generator().manual_seed(3)
+    qb = torch.randn(1, 256, 1, 128, generator=g3).to(torch.bfloat16)
+    kb = (torch.randn(1, 2048, 1, 128, generator=g3) * 4).to(torch.bfloat16)
+    vb = torch.randn(1, 2048, 1, 128, generator=g3).to(torch.bfloat16)
+    return (qb, kb, vb), fa_lab.trace(qb, kb, vb, rows=range(256), causal=False, rescale=rescale)
+
+
+def test_01_the_traced_block_eager_and_lazy():
+    """Section 7: corrections never above 1 and m non-decreasing on every row under both rules;
+    the lazy max lags the eager one by at most THR; the lazy rule rescales fewer row-steps; each
+    trace is its flash_attn_func run, within 1e-2 rel-L2 and 5e-2 in LSE of fp64."""
+    from fa_lab import metrics, reference
+
+    (qb, kb, vb), te = _traced_block("eager")
+    _, tl = _traced_block("lazy")
+    ref, ref_lse = reference.attention(qb, kb, vb, causal=False)
+    E, L = te.steps, tl.steps
+    for s in (E, L):
+        assert (s["corr"] <= 1).all() and (s.groupby("lane").m.diff().dropna() >= 0).all()
+    both = E.merge(L, on=["lane", "step"], suffixes=("_e", "_l"))
+    lag = both.m_e - both.m_l
+    assert (lag >= 0).all() and lag.max() <= 8.0
+    rescaled = [int((s["corr"][s.phase == "loop"] < 1).sum()) for s in (E, L)]
+    assert rescaled[1] < rescaled[0]
+    for pol, tr in (("eager", te), ("lazy", tl)):
+        out, lse = fa_lab.flash_attn_func(qb, kb, vb, causal=False, rescale=pol, return_lse=True)
+        assert torch.equal(tr.out, out[0, :, 0].float())
+        assert metrics.rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 5e-2
+
+
+def test_01_one_row_under_the_lazy_rule():
+    """Section 7's row (the traced block's row with the largest deficit among those whose
+    `l` dips): its deficit stays within THR; it has a step where its wave fired for another
+    row and its base rose only to that tile's max, below its true running max; where its base
+    rose, `log2(l)` fell by the rise, within one log2 unit."""
+    _, tr = _traced_block("lazy")
+    steps = lessons.with_deficit(tr)
+    stale = steps.groupby("lane").deficit.max()
+    dips = {lane: lessons.l_lag_dip(tr, lane) for lane in stale.index}
+    lane = int(stale[[ln for ln, d in dips.items() if d is not None]].idxmax())
+    dip, row = dips[lane], steps[steps.lane == lane]
+    short = row[(row.m > row.m_before) & (row.deficit > 0)].iloc[0]     # rose, not to the true max
+    assert 0 < stale[lane] <= 8.0
+    assert short.fire and not short.vote and short.m == short.mt         # to this tile's max
+    assert abs(dip["log2_l"] - (dip["log2_l_before"] - dip["rise"])) < 1
+
+
 # ---- lesson 06, section 4: the attack, read back from its record --------------------------
 
 #: The lesson's two calls (notebooks/06_atlas_and_attack.ipynb, section 4).
@@ -615,3 +691,210 @@ def test_06_recorded_search_runs_live_when_the_call_differs():
     assert where == "searched now" and att.found
     with pytest.raises(TypeError, match="policy"):
         lessons.recorded_search(None)
+
+
+# ---- lesson 07, sections 1 to 3: FA4's toy, the boundary, the rows that see keys ----------
+
+def _zoo_history(name, key, row=(0, 0, 0)):
+    """Lesson 07's strip, one side: the entry's row state per step under ``key``."""
+    from fa_lab.kernels.online.model import row_history
+    from fa_lab.zoo import ENTRIES
+
+    return row_history(ENTRIES[name].run(key)[3], *row)
+
+
+def test_07_fa4_saturation_and_the_offset():
+    """Section 1: before the fix, step 1's key has P = 2^11.5, cast to 448 while `l` adds it
+    whole, so the output is 448 / (256 + 2^11.5); after (threshold 0) the base moves to 3.5
+    and P stays 256. The offset's fix clips nothing and is off only by e4m3's 181 -> 176."""
+    from fa_lab.numerics import E4M3_MAX
+    from fa_lab.zoo import ENTRIES
+
+    before, after = (_zoo_history("fa4_fp8_saturation", key) for key in ("before", "after"))
+    assert before[1]["m"] == 0 and abs(before[1]["p_max"] / 2 ** 11.5 - 1) < 1e-6
+    assert before[1]["saturated"] == 1 and abs(before[1]["l"] - (256 + 2 ** 11.5)) < 1e-3
+    out_b = ENTRIES["fa4_fp8_saturation"].run("before")[0].item()
+    assert abs(out_b - 448 / (256 + 2 ** 11.5)) < 1e-6
+    assert after[1]["m"] == 3.5 and after[1]["p_max"] == 256
+    offset_after = _zoo_history("fa4_fp8_offset", "after")
+    assert offset_after[1]["saturated"] == 0 and offset_after[1]["p_max"] < E4M3_MAX
+    assert abs(ENTRIES["fa4_fp8_offset"].run("after")[0].item() - 176 / (16 + 2 ** 7.5)) < 1e-6
+
+
+@pytest.mark.slow
+def test_07_fa4_boundary_curves():
+    """Section 1's sweep of the second tile's jump: within log2 448 - 8 the unfixed error is
+    e4m3's rounding (at most 2^-4), past it the clipped P loses weight; every fix stays
+    within 2^-4, e5m2 within 2^-3, and their bounds rule P saturation out."""
+    from fa_lab.numerics import E4M3_MAX
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES, Case
+    from fa_lab.zoo.entries import fa4_tile_boundary
+
+    def sat(policy):
+        return next(h for h in onset.bound(policy).hazards if h.name == "P saturation")
+
+    fa4 = {p.name: p for p in ENTRIES["fa4_fp8_saturation"].policies().values()}
+    assert [(p.threshold, p.p_headroom) for p in fa4.values()] == [(4, 8), (0, 8), (0.75, 8), (4, 4), (4, 8)]
+    jumps = [i / 20 for i in range(0, 91)]
+    errors = {name: [] for name in fa4}
+    for j in jumps:
+        c = fa4_tile_boundary()
+        k = c.k.clone()
+        k[0, 0] = j
+        c = Case(c.q, k, c.v, mask=c.mask, softmax_scale=c.softmax_scale)
+        ref_j = c.reference()[0].item()
+        for name, p in fa4.items():
+            errors[name].append(abs(c.run(p)[0].item() - ref_j))
+    n_inside = sum(j <= math.log2(E4M3_MAX) - 8 for j in jumps)
+    assert max(errors["fa4_fp8_saturation:before"][:n_inside]) <= 2 ** -4
+    assert max(errors["fa4_fp8_saturation:before"][n_inside + 4:80]) > 0.25
+    assert not sat("fa4_fp8_saturation:before").never
+    assert all(sat(n).never for n in errors if not n.endswith(":before"))
+    fixes = [n for n in errors if n.endswith(("after", "0.75", "offset"))]
+    assert len(fixes) == 3 and all(max(errors[n]) <= 2 ** -4 for n in fixes)
+    assert max(errors["fa4_fp8_saturation:before_e5m2"]) <= 2 ** -3
+    assert "log2(57344) = 15.8" in sat("fa4_fp8_saturation:before_e5m2").formula
+
+
+def test_07_rows_that_see_keys_die():
+    """Section 3: PyTorch's row 600 sees keys only in its second block, and dies before the
+    fix (born in block 0, kept by 0 x NaN), not after (#130014 skips block 0); every entry's
+    row is NaN before; after, only ffpa's (its P is NaN too: the fix removes the factor)."""
+    from fa_lab.zoo import ENTRIES
+
+    cpu = ENTRIES["pytorch_cpu_masked_block"]
+    block = cpu.before.semantics.block_n
+    seen = cpu.case().mask[600].isfinite().nonzero().flatten()
+    assert (seen // block == 1).all()
+    rows = {"flydsl_fp8_empty_tile": 0, "sdpa_masked_row": 5, "pytorch_cpu_masked_block": 600,
+            "ffpa_vote_nan": 0}
+    for name, r in rows.items():
+        e = ENTRIES[name]
+        ref_row = e.case().reference()[0][0, r, 0]
+        err = {key: (e.run(key)[0][0, r, 0].double() - ref_row).abs().max().item()
+               for key in ("before", "after")}
+        assert math.isnan(err["before"]) and math.isnan(err["after"]) == (name == "ffpa_vote_nan"), name
+    cpu_b, cpu_a = (_zoo_history("pytorch_cpu_masked_block", k, (0, 0, 600)) for k in ("before", "after"))
+    assert math.isnan(cpu_b[0]["factor"]) and math.isnan(cpu_b[1]["o_max"])
+    assert cpu_a[0]["skipped"] and math.isfinite(cpu_a[1]["o_max"])
+    ffpa_b, ffpa_a = (_zoo_history("ffpa_vote_nan", k) for k in ("before", "after"))
+    assert math.isnan(ffpa_b[0]["o_factor"]) and ffpa_a[0]["o_factor"] == 1.0
+    assert math.isnan(ffpa_a[-1]["o_max"])
+
+
+def test_07_the_headroom_halves_the_safe_length_per_unit():
+    """Section 1's bound: the silent-mass-loss hazard's formula as printed, and its safe
+    length (2 to its margin on a one-key row) 2^(8 - 4) = 16 times longer at H = 8 than at 4."""
+    from fa_lab.studies import onset
+    from fa_lab.zoo import ENTRIES
+
+    fa4 = {p.name: p for p in ENTRIES["fa4_fp8_saturation"].policies().values()}
+    keep, lower = fa4["fa4_fp8_saturation:after"], fa4["fa4_fp8_saturation:dtype_aware_offset"]
+    mass = "silent mass loss (rounding and flushed tails)"
+    one = torch.ones(1, 1, 1, 8)
+
+    def safe(p):
+        return 2 ** onset.bound(p).margins(onset.measure(one, one, one, policy=p))[mass]
+
+    hz = next(h for h in onset.bound(keep).hazards if h.name == mass)
+    assert hz.formula.startswith("2^-4 + n 2^(-10 - H)") and (keep.p_headroom, lower.p_headroom) == (8, 4)
+    assert safe(keep) == 2 ** (keep.p_headroom - lower.p_headroom) * safe(lower) > 1
+
+
+def test_07_sentinels():
+    """Section 3: flashinfer's -5e4 sentinel puts the base so high that every P is 0 and the
+    output 0 where the reference is not; TensorRT-LLM's masked row weighs every column 1 and
+    returns exactly the mean of V."""
+    from fa_lab.zoo import ENTRIES
+
+    assert ENTRIES["flashinfer_sentinel"].before.semantics.mask_value == -5e4
+    fi_b, trt_b = _zoo_history("flashinfer_sentinel", "before"), _zoo_history("trtllm_neg_inf", "before")
+    out_fi, _, case_fi, _ = ENTRIES["flashinfer_sentinel"].run("before")
+    ref_fi = case_fi.reference()[0][0, 0, 0]
+    assert abs(fi_b[0]["m"] - -5e4 * case_fi.softmax_scale * math.log2(math.e)) < 0.1
+    assert fi_b[0]["p_max"] == 0 and (out_fi[0, 0, 0] == 0).all() and (ref_fi != 0).any()
+    out_trt, _, case_trt, _ = ENTRIES["trtllm_neg_inf"].run("before")
+    assert trt_b[0]["l"] == case_trt.k.shape[1]
+    assert torch.equal(out_trt[0, 0, 0].double(), case_trt.v[0, :, 0].double().mean(0))
+
+
+def test_07_the_sentinel_bound_and_one_keys_lift():
+    """Section 3's bound: sound and within a binade at flashinfer's finite sentinel (onset at
+    most 129), never for TensorRT-LLM's; one key lifted below the sentinel is right, then inf
+    from a lift of 128 to 140, then 0 from about 150 (the prose's 128 and 150)."""
+    from fa_lab.studies import onset
+    from fa_lab.studies.onset import boundcheck
+    from fa_lab.zoo import ENTRIES, Case
+
+    sw = boundcheck.sweep("flashinfer_sentinel:before", "finite sentinel")
+    assert sw["sound"] and sw["within_one_binade_or_tile"] and sw["measured_onset"] <= 129
+    assert next(h for h in onset.bound("trtllm_neg_inf:before").hazards
+                if h.name == "finite sentinel").never
+
+    def one_key(lift):
+        s_max = -5e4 - lift / math.log2(math.e)
+        k = torch.full((1, 64, 1, 1), s_max - 1.0)
+        k[0, 0] = s_max
+        v = torch.zeros(1, 64, 1, 1)
+        v[0, 0] = 1.0
+        return Case(torch.ones(1, 1, 1, 1), k, v, softmax_scale=1.0)
+
+    fi = ENTRIES["flashinfer_sentinel"].before
+    lifts = range(100, 171)
+    outs = {lift: one_key(lift).run(fi)[0].item() for lift in lifts}
+    ref_key = one_key(0).reference()[0].item()
+    first_inf = min(lift for lift in lifts if outs[lift] == math.inf)
+    first_zero = min(lift for lift in lifts if outs[lift] == 0)
+    assert all(abs(outs[lift] - ref_key) < 0.01 for lift in lifts if lift < first_inf)
+    assert all(outs[lift] == math.inf for lift in lifts if first_inf <= lift < first_zero)
+    assert all(outs[lift] == 0 for lift in lifts if lift >= first_zero)
+    assert 128 <= first_inf < 140 and 145 <= first_zero <= 155
+
+
+# ---- lesson 07, section 4: outside the arithmetic -----------------------------------------
+
+def test_07_fa3_tail_and_the_drag():
+    """Section 4: FA3's `l` is finite and the same before and after (the tail's P is 0), the
+    largest |O| NaN before and finite after; the lab's drag moves the base down from 200 to 0
+    at step 1 with an inf factor; its bound is onset.bound's first hazard, and not exact."""
+    from fa_lab.studies import onset
+
+    fa3_b, fa3_a = _zoo_history("fa3_v_tail_nan", "before"), _zoo_history("fa3_v_tail_nan", "after")
+    assert math.isfinite(fa3_b[0]["l"]) and fa3_b[0]["l"] == fa3_a[0]["l"]
+    assert math.isnan(fa3_b[0]["o_max"]) and math.isfinite(fa3_a[0]["o_max"])
+    drag_b = _zoo_history("flydsl_lazy_drag", "before")
+    assert drag_b[1]["step"] == 1 and drag_b[1]["factor"] == math.inf
+    assert drag_b[0]["m"] == 200 and drag_b[1]["m"] == 0                 # dragged down
+    first = onset.bound("lazy_unfixed").hazards[0]
+    assert first.name == "accumulator overflow" and not first.exact
+
+
+# ---- lesson 06, section 4: the shrunk input, read back ------------------------------------
+
+def test_06_the_shrunk_input_is_a_staircase_within_the_cap():
+    """Section 4 on the recorded search: the shrunk input is no larger than the one found, in
+    rows or keys; its failing row is dragged on several steps, each drop within the cap of 16,
+    and its deficit passes 100 (128 with the row's L and V) where O overflows; the tile level,
+    the exact level and the model all find the recorded bad row, and nothing else."""
+    from fa_lab import policies
+    from fa_lab.studies import adversary, onset
+
+    policy, kw = _LESSON06_CALLS[0]
+    found, _ = lessons.recorded_search(policy, **kw)
+    first, shrunk = found.first, found.shrunk
+    assert shrunk.size["Skv"] <= first.size["Skv"] and shrunk.size["Sq"] <= first.size["Sq"]
+    steps = [dict(s) for s in found.trace]
+    record = list(itertools.accumulate((s["mt"] for s in steps),        # the best tile max so far
+                                       lambda a, b: a if b is None else b if a is None else max(a, b)))
+    drops = [a["m"] - b["m"] for a, b in zip(steps, steps[1:]) if b["m"] < a["m"]]
+    cap = policies.get("lazy_capped").rebase_bound
+    assert cap == 16 and len(drops) > 1 and max(drops) <= cap
+    first_bad = next(i for i, s in enumerate(steps) if not s["o_finite"])
+    assert record[first_bad] - steps[first_bad]["m"] > 100
+    q, k, v = adversary.build(shrunk)
+    kw = dict(causal=shrunk.causal, rescale="lazy_capped", kernel=adversary.KERNEL)
+    tile_p, exact_p = onset.predict(q, k, v, **kw), onset.predict(q, k, v, **kw, level="exact")
+    model_bad = onset.model_bad_rows(fa_lab.flash_attn_func(q, k, v, **kw))
+    bad = [p[0, :, 0].nonzero().flatten().tolist() for p in (tile_p.bad, exact_p.bad, model_bad)]
+    assert bad == [found.bad_rows] * 3 and torch.equal(exact_p.bad, model_bad)
