@@ -93,6 +93,33 @@ def _workers_ignore_ctrl_c():
         signal.signal(signal.SIGINT, old)
 
 
+class _ClosedCommFilter(logging.Filter):
+    """Drops the log record of a result fetch whose connection closed under it. Stopping an
+    interrupted sweep cancels its pending futures and closes the cluster while the client
+    still waits on some of them; tornado then logs each such wait as an "Exception in
+    callback" with a traceback, though the stop is what was asked for."""
+
+    def filter(self, record):
+        from distributed.comm.core import CommClosedError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, CommClosedError)
+
+
+_CLOSED_COMM_FILTER = _ClosedCommFilter()
+_CALLBACK_LOG = "tornado.application"
+
+
+def _quiet_closed_comms(on: bool) -> None:
+    """While an interrupted sweep stops: tornado's record of a fetch cut by the closing
+    connection is dropped (``_ClosedCommFilter``); any other error is still logged."""
+    log = logging.getLogger(_CALLBACK_LOG)
+    if on:
+        log.addFilter(_CLOSED_COMM_FILTER)
+    else:
+        log.removeFilter(_CLOSED_COMM_FILTER)
+
+
 def close_local(client) -> None:
     cluster = client.cluster
     client.close()
@@ -196,6 +223,7 @@ def run(grid, *, client=None, out=None, name: str | None = None, workers: int = 
         finally:
             if own:
                 close_local(client)
+            _quiet_closed_comms(False)
     table = load(name, out=out)
     table.attrs.update(points=len(points), skipped=len(points) - len(todo),
                        computed=len(todo) - len(failures), failed=len(failures), run_id=run_id,
@@ -289,5 +317,6 @@ def _submit_and_collect(client, todo, *, name, run_id, directory, counts, batch,
         flush()
         bar.close()
         if futures:  # interrupted: stop what has not run
+            _quiet_closed_comms(True)
             client.cancel([f for f, _ in futures.values()])
     return failures
