@@ -87,6 +87,18 @@ DECODE_FIELDS = {
     "seed": ("int", (0, 2 ** 31 - 1)),
 }
 MAX_CONTEXT = 5 * model.TILE_TOK
+
+
+def tiled_contexts(c, tile: int, cap: int) -> list[int]:
+    """The contexts of a decode candidate ``c`` (fields ``tiles``, ``last``, ``ctx_step``,
+    ``n_seqs``, ``empty_seq``) over tiles of ``tile`` tokens: the first sequence ends
+    ``last`` tokens into its ``tiles``-th tile, each next one ``ctx_step`` further, every
+    length clipped to [0, ``cap``]; ``empty_seq`` empties the first or the last."""
+    c0 = tile * (c.tiles - 1) + c.last
+    ctx = [min(max(c0 + i * c.ctx_step, 0), cap) for i in range(c.n_seqs)]
+    if c.empty_seq != "none":
+        ctx[0 if c.empty_seq == "first" else -1] = 0
+    return ctx
 DECODE_CLASSES = ("nonfinite", "stale_nan", "empty")
 #: The whole space's name (``fa-lab attack VERSION --space decode``).
 DECODE_SPACE_NAME = "decode"
@@ -160,11 +172,7 @@ class DecodeCandidate:
 
     @property
     def contexts(self) -> list[int]:
-        c0 = model.TILE_TOK * (self.tiles - 1) + self.last
-        ctx = [min(max(c0 + i * self.ctx_step, 0), MAX_CONTEXT) for i in range(self.n_seqs)]
-        if self.empty_seq != "none":
-            ctx[0 if self.empty_seq == "first" else -1] = 0
-        return ctx
+        return tiled_contexts(self, model.TILE_TOK, MAX_CONTEXT)
 
     @property
     def size(self) -> dict:

@@ -52,6 +52,7 @@ from fa_lab.kernels.mla_decode import model as M
 from fa_lab.numerics import f32
 
 from . import climb
+from .decode import tiled_contexts
 from .judge import Verdict
 from .optimize import Attack
 
@@ -103,11 +104,7 @@ class MLACandidate:
 
     @property
     def contexts(self) -> list[int]:
-        c0 = M.BLOCK_N * (self.tiles - 1) + self.last
-        ctx = [min(max(c0 + i * self.ctx_step, 0), MAX_CONTEXT) for i in range(self.n_seqs)]
-        if self.empty_seq != "none":
-            ctx[0 if self.empty_seq == "first" else -1] = 0
-        return ctx
+        return tiled_contexts(self, M.BLOCK_N, MAX_CONTEXT)
 
     @property
     def size(self) -> dict:
