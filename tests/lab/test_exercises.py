@@ -121,7 +121,29 @@ def test_update_check(problem):
 
     rejects(ex.check_update, own_tile_max, "the base fell below the one before it", problem)
     rejects(ex.check_update, first_tile_base, "does it move up when a tile beats it", problem)
-    rejects(ex.check_update, no_rescale, "differs from fa_lab.reference", problem)
+    rejects(ex.check_update, no_rescale, "neither l nor O is moved to the new base", problem)
+
+
+def _update(state, s, v, *, exp=torch.exp2, scale_l=True, scale_o=True, upside_down=False):
+    """Lesson 01's update with one knob per natural mistake."""
+    m, l, O = state
+    m_new = torch.maximum(m, s.amax(-1))
+    corr = exp(m_new - m) if upside_down else exp(m - m_new)
+    corr = torch.where(torch.isinf(m), 0.0, corr)           # the first tile: nothing to rescale
+    p = exp(s - m_new[:, None])
+    return (m_new, (l * corr if scale_l else l) + p.sum(-1),
+            (O * corr[:, None] if scale_o else O) + p @ v)
+
+
+def test_update_check_names_o_not_rescaled_exp_and_an_upside_down_corr(problem):
+    ex.check_update(_update, problem)                         # all knobs off: the right update
+    rejects(ex.check_update, lambda *a: _update(*a, scale_o=False),
+            "l is moved to the new base and O is not", problem)
+    rejects(ex.check_update, lambda *a: _update(*a, scale_l=False),
+            "O is moved to the new base and l is not", problem)
+    rejects(ex.check_update, lambda *a: _update(*a, exp=torch.exp), "use|exp2, not exp", problem)
+    rejects(ex.check_update, lambda *a: _update(*a, upside_down=True), "corr is upside down",
+            problem)
 
 
 def test_lesson_01_loop_is_the_update_and_its_lazy_rule(problem):
@@ -170,9 +192,30 @@ def test_merge_check(problem):
         w1, w2 = torch.exp2(m1 - m), torch.exp2(m2 - m)
         return m, w2 * l1 + w1 * l2, w2[:, None] * O1 + w1[:, None] * O2
 
-    rejects(ex.check_merge, add, "differs from the reference", problem)
+    def natural(a, b):                        # exp for exp2
+        (m1, l1, O1), (m2, l2, O2) = a, b
+        m = torch.maximum(m1, m2)
+        w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+        return m, w1 * l1 + w2 * l2, w1[:, None] * O1 + w2[:, None] * O2
+
+    def averaged(a, b):                       # the finished outputs averaged, l right
+        (m1, l1, O1), (m2, l2, O2) = a, b
+        m, l, _ = sol.merge(a, b)
+        return m, l, (O1 / l1[:, None] + O2 / l2[:, None]) / 2 * l[:, None]
+
+    def upside_down(a, b):                    # factors 2^(m - m_i)
+        (m1, l1, O1), (m2, l2, O2) = a, b
+        m = torch.maximum(m1, m2)
+        w1, w2 = torch.exp2(m - m1), torch.exp2(m - m2)
+        return m, w1 * l1 + w2 * l2, w1[:, None] * O1 + w2[:, None] * O2
+
+    rejects(ex.check_merge, add, "differs from the reference: the parts are added as they are",
+            problem)
     rejects(ex.check_merge, first_base, "max\\(m1, m2\\)", problem)
-    rejects(ex.check_merge, swapped, "differs from the reference", problem)
+    rejects(ex.check_merge, swapped, "weighted by the other's factor", problem)
+    rejects(ex.check_merge, natural, "exp2, not exp", problem)
+    rejects(ex.check_merge, averaged, "average of the parts' outputs", problem)
+    rejects(ex.check_merge, upside_down, "upside down", problem)
 
 
 # ---- lesson 02 ---------------------------------------------------------------------------
@@ -318,6 +361,29 @@ def test_combine_check(small_combine_cases):
     rejects(ex.check_combine, dead_dropped, "still reaches its row", small_combine_cases)
 
 
+def _combine(parts, layout):
+    """The reference combine with the weights [B, H, S] laid onto o [B, S, H, D] by ``layout``."""
+    lses = torch.stack([x for _, x in parts])
+    lse = torch.logsumexp(torch.where(lses.isnan(), -math.inf, lses), 0)
+    return sum(layout(torch.exp(x - lse))[..., None] * o.float() for o, x in parts), lse
+
+
+def test_combine_check_names_the_layout(small_combine_cases):
+    ex.check_combine(lambda parts: _combine(parts, lambda w: w.transpose(1, 2)),
+                     small_combine_cases)
+    # no transpose: torch's broadcasting refuses [B, H, S, 1] * [B, S, H, D]; the check says why
+    rejects(ex.check_combine, lambda parts: _combine(parts, lambda w: w),
+            "failed on a shape(.|\n)*\\[B, S, H\\] layout", small_combine_cases)
+    # a reshape has the right shape and pairs each weight with another (row, head)
+    rejects(ex.check_combine, lambda parts: _combine(parts, lambda w: w.reshape(
+        w.shape[0], w.shape[2], w.shape[1])), "reshaped from \\[B, H, S\\] to \\[B, S, H\\]",
+            small_combine_cases)
+    with pytest.raises(AssertionError) as e:                  # not the weights' formula
+        ex.check_combine(lambda parts: _combine(parts, lambda w: w.reshape(
+            w.shape[0], w.shape[2], w.shape[1])), small_combine_cases)
+    assert "exp(LSE_i - LSE)" not in str(e.value)
+
+
 # ---- appendix F ---------------------------------------------------------------------------
 
 def test_best_case_check():
@@ -333,6 +399,26 @@ def test_best_case_check():
 
     rejects(ex.check_best_case, means, "median")
     rejects(ex.check_best_case, bound_only, "vote alone")
+
+
+def _best(ms, *, vote="lazy_never", avg=statistics.median, inverse=False):
+    m = {k: avg(x) for k, x in ms.items()}
+    r = m["eager"] / (m["no_rescale_bound"] + m[vote] - m["eager"])
+    return 1 / r if inverse else r
+
+
+def test_best_case_check_names_the_mistake_without_the_formula():
+    assert ex.check_best_case(_best) == ex.check_best_case(sol.best_case_speedup)
+    # every variant of the measurement is in the launches: no KeyError for `lazy`
+    for answer, named in ((lambda ms: _best(ms, vote="lazy"), "taken from `lazy`"),
+                          (lambda ms: _best(ms, vote="lazy_at_b7e066d"), "lazy_at_b7e066d"),
+                          (lambda ms: _best(ms, inverse=True), "upside down"),
+                          (lambda ms: _best(ms, avg=min), "fastest round"),
+                          (lambda ms: _best(ms, avg=statistics.mean), "mean"),
+                          (lambda ms: 1.0, "the best case is 1.0526")):   # no mistake it knows
+        with pytest.raises(AssertionError, match=named) as e:
+            ex.check_best_case(answer)
+        assert "bound + " not in str(e.value) and "eager / (" not in str(e.value)
 
 
 # ---- lesson 06 ---------------------------------------------------------------------------
@@ -375,6 +461,26 @@ def test_zoo_policy_check():
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, semantics=dataclasses.replace(
         answer.semantics, p_cast="input")), "e4m3 P cast")
     rejects(ex.check_zoo_policy, dataclasses.replace(answer, threshold=1.0), "P saturation")
+
+
+def test_zoo_policy_check_wants_the_fp8_p_worth_something():
+    """Threshold 0 and headroom 0, every guard on: nothing saturates and nothing is NaN, but
+    the tails stay within tolerance only up to 188 keys; each binade of H doubles that, and
+    the reference answer's H = 8 reaches the bug report's 8192 keys."""
+    import dataclasses
+
+    # n 2^(-10 - H) <= 0.25 - 2^-4 (e4m3's rounding) - 2^-8 (the bf16 output's): 188 keys at H = 0
+    at_h0 = (0.25 - 2 ** -4 - 2 ** -8) * 2 ** 10
+    answer = sol.zoo_policy()
+    flat = dataclasses.replace(answer, threshold=0.0, p_headroom=0.0)
+    assert ex.zoo_safe_keys(flat) == pytest.approx(at_h0) and round(at_h0) == 188
+    assert ex.zoo_safe_keys(dataclasses.replace(flat, p_headroom=1.0)) == pytest.approx(2 * at_h0)
+    assert ex.zoo_safe_keys(answer) == pytest.approx(at_h0 * 2 ** 8)
+    assert ex.zoo_safe_keys(answer) >= ex.ZOO_MIN_KEYS
+    rejects(ex.check_zoo_policy, flat, "only up to 188 keys(.|\n)*8,192 keys", max_evals=6)
+    with pytest.raises(AssertionError) as e:
+        ex.check_zoo_policy(flat, max_evals=6)
+    assert "\n" not in str(e.value)                          # the only layer it fails
 
 
 def test_zoo_policy_try_this():
@@ -453,6 +559,15 @@ def test_merge_partitions_check(decode_partitions):
     rejects(ex.check_merge_partitions, lambda m, s, o: _naive_merge(m, s, o, log=torch.log2),
             "not log2")
     rejects(ex.check_merge_partitions, _naive_merge, "0 \\* NaN is NaN")      # no guards
+
+
+def test_merge_partitions_check_names_an_lse_in_log2():
+    def log2_lse(maxes, sums, outs):          # the right merge, its LSE in log2 units
+        out, lse = sol.merge_partitions(maxes, sums, outs)
+        return out, lse * math.log2(math.e)
+
+    rejects(ex.check_merge_partitions, log2_lse, "an LSE in log2")
+    ex.check_merge_partitions(sol.merge_partitions)
 
 
 def test_merge_partitions_check_wants_a_row_without_keys_guarded():
