@@ -199,7 +199,7 @@ def test_merge_check(problem):
         return m, w1 * l1 + w2 * l2, w1[:, None] * O1 + w2[:, None] * O2
 
     def averaged(a, b):                       # the finished outputs averaged, l right
-        (m1, l1, O1), (m2, l2, O2) = a, b
+        (_, l1, O1), (_, l2, O2) = a, b
         m, l, _ = sol.merge(a, b)
         return m, l, (O1 / l1[:, None] + O2 / l2[:, None]) / 2 * l[:, None]
 
