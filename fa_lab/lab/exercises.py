@@ -328,8 +328,8 @@ def check_safe_threshold(largest_safe_threshold, casts: pd.DataFrame | None = No
     exact = math.log2(_E4M3_MIDPOINT)
     got0 = _threshold(largest_safe_threshold, 0.0)
 
-    def near(x, y):
-        return abs(x - y) < 1e-9
+    def near(x, y):     # within fp32's rounding of log2 464: an answer in float32 passes
+        return abs(x - y) < 1e-5
 
     assert got0 < 64, \
         f"largest_safe_threshold(0) = {got0:g}: a threshold is an exponent (log2 units), not a " \

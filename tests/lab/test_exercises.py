@@ -251,6 +251,7 @@ def test_safe_threshold_check_accepts_the_reference_and_other_spellings():
     assert ex.check_safe_threshold(sol.largest_safe_threshold)
     assert ex.check_safe_threshold(lambda h=0.0: math.log2(464 / 2 ** h))
     assert ex.check_safe_threshold(lambda h=0.0: torch.tensor(464.0, dtype=torch.float64).log2() - h)
+    assert ex.check_safe_threshold(lambda h=0.0: torch.tensor(464.0).log2() - h)      # float32
 
 
 def test_safe_threshold_check_names_each_plausible_mistake():
