@@ -319,12 +319,10 @@ def _threshold(fn, headroom):
 def check_safe_threshold(largest_safe_threshold, casts: pd.DataFrame | None = None) -> bool:
     """Lesson 03's exercise: ``largest_safe_threshold(headroom)``, the largest lazy threshold
     (log2 units) at which no P, with ``headroom`` added in its exponent, rounds past e4m3's
-    last code, so that the saturating and the non-saturating cast agree. A row's tile max sits
-    at most THR above its base, so P is at most 2^(THR + H); a P up to 464 (the midpoint to
-    the next code, a tie that goes to the even 448) rounds to 448: the answer is
-    log2(464) - H. Checked at a few headrooms first and, given ``casts`` (one row per
-    (threshold, headroom) with the kernel's NaN rows under each cast and mean |o - 1|), against
-    what the kernel did."""
+    last code, so that the saturating and the non-saturating cast agree (the reference answer,
+    derived, is in ``fa_lab.lab.solutions``). Checked at a few headrooms first and, given
+    ``casts`` (one row per (threshold, headroom) with the kernel's NaN rows under each cast and
+    mean |o - 1|), against what the kernel did."""
     exact = math.log2(_E4M3_MIDPOINT)
     got0 = _threshold(largest_safe_threshold, 0.0)
 
