@@ -310,55 +310,72 @@ def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
 
 # ---- lesson 03: the saturation bound --------------------------------------------------------
 
-class _ExactLog2(float):
-    """log2 ``p``, exactly: a threshold at which ``2 ** (threshold + 0)`` is ``p`` itself.
-    log2 464 is irrational, so 2 to no float is exactly 464 and a ``>= 464`` answer agrees
-    with ``> 464`` on every float threshold; this stand-in puts P on the boundary. Adding 0
-    keeps it exact; anything else, and other bases, fall back to plain floats."""
-
-    def __new__(cls, p):
-        self = super().__new__(cls, math.log2(p))
-        self.p = p
-        return self
-
-    def __add__(self, other):
-        return self if other == 0 else float(self) + other
-
-    __radd__ = __add__
-
-    def __rpow__(self, base):
-        return self.p if base == 2 else base ** float(self)
+#: e4m3's largest value, and the midpoint to the code after it: a P up to the midpoint rounds to
+#: 448 (the midpoint itself ties to the even 448), a P past it is NaN under a non-saturating cast.
+_E4M3_LAST, _E4M3_MIDPOINT, _E4M3_NEXT = 448.0, 464.0, 480.0
 
 
-def check_cast_bound(largest_p, casts_can_differ, casts: pd.DataFrame | None = None):
-    """Lesson 03's exercise: ``largest_p(threshold, headroom)`` and
-    ``casts_can_differ(threshold, headroom)``, on hand-picked values and, given ``casts`` (one
-    row per (threshold, headroom) with the kernel's NaN rows under a non-saturating cast, and
-    mean |o - 1| under both casts), against what the kernel did."""
-    assert largest_p(10.0) == 1024 and largest_p(8.0, 0.0) == 256, \
-        "largest_p: the largest P is 2 to the threshold (a tile max at most THR above the base)"
-    assert largest_p(8.0, 1.0) == 512, "largest_p: the headroom adds to the exponent: 2^(THR + H)"
-    assert not casts_can_differ(8.0), "2^8 = 256 is far inside e4m3's 448"
-    assert not casts_can_differ(8.84), \
-        "2^8.84 is about 458: past 448, but it still rounds to 448 (the next code's midpoint is 464)"
-    assert casts_can_differ(8.86) and casts_can_differ(9.0) and casts_can_differ(8.0, 1.0), \
-        "P past 464 rounds past e4m3's last code: the casts can differ"
-    assert not casts_can_differ(8.0, math.log2(448) - 8.0), \
-        "PR #1020's headroom: P reaches 448, no more"
-    at_464 = _ExactLog2(464.0)
-    if largest_p(at_464) == 464:
-        assert not casts_can_differ(at_464), \
-            "a P of exactly 464 ties to 448 (to nearest, ties to even): the casts differ only for " \
-            "a P strictly above 464 (> 464, not >= 464)"
+def _threshold(fn, headroom):
+    got = fn(headroom)
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        raise AssertionError(f"largest_safe_threshold({headroom:g}) returned {got!r}: return a number, "
+                             "the threshold in log2 units") from None
+    assert math.isfinite(got), f"largest_safe_threshold({headroom:g}) returned {got}: return a finite threshold"
+    return got
+
+
+def check_safe_threshold(largest_safe_threshold, casts: pd.DataFrame | None = None) -> bool:
+    """Lesson 03's exercise: ``largest_safe_threshold(headroom)``, the largest lazy threshold
+    (log2 units) at which no P, with ``headroom`` added in its exponent, rounds past e4m3's
+    last code, so that the saturating and the non-saturating cast agree (the reference answer,
+    derived, is in ``fa_lab.lab.solutions``). Checked at a few headrooms first and, given
+    ``casts`` (one row per (threshold, headroom) with the kernel's NaN rows under each cast and
+    mean |o - 1|), against what the kernel did."""
+    exact = math.log2(_E4M3_MIDPOINT)
+    got0 = _threshold(largest_safe_threshold, 0.0)
+
+    def near(x, y):     # within fp32's rounding of log2 464: an answer in float32 passes
+        return abs(x - y) < 1e-5
+
+    assert got0 < 64, \
+        f"largest_safe_threshold(0) = {got0:g}: a threshold is an exponent (log2 units), not a " \
+        "value of P: which THR makes 2^THR reach the largest P that still rounds to 448?"
+    assert not near(got0, math.log(_E4M3_MIDPOINT)), \
+        f"largest_safe_threshold(0) = {got0:.4f} is ln 464: thresholds are log2 units (P = 2^(THR + H))"
+    assert not near(got0, math.log2(_E4M3_LAST)), \
+        f"largest_safe_threshold(0) = {got0:.4f} puts the largest P at 448 exactly, but a P a little " \
+        "past 448 still rounds to 448: the casts part only past 464, the midpoint to the next code " \
+        "(section 2)"
+    assert not near(got0, math.log2(_E4M3_NEXT)), \
+        f"largest_safe_threshold(0) = {got0:.4f} lets P reach 480, e4m3's next code, which e4m3fn " \
+        "spends on NaN: a P rounds there from past the midpoint 464"
+    assert near(got0, exact), \
+        f"largest_safe_threshold(0) = {got0:.4f} puts the largest P, 2^THR, at {2 ** got0:.1f}: the " \
+        "largest P that still rounds to 448 is 464 (464 itself ties to the even 448)"
+    got1 = _threshold(largest_safe_threshold, 1.0)
+    assert not near(got1, got0), \
+        f"largest_safe_threshold(1) = largest_safe_threshold(0) = {got0:.4f}: the headroom is " \
+        "added in P's exponent, so it changes how large P gets: is headroom in your answer?"
+    assert not near(got1, exact + 1.0), \
+        f"largest_safe_threshold(1) = {got1:.4f}, more than at headroom 0: the headroom raises every " \
+        "P (P up to 2^(THR + H)), so more headroom leaves less room for the threshold"
+    for head in (1.0, math.log2(_E4M3_LAST) - 8.0, 0.25, 4.0, 8.0):
+        got = _threshold(largest_safe_threshold, head)
+        assert near(got, exact - head), \
+            f"largest_safe_threshold({head:g}) = {got:.4f} puts the largest P, 2^(THR + H), at " \
+            f"{2 ** (got + head):.1f}: it should be 464, the largest P that rounds to 448"
     if casts is not None:
         for (thr, head), r in casts.iterrows():
             assert r["NaN rows, saturating"] == 0, "a saturating cast made NaN"
-            said = bool(casts_can_differ(thr, head))
-            assert (r["NaN rows, non-saturating"] > 0) == said, \
-                f"threshold {thr:g}, headroom {head:g}: your bound says {said}, but the " \
-                f"non-saturating cast made {r['NaN rows, non-saturating']} NaN rows"
-            if not said:
-                assert r["mean |o - 1|, saturating"] == r["mean |o - 1|, non-saturating"]
+            past = bool(thr > largest_safe_threshold(head))
+            assert (r["NaN rows, non-saturating"] > 0) == past, \
+                f"threshold {thr:g}, headroom {head:g}: {'past' if past else 'within'} your largest " \
+                f"safe threshold, but the non-saturating cast made {r['NaN rows, non-saturating']} NaN rows"
+            if not past:
+                assert r["mean |o - 1|, saturating"] == r["mean |o - 1|, non-saturating"], \
+                    f"threshold {thr:g}, headroom {head:g}: within the bound, yet the casts differ"
     return True
 
 

@@ -73,15 +73,11 @@ def first_nan_tile(tile_max):
 
 # ---- lesson 03 ---------------------------------------------------------------------------
 
-def largest_p(threshold, headroom=0.0):
-    """The largest P a lazy row can make: its tile max at most ``threshold`` above its base,
-    plus ``headroom`` in the exponent."""
-    return 2.0 ** (threshold + headroom)
-
-
-def casts_can_differ(threshold, headroom=0.0):
-    """Whether such a P can round past e4m3's last code: above 464 (464 itself ties to 448)."""
-    return largest_p(threshold, headroom) > 464
+def largest_safe_threshold(headroom=0.0):
+    """The largest lazy threshold at which no P rounds past e4m3's last code: a row's tile max
+    sits at most ``threshold`` above its base, so P is at most 2^(threshold + headroom); a P up
+    to 464 (the midpoint to the next code, a tie that goes to the even 448) still rounds to 448."""
+    return math.log2(464) - headroom
 
 
 # ---- lesson 04 ---------------------------------------------------------------------------

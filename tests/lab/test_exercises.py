@@ -290,46 +290,48 @@ def test_first_nan_tile_check():
 
 # ---- lesson 03 ---------------------------------------------------------------------------
 
-def test_cast_bound_check():
-    assert ex.check_cast_bound(sol.largest_p, sol.casts_can_differ)
-    rejects(ex.check_cast_bound, lambda t, h=0.0: 2.0 ** t, "headroom", sol.casts_can_differ)
-    rejects(ex.check_cast_bound, sol.largest_p, "still rounds to 448",
-            lambda t, h=0.0: sol.largest_p(t, h) > 448)
-    rejects(ex.check_cast_bound, sol.largest_p, "past 464",
-            lambda t, h=0.0: t > 9)
-    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448(.|\n)*not >= 464",
-            lambda t, h=0.0: 2 ** (t + h) >= 464)
-    rejects(ex.check_cast_bound, sol.largest_p, "exactly 464 ties to 448",
-            lambda t, h=0.0: sol.largest_p(t, h) >= 464)
+def test_safe_threshold_check_accepts_the_reference_and_other_spellings():
+    assert ex.check_safe_threshold(sol.largest_safe_threshold)
+    assert ex.check_safe_threshold(lambda h=0.0: math.log2(464 / 2 ** h))
+    assert ex.check_safe_threshold(lambda h=0.0: torch.tensor(464.0, dtype=torch.float64).log2() - h)
+    assert ex.check_safe_threshold(lambda h=0.0: torch.tensor(464.0).log2() - h)      # float32
 
 
-def test_the_cast_bound_check_puts_p_exactly_on_464():
-    """No float threshold gives 2^t == 464; the check's stand-in does, and only with 0 added."""
-    import torch
+def test_safe_threshold_check_names_each_plausible_mistake():
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(448) - h, "past 448 still rounds to 448")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(464) + h, "more headroom leaves less room")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(464), "is headroom in your answer")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log(464) - h, "ln 464: thresholds are log2")
+    rejects(ex.check_safe_threshold, lambda h=0.0: 464 - h, "an exponent .log2 units., not a value of P")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(480) - h, "480, e4m3's next code")
+    rejects(ex.check_safe_threshold, lambda h=0.0: 9.0 - h, "at 512.0: the largest P that still rounds to 448 is 464")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(464) - 2 * h, "largest_safe_threshold.1.")
+    rejects(ex.check_safe_threshold, lambda h=0.0: None, "return a number")
+    rejects(ex.check_safe_threshold, lambda h=0.0: math.inf, "finite")
 
-    from fa_lab.numerics import e4m3
 
-    at = ex._ExactLog2(464.0)
-    assert 2 ** at == 464 and 2.0 ** (at + 0.0) == 464 and 2 ** (0.0 + at) == 464
-    assert float(at) == math.log2(464) and 2.0 ** float(at) != 464   # a plain float misses it
-    assert 2 ** (at + 1.0) == pytest.approx(928) and 3 ** at == pytest.approx(3 ** math.log2(464))
-    assert e4m3(torch.tensor([464.0]), saturate=False).item() == 448    # the tie goes to 448
-
-
-def test_cast_bound_check_against_the_kernels_table():
+def test_safe_threshold_check_against_the_kernels_table():
     import pandas as pd
 
-    casts = pd.DataFrame([{"threshold": 8.0, "headroom": 0.0, "NaN rows, saturating": 0,
+    casts = pd.DataFrame([{"threshold": 8.84, "headroom": 0.0, "NaN rows, saturating": 0,
                            "NaN rows, non-saturating": 0, "mean |o - 1|, saturating": 0.01,
                            "mean |o - 1|, non-saturating": 0.01},
-                          {"threshold": 9.0, "headroom": 0.0, "NaN rows, saturating": 0,
+                          {"threshold": 8.0, "headroom": 1.0, "NaN rows, saturating": 0,
                            "NaN rows, non-saturating": 3, "mean |o - 1|, saturating": 0.02,
                            "mean |o - 1|, non-saturating": 0.03}]).set_index(["threshold", "headroom"])
-    assert ex.check_cast_bound(sol.largest_p, sol.casts_can_differ, casts)
+    assert ex.check_safe_threshold(sol.largest_safe_threshold, casts)
     liar = casts.copy()
-    liar.loc[(9.0, 0.0), "NaN rows, non-saturating"] = 0
-    with pytest.raises(AssertionError, match="your bound says True"):
-        ex.check_cast_bound(sol.largest_p, sol.casts_can_differ, liar)
+    liar.loc[(8.0, 1.0), "NaN rows, non-saturating"] = 0
+    with pytest.raises(AssertionError, match="threshold 8, headroom 1: past your largest safe"):
+        ex.check_safe_threshold(sol.largest_safe_threshold, liar)
+    apart = casts.copy()
+    apart.loc[(8.84, 0.0), "mean |o - 1|, non-saturating"] = 0.02
+    with pytest.raises(AssertionError, match="within the bound, yet the casts differ"):
+        ex.check_safe_threshold(sol.largest_safe_threshold, apart)
+    clamped = casts.copy()
+    clamped.loc[(8.84, 0.0), "NaN rows, saturating"] = 1
+    with pytest.raises(AssertionError, match="a saturating cast made NaN"):
+        ex.check_safe_threshold(sol.largest_safe_threshold, clamped)
 
 
 # ---- lesson 04 ---------------------------------------------------------------------------

@@ -898,3 +898,111 @@ def test_06_the_shrunk_input_is_a_staircase_within_the_cap():
     model_bad = onset.model_bad_rows(fa_lab.flash_attn_func(q, k, v, **kw))
     bad = [p[0, :, 0].nonzero().flatten().tolist() for p in (tile_p.bad, exact_p.bad, model_bad)]
     assert bad == [found.bad_rows] * 3 and torch.equal(exact_p.bad, model_bad)
+
+
+# Lesson 03 (s46)
+# ---- lesson 03, section 2: e4m3 and P's headroom -------------------------------------------
+
+def test_03_e4m3_rounding_range_and_headroom():
+    """Section 2's table and line: 464 ties to the even 448 under both casts, 464.1 is 448
+    saturating and NaN not; 2^-10 rounds to 0, a little above it to 2^-9; 1.0625 ties to 1;
+    the worst relative rounding in [1, 2) 1/17, just under 1/16 (0.0588 on the lesson's sample); P's
+    headroom 8.81 binades for eager, 0.81 for lazy at THR 8. Each value is checked against its
+    neighbouring e4m3 codes, not against the cast alone."""
+    from fa_lab.numerics import E4M3_MAX, e4m3
+
+    def cast(x, saturate=True):
+        return e4m3(torch.tensor(x), saturate=saturate).item()
+
+    assert E4M3_MAX == 448 and cast(464.0) == cast(464.0, saturate=False) == 448
+    assert cast(464.1) == 448 and math.isnan(cast(464.1, saturate=False))
+    assert cast(463.9, saturate=False) == 448 and math.isnan(cast(470.0, saturate=False))
+    assert cast(2.0 ** -10) == 0 and cast(1.01 * 2.0 ** -10) == 2.0 ** -9 == cast(2.0 ** -9)
+    assert cast(1.0625) == 1 and cast(1.07) == 1.125 and cast(1.1875) == 1.25   # ties to even
+    u = torch.rand(100_000, generator=torch.Generator().manual_seed(0)) + 1
+    worst = ((e4m3(u) - u).abs() / u).max().item()
+    assert 0.058 < worst < 1 / 16 and round(worst, 4) == 0.0588
+    # the supremum: a value just below the midpoint 1.0625 moves down to 1, by 1/17 of itself
+    assert worst <= 1 / 17 < 1 / 16 and 1 / 17 - worst < 1e-4
+    assert round(math.log2(448), 2) == 8.81 and round(math.log2(448 / 2 ** 8), 2) == 0.81
+
+
+# ---- lesson 03, section 5: bound 32's row, and the try-this bounds ---------------------------
+
+@pytest.fixture(scope="module")
+def fp8_k5000():
+    return lessons.Fp8Lesson("cpu").inputs(5000)
+
+
+@pytest.mark.slow
+def test_03_bound_32s_row_overflows_with_every_drop_within_the_cap(fp8_k5000):
+    """Section 5's line: the first row that bound 32 turns into NaN at k x5000 moved its base
+    down on 22 steps, each drop within the cap (29.6 at most), and sat 131 log2 units below
+    its best score (past fp32's 128) where it overflowed."""
+    out32 = lessons.run_fp8(*fp8_k5000, rescale="lazy_capped", rebase_bound=32.0)
+    row, head = (int(x) for x in out32[0].isnan().any(-1).nonzero()[0])
+    tr = lessons.trace_fp8(*fp8_k5000, [(0, head, row)], rescale="lazy_capped", rebase_bound=32.0)
+    lane = tr.lane(0)
+    drop = ((lane.m.shift() - lane.m) * tr.log2_per_unit).where(lane.swept, 0.0)
+    deficit = (lane.mt.cummax() - lane.m) * tr.log2_per_unit
+    first = int(tr.lanes.first_nonfinite_step[0])
+    assert int((drop > 0).sum()) == 22 and 29.5 < drop.max() <= 32
+    assert 128 < deficit[first] < 132 and deficit[:first].max() < 128
+
+
+@pytest.mark.slow
+def test_03_try_this_no_nan_up_to_bound_24_and_a_growing_leak_from_32(fp8_k5000):
+    """Section 5's Try this: bounds 8, 16 and 24 give no NaN at k x5000; 32 leaks as the
+    lesson's table says, and 48 leaks more."""
+    st = recorded.recorded("lesson03_table", **recorded.LESSON_PARAMS["lesson03_table"])[0]["table"]
+    nan = {b: int(lessons.run_fp8(*fp8_k5000, rescale="lazy_capped", rebase_bound=b).isnan().sum())
+           for b in (8.0, 16.0, 24.0, 32.0, 48.0)}
+    assert nan[8.0] == nan[16.0] == nan[24.0] == 0
+    assert nan[32.0] == st.loc[("bound 32", 5000), "nan"] > 0 and nan[48.0] > nan[32.0]
+
+
+# ---- lesson 03, section 7: saturation past the largest safe threshold ------------------------
+
+def test_03_saturation_past_the_largest_safe_threshold():
+    """Section 7 on the lesson's record of the kernel (tests/lab/test_lesson_records.py checks
+    the record against the model): the casts agree up to log2 464 - H and part past it; the
+    saturating cast's error is about 0.01 up to THR 9, then 0.09 at 12 and 0.27 at 16, rising;
+    PR #1020's H leaves log2(464/448), about 0.05 binades, at every threshold."""
+    casts = recorded.recorded("lesson03_casts", **recorded.LESSON_PARAMS["lesson03_casts"])[0]["casts"]
+    for (thr, head), r in casts.iterrows():
+        past = 2.0 ** (thr + head) > 464                       # independent of the answer's form
+        assert past == (thr > sol.largest_safe_threshold(head))
+        assert r["NaN rows, saturating"] == 0 and (r["NaN rows, non-saturating"] > 0) == past
+    sat = casts.xs(0.0, level="headroom")["mean |o - 1|, saturating"]
+    assert sat.loc[9.0:].is_monotonic_increasing and sat.loc[12.0] > 5 * sat.loc[9.0]
+    assert all(round(sat[t], 2) == 0.01 for t in (8.0, 8.84, 9.0))
+    assert round(sat[12.0], 2) == 0.09 and round(sat[16.0], 2) == 0.27
+    for thr in (4, 6, 8):
+        room = sol.largest_safe_threshold(math.log2(448) - thr) - thr
+        assert abs(room - math.log2(464 / 448)) < 1e-12 and round(room, 2) == 0.05
+
+
+# ---- lesson 02, section 2: the featured row dies the common way --------------------------------
+
+def test_02_the_featured_row_dies_at_its_rule_tile_through_a_finite_factor(unfixed_block):
+    """Section 2's featured row (the median death step among rows whose factor at death is
+    finite): it dies at the first tile 128 below its record, its factor there is finite (about
+    2^66), its l one step earlier about 2^65 (its deficit then), and the product is its deficit
+    of about 131; a few other rows (5 of the 35) die through an infinite factor."""
+    import numpy as np
+
+    tr, U = unfixed_block
+    lanes = tr.lanes
+    bad = lanes[~lanes.out_finite].sort_values(["first_nonfinite_step", "row"])
+    corr_at = U.set_index(["lane", "step"])["corr"]
+    died = bad.first_nonfinite_step.astype(int)
+    common = [ln for ln, s in died.items() if np.isfinite(corr_at[ln, s])]
+    assert len(bad) - len(common) == 5 and len(bad) == 35
+    lane = int(common[len(common) // 2])
+    row = U[U.lane == lane].set_index("step")
+    s = int(died[lane])
+    assert s == int(row[(row.phase == "loop") & (row.true_max - row.mt >= 128)].index.min())
+    log2_corr, log2_l_before = math.log2(row["corr"][s]), math.log2(row.l[s - 1])
+    assert round(log2_corr) == 66 and round(log2_l_before) == 65 and round(row.deficit[s]) == 131
+    assert abs(log2_l_before - row.deficit[s - 1]) < 1
+    assert abs(log2_corr + log2_l_before - row.deficit[s]) < 1 and row.deficit[s] > 128
