@@ -292,6 +292,10 @@ def check_first_nan_tile(first_nan_tile) -> pd.DataFrame:
             # B's deficit reaches exactly 128, over four drops of 40, 70, 17 and 1: an answer
             # that misses it compares with > 128, or measures each drop from the tile before
             step_by_step = first_nan_tile([0.0, -100.0, -150.0]) != 2   # 150 below, in two drops
+            if want[name] is None and first_nan_tile([0.0, 1.0]) is not None:  # a sure survivor
+                raise AssertionError(f"row {name} {row} never dies, and neither does [0, 1], yet you "
+                                     f"returned {got[name]!r} for it: return None for a row that "
+                                     "survives")
             hint = {"A": "the deficit is the best tile max so far minus the CURRENT tile max, "
                          "not a sum of drops",
                     "B": ("measure each tile max against the best tile max so far, not against "

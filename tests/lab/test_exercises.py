@@ -287,6 +287,12 @@ def test_first_nan_tile_check():
     assert ">= 128" not in str(e.value)
     rejects(ex.check_first_nan_tile, overall_best, "SO FAR")
 
+    def minus_one(tile_max):                  # a survivor as -1 instead of None
+        got = sol.first_nan_tile(tile_max)
+        return -1 if got is None else got
+
+    rejects(ex.check_first_nan_tile, minus_one, "return None for a row that survives")
+
 
 # ---- lesson 03 ---------------------------------------------------------------------------
 
