@@ -568,6 +568,25 @@ def test_01_log2_units_overflow_at_128_and_16():
     assert torch.allclose(torch.exp2(r * math.log2(math.e)), torch.exp(r), rtol=1e-12)
 
 
+def test_01_the_finished_form_merge_is_exact():
+    """Section 4's last lines: the merge in the form a split-K kernel stores (each part's
+    finished output and LSE, weighted by exp(LSE_i - LSE)) gives the fp64 reference's output
+    within 1.1e-14 and its LSE within 7.1e-15 (as printed, one digit) on the check's three
+    parts from the update; from the reference on each part alone, within fp64's rounding too."""
+    from fa_lab.lab import exercises
+
+    q, k, v, ref_out, ref_lse = exercises.online_problem()
+    cuts = [0, 640, 1408, k.shape[0]]
+    from_update = [exercises.finish(exercises.run_tiles(sol.update, q, k[a:b], v[a:b]))
+                   for a, b in zip(cuts, cuts[1:])]
+    from_reference = [exercises.reference_one_head(q, k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    for finished, tol in ((from_update, (1.15e-14, 7.15e-15)), (from_reference, (1e-13, 1e-13))):
+        lse = torch.logsumexp(torch.stack([x for _, x in finished]), 0)
+        out = sum(torch.exp(x - lse)[:, None] * o for o, x in finished)
+        assert (out - ref_out).abs().max().item() < tol[0]
+        assert (lse - ref_lse).abs().max().item() < tol[1]
+
+
 @pytest.mark.slow
 def test_01_more_splits_the_same_accuracy():
     from fa_lab import metrics, reference
@@ -868,6 +887,90 @@ def test_07_fa3_tail_and_the_drag():
     assert drag_b[0]["m"] == 200 and drag_b[1]["m"] == 0                 # dragged down
     first = onset.bound("lazy_unfixed").hazards[0]
     assert first.name == "accumulator overflow" and not first.exact
+
+
+# ---- lesson 07: the glance, section 2's geometry, section 5's attack and the exercise -------
+
+def test_07_every_entry_shows_before_and_none_after():
+    """The glance table: twenty entries (the introduction's "twenty"); every one shows its
+    symptom on its own input before its fix and none after; no fix changes the tile."""
+    from fa_lab.zoo import ENTRIES
+
+    assert len(ENTRIES) == 20
+    assert [n for n, e in ENTRIES.items() if not e.shows("before")] == []
+    assert [n for n, e in ENTRIES.items() if e.shows("after")] == []
+    assert all(e.after.semantics.block_n == e.before.semantics.block_n for e in ENTRIES.values())
+
+
+def test_07_the_empty_max_is_one_tile_wide():
+    """Section 2's bound: for PyTorch's CPU block, SDPA's masked row and ffpa the formula's
+    boundary and the measured onset are both the kernel's tile (512, 64, 64 keys of mask) and
+    sound; after the three fixes the hazard is never."""
+    from fa_lab.kernels.online.model import DEFAULT_BLOCK_N
+    from fa_lab.studies import onset
+    from fa_lab.studies.onset import boundcheck
+    from fa_lab.zoo import ENTRIES
+
+    hollow = "NaN from a first tile with nothing visible"
+    for name, width in (("pytorch_cpu_masked_block", 512), ("sdpa_masked_row", 64), ("ffpa_vote_nan", 64)):
+        assert (ENTRIES[name].before.semantics.block_n or DEFAULT_BLOCK_N) == width
+        sw = boundcheck.sweep(f"{name}:before", hollow)
+        assert sw["formula_boundary"] == sw["measured_onset"] == width and sw["sound"], name
+    for name in ("pytorch_cpu_masked_block", "sdpa_masked_row", "flydsl_fp8_empty_tile"):
+        assert next(h for h in onset.bound(f"{name}:after").hazards if h.name == hollow).never, name
+
+
+def test_07_the_recorded_attack_finds_every_entry_and_two_fixes():
+    """Section 5's record: every entry's failure found from both kinds of start, the slowest
+    after 42.4 s, inside the 60 s budget; against the fixes only #5364's floor
+    (`flydsl_fp8_empty_tile`, nonfinite) and tt-metal's clamp (`ttmetal_exp_clamp`, empty)."""
+    from fa_lab import results
+    from fa_lab.zoo import ENTRIES
+
+    rec = results.reference("zoo_attack")
+    before = [r for r in rec["table"] if not r["fix"]]
+    assert {(r["entry"], r["starts"]) for r in before} == {
+        (n, s) for n in ENTRIES for s in ("structured", "random only")}
+    assert all(r["found"] for r in before)
+    worst = max(r["time_to_first_s"] for r in before)
+    assert round(worst, 1) == 42.4 and worst < rec["budget_s"] == 60
+    fixes = {r["entry"]: r["found_classes"] for r in rec["table"] if r["fix"] and r["found"]}
+    assert fixes == {"flydsl_fp8_empty_tile": ["nonfinite"], "ttmetal_exp_clamp": ["empty"]}
+
+
+def test_07_the_live_searches():
+    """Section 5's live searches: SDPA's masked row fails before its fix after 2 model runs and
+    survives 12 after it; #130014 alone fails once the search counts the `empty` class."""
+    from fa_lab.studies import adversary
+
+    kw = dict(budget_s=600, seed=0, shrink=False)
+    before = adversary.search("sdpa_masked_row:before", max_evals=12, **kw)
+    after = adversary.search("sdpa_masked_row:after", max_evals=12, **kw)
+    assert before.found and before.evals_to_first == 2
+    assert not after.found and after.evals == 12
+    pt = adversary.search("pytorch_cpu_masked_block:after", classes=("nonfinite", "empty"),
+                          max_evals=40, **kw)
+    assert pt.found and "FAILS (empty)" in adversary.summary(pt)
+
+
+@pytest.mark.slow
+def test_07_the_reference_zoo_policy():
+    """The exercise's markdown on the reference answer: the check passes (nothing in 40 runs);
+    NaN and saturation are never; the tails' safe length is 48,128 keys, which is
+    (0.25 - 2^-4 - 2^-8) 2^(10 + H) at H = 8 (rounding, the output's roundoff, the flush)."""
+    from fa_lab.lab.exercises import check_zoo_policy
+    from fa_lab.studies import onset
+
+    policy = sol.zoo_policy()
+    attack, region = check_zoo_policy(policy)
+    assert not attack.found and attack.evals == 40
+    assert all(h.never for h in region.hazards if h.kind in ("nan", "saturation"))
+    one = torch.ones(1, 1, 1, 8)
+    mass = "silent mass loss (rounding and flushed tails)"
+    safe = 2 ** region.margins(onset.measure(one, one, one, policy=policy))[mass]
+    by_hand = (region.tolerance - 2 ** -4 - 2 ** -8) * 2 ** (10 + policy.p_headroom)
+    assert region.tolerance == 0.25 and policy.p_headroom == 8 and by_hand == 48128
+    assert round(safe) == 48128
 
 
 # ---- lesson 06, section 4: the shrunk input, read back ------------------------------------
