@@ -538,6 +538,51 @@ def test_06_the_bound_is_safe_and_cautious(atlas_nan):
     assert first_bad["lazy_unfixed"] < limit and first_bad["lazy_capped"] < limit
 
 
+@pytest.mark.slow
+def test_06_the_predictor_against_the_atlas(atlas_nan):
+    """Section 3's table: at K x24 and x48, thresholds 8 and 96, the exact level's NaN share is
+    the atlas's model share exactly, and the tile level's share of bad rows is within one row
+    of the cell's 4,096 (0.0244 points, the largest gap, at K x48 and threshold 8)."""
+    from fa_lab.studies import onset
+
+    atlas = atlas_nan[0]
+    gaps = {}
+    for K in (24, 48):
+        q, k, v = experiments.bf16_inputs(1, 2048, 2, 128, K)
+        tiles = onset.tile_maxima(q, k, v, causal=False)
+        for thr in (8.0, 96.0):
+            cell = atlas[(atlas.policy == "lazy_unfixed") & (atlas.k_scale == K)
+                         & (atlas.threshold == thr)].iloc[0]
+            kw = dict(causal=False, rescale="lazy_unfixed", rescale_threshold=thr, tiles=tiles)
+            tile, exact = onset.predict(q, k, v, **kw), onset.predict(q, k, v, **kw, level="exact")
+            assert exact.nan_frac == cell.nan_frac, (K, thr)
+            gaps[K, thr] = round(abs(tile.bad_row_frac - cell.bad_row_frac) * 4096)
+    assert gaps == {(24, 8.0): 0, (24, 96.0): 0, (48, 8.0): 1, (48, 96.0): 0}
+
+
+@pytest.mark.parametrize("fall, n_tiles, dies_at", [(25, 10, 6), (40, 8, 4), (13, 14, 10),
+                                                    (70, 6, 2), (30, 8, None)])
+def test_06_try_this_the_drop_budget_by_hand(fall, n_tiles, dies_at):
+    """Section 4's "Try this", on the cell's pair and the comment's: by hand (the first loop
+    step t of the n_tiles - 4 with t * fall >= 128), the predictor (its step, and a deficit
+    past 128 for a row that dies) and the model's output agree."""
+    from fa_lab.studies import onset
+
+    q, k, v = experiments.drag_case(n_tiles=n_tiles, fall=float(fall))
+    kw = dict(causal=False, rescale="lazy_unfixed", kernel="swp_bf16")
+    p = onset.predict(q, k, v, **kw)
+    out = fa_lab.flash_attn_func(q, k, v, **kw)
+    by_hand = next((t for t in range(1, n_tiles - 3) if t * fall >= 128), None)
+    assert by_hand == dies_at
+    assert bool(p.bad[0, 1, 0]) == (dies_at is not None) == (not torch.isfinite(out[0, 1]).all())
+    if dies_at is not None:
+        assert int(p.step[0, 1, 0]) == dies_at and float(p.deficit[0, 1, 0]) >= 128
+        if (fall, n_tiles) == (25, 10):                                  # the cell's own pair
+            assert round(float(p.deficit[0, 1, 0]), 1) == 149.6
+    else:
+        assert float(p.deficit[0, 1, 0]) < 128
+
+
 # ---- lesson 01, sections 1, 2 and 4: memory, the naive softmax, fp32's range, split-K ------
 
 def test_01_the_scores_do_not_fit_and_a_block_needs_kib():
