@@ -668,6 +668,70 @@ def test_01_eager_rescales_often_lazy_rarely_and_p_stays_under_2_to_thr():
     assert (out_l - ref_out).abs().max().item() < 1e-12
 
 
+@pytest.mark.parametrize("thr", [0.0, 2.0, 8.0, 32.0])
+def test_01_try_this_the_threshold(thr):
+    """Section 6's "Try this" at the values its comment suggests: the larger the threshold the
+    fewer the rebases, never more than eager's 791 (THR 0: exactly eager's loop, THR 32: none,
+    the first tile's max kept to the end); P never past 2**THR; the output the reference's to
+    fp64 rounding. At the cell's THR 2: 385 rebases, the largest P 3.979."""
+    from fa_lab.lab import exercises
+
+    q, k, v, ref_out, _ = exercises.online_problem()
+    out_e, steps_e = lessons.flash_forward(q, k, v)
+    out, steps = lessons.flash_forward(q, k, v, threshold=thr)
+    moved_e = int((lessons.stacked(steps_e, "corr")[1:] < 1).sum())
+    moved = int((lessons.stacked(steps, "corr")[1:] < 1).sum())
+    pmax = lessons.stacked(steps, "p_max").max().item()
+    assert moved_e == 791 and moved <= moved_e and pmax <= 2 ** thr
+    assert (out - ref_out).abs().max().item() < 1e-12
+    expected = {0.0: 791, 2.0: 385, 8.0: 69, 32.0: 0}[thr]
+    assert moved == expected
+    if thr == 0:
+        assert torch.equal(out, out_e)
+    if thr == 2:
+        assert round(pmax, 3) == 3.979
+
+
+def test_01_what_a_stale_max_costs_in_bf16():
+    """Section 6's bf16 cost: bf16's relative rounding is at most 2^-8 (0.0039) near 1 and near
+    256 alike; in the loop (only P rounded) lazy's rel-L2 is 2.55 times eager's, 1.27 with each
+    row's largest key unrounded, 0.98 with every record key (4.1 a row); in the kernel model
+    eager's is 4.0e-03, 8 times the loop's, and lazy's 1.019 times eager's; the report at K x8:
+    5.404e-03 against 5.298e-03, 2.0 % more."""
+    from fa_lab import metrics, reference
+    from fa_lab.lab import exercises
+    from fa_lab.numerics import bf16
+
+    g2 = torch.Generator().manual_seed(2)
+    near_one, near_256 = 1 + torch.rand(100_000, generator=g2), 128 + 128 * torch.rand(100_000, generator=g2)
+    for x in (near_one, near_256):
+        rel = ((bf16(x) - x).abs() / x).max().item()
+        assert 2 ** -9 < rel <= 2 ** -8 and round(rel, 4) == 0.0039
+    q, k, v, ref_out, _ = exercises.online_problem()
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    s32 = (q32 @ k32.T) * (math.log2(math.e) / math.sqrt(q.shape[1]))
+    largest = s32 == s32.amax(-1, keepdim=True)
+    tiles = s32.view(q.shape[0], -1, 64)
+    record = (tiles == torch.cummax(tiles.amax(-1), 1).values[..., None]).view(q.shape[0], -1)
+
+    def err(**kw):
+        return metrics.rel_l2(lessons.flash_forward(q32, k32, v32, round_p=bf16, **kw)[0], ref_out)
+
+    eager = err()
+    ratios = [err(threshold=8.0, **kw) / eager for kw in ({}, {"exact": largest}, {"exact": record})]
+    assert [round(r, 2) for r in ratios] == [2.55, 1.27, 0.98]
+    assert round(record.sum(1).float().mean().item(), 1) == 4.1
+    qk, kk, vk = (x[None, :, None].to(torch.bfloat16) for x in (q, k, v))
+    ref_k, _ = reference.attention(qk, kk, vk, causal=False)
+    err_k = {pol: metrics.rel_l2(fa_lab.flash_attn_func(qk, kk, vk, causal=False, rescale=pol), ref_k)
+             for pol in ("eager", "lazy")}
+    assert f"{err_k['eager']:.1e}" == "4.0e-03" and round(err_k["eager"] / eager) == 8
+    assert round(err_k["lazy"] / err_k["eager"], 3) == 1.019
+    report8 = {r["k_scale"]: r for r in experiments.seed_table("bf16")["rows"]}[8]
+    assert f"{report8['lazy']:.3e} {report8['eager']:.3e}" == "5.404e-03 5.298e-03"
+    assert round(100 * (report8["lazy"] / report8["eager"] - 1), 1) == 2.0
+
+
 # ---- lesson 01, section 7: one row under the lazy rule --------------------------------------
 
 def _traced_block(rescale):
