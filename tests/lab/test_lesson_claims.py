@@ -1383,3 +1383,23 @@ def test_09_a_zero_row_is_loud_in_the_gradients():
     assert [len(g[n]["rows"]) for n in ("dq", "dk", "dv")] == [1, 128, 128]
     e = propagation.run_case("underflow_row", "eager")
     assert e["p_inf"] == 0 and not e["forward"]["lse_neginf"] and not any(x["rows"] for x in e["grads"].values())
+
+
+def test_07_copies_lag_their_fixes():
+    """Section 6: on the hand-built wave (row 0 rising 10 a tile, row 1 falling 40; V = ones),
+    FlyDSL as it is today (body `lazy`) has no NaN row and row 1 is exactly 1; MSLK's copy at
+    2a3c897 (body `lazy_unfixed`) loses row 1 to NaN, and only it."""
+    from fa_lab import upstream
+    from fa_lab.studies.experiments import drag_case
+
+    q, k, v = drag_case()
+    assert torch.equal(v, torch.ones_like(v))
+    bodies, nan_rows, row1 = {}, {}, {}
+    for name in ("fixed", "mslk-2a3c897"):
+        out = fa_lab.flash_attn_func(q, k, v, causal=False, upstream=name, kernel="swp_bf16")
+        bodies[name] = upstream.VERSIONS[name].bf16_lazy
+        nan_rows[name] = out.isnan().any(-1).flatten().nonzero().flatten().tolist()
+        row1[name] = float(out[0, 1, 0, 0])
+    assert bodies == {"fixed": "lazy", "mslk-2a3c897": "lazy_unfixed"}
+    assert nan_rows == {"fixed": [], "mslk-2a3c897": [1]}
+    assert row1["fixed"] == 1.0 and math.isnan(row1["mslk-2a3c897"])
