@@ -1408,15 +1408,17 @@ def test_07_copies_lag_their_fixes():
 # ---- appendix E: the kernel set ------------------------------------------------------------
 
 @pytest.mark.slow
-def test_e_routing():
+def test_e_routing(monkeypatch):
     """Section 1: DUALWAVE_SWP from 256 rows at B = 1 (255 runs generic) and from 192 at B = 8
     (191 generic); at B = 1, Sq = 128 the bare call runs generic with no warning, rescale='lazy'
     runs swp_bf16 with two (the route, and a lazy rule never consulted at N = 4 tiles), and
     kernel='swp_bf16' runs swp_bf16 with none."""
     import warnings
 
-    from fa_lab import routing
+    from fa_lab import dispatch, routing
 
+    # each routing warning is given once a process: start as the appendix's fresh kernel does
+    monkeypatch.setattr(dispatch, "_WARNED", set())
     assert [routing.dense_routes_to_dualwave(1, s) for s in (128, 255, 256)] == [False, False, True]
     assert [routing.dense_routes_to_dualwave(b, s) for b, s in ((4, 200), (8, 191), (8, 192), (16, 192))] \
         == [False, False, True, True]
@@ -1623,3 +1625,46 @@ def test_c_the_committed_grid_and_the_cost():
     s = val["summary"]
     assert round(s["cpu_grid_wall_s"] / 60) == 12 and s["cpu_grid_cells"] == 675
     assert (s["h200_cells"], round(s["h200_wall_s"]), s["h200_fp8_cells"]) == (198, 411, 24)
+
+
+# ---- appendix D, section 2: the "values" space --------------------------------------------
+
+def test_d_the_values_space_is_upstreams_semantics():
+    """Section 2: the recorded `lazy` run in the "values" space shrank to 32 rows against 257
+    keys (random rows, K x1, V = N(0, 1) x 2^122); its row 21 has 64 non-finite elements under
+    lazy and none under eager or in the fp64 reference; in fp64 at the kernel's own bases the
+    row's largest |O| is 2^128.02 under lazy (past 2^128) and 2^126.31 under eager."""
+    from fa_lab import reference, results
+    from fa_lab.kernels.swp_bf16.model import softmax_scale_log2
+    from fa_lab.studies import adversary
+
+    run = next(r for r in results.reference("attack_lazy")["runs"] if r["space"]["name"] == "values")
+    cand = adversary.Candidate(**{k: v for k, v in run["shrunk"].items() if k != "size"})
+    assert (cand.seqlen_q, cand.seqlen_kv, cand.family, cand.k_scale, cand.v_log2) == (32, 257, "random", 1, 122)
+    q, k, v = adversary.build(cand)
+    row = run["bad_rows"][0]
+    assert row == 21
+    bad = {p: int((~torch.isfinite(fa_lab.flash_attn_func(q, k, v, causal=cand.causal, rescale=p,
+                                                           kernel=adversary.KERNEL)[0, row, 0])).sum())
+           for p in ("lazy", "eager")}
+    ref, _ = reference.attention(q, k, v, causal=cand.causal, dtype=torch.float64)
+    assert bad == {"lazy": 64, "eager": 0} and torch.isfinite(ref[0, row, 0]).all()
+    s64 = (q.float() * softmax_scale_log2(cand.D)).to(q.dtype).double()[0, row, 0] @ k.double()[0, :, 0].T
+    v64 = v.double()[0, :, 0]
+
+    def log2_max_o(n, base):            # |O| of the first n keys against a base, exactly
+        w = torch.exp2(s64[:n] - base)
+        return float(torch.log2((w[:, None] * v64[:n]).sum(0).abs().max()))
+
+    peak = {}
+    for p in ("lazy", "eager"):
+        lane = fa_lab.trace(q, k, v, rows=[row], causal=cand.causal, rescale=p, kernel=adversary.KERNEL).lane(0)
+        worst, prev = -math.inf, None
+        for r in lane.itertuples():     # every state the kernel holds: before and after each rescale
+            if r.step > 0:
+                n_pre = 64 * (r.step - 1) + 16 if r.phase == "loop" else 64 * r.step
+                worst = max(worst, log2_max_o(min(n_pre, len(s64)), prev),
+                            log2_max_o(min(64 * r.step, len(s64)), r.m))
+            prev = r.m
+        peak[p] = round(max(worst, log2_max_o(len(s64), prev)), 2)
+    assert peak == {"lazy": 128.02, "eager": 126.31}
