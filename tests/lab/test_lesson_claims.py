@@ -1259,6 +1259,7 @@ def test_08_try_this_one_query_row_never_has_it(ql):
         assert (len(hits) == 0) == (ql == 1), (ql, n)
 
 
+@pytest.mark.slow
 def test_08_the_search_finds_the_shape_blind():
     """Section 3's search (seed 3, 300 runs): it fails after 9 model runs and shrinks in 12 more
     to two tiles, the last of one token, two query positions, per-token scales; main passes
