@@ -131,11 +131,11 @@ test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
 		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS) $(FLOOR_DESELECT)
 
-# .ci/run's first step, make -j 3 ci-venvs: make setup's venv, and the torch (and Triton) of
-# the wheel's and the floor's venvs, installed at once. A pip install runs on one core, so
-# one after the other they leave the second core of the 2-core CI machine idle; of the
-# three only make setup writes in the checkout (fa_lab.egg-info), and make -j fails when any
-# of them fails.
+# .ci/run's first step, make -j 3 ci-venvs: make setup's venv, the wheel venv's torch, and
+# the floor venv's torch, Triton and fa_lab's dependencies, installed at once. A pip install
+# runs on one core, so one after the other they leave the second core of the 2-core CI
+# machine idle; of the three only make setup writes in the checkout (fa_lab.egg-info), and
+# make -j fails when any of them fails.
 ci-venvs: setup $(FLOOR_BASE) $(WHEEL_TORCH)
 
 # make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
