@@ -107,14 +107,19 @@ FLOOR_DESELECT := $(addprefix --deselect tests/studies/test_bench.py::,\
 	tests/kernels/swp_bf16/test_swp_bf16_fast_features.py::test_split_k_policy_semantics \
 	tests/kernels/test_fast_kernels.py::test_api_fast_backend_runs_the_fast_kernels_interpreted)
 
-# Two steps: $(FLOOR_BASE), torch, Triton and the test runner, writes nothing in the checkout,
-# so make -j builds it beside make setup (make ci-venvs); $(FLOOR_STAMP) installs fa_lab
-# itself (editable, which writes fa_lab.egg-info here) and its dependencies.
+# Two steps: $(FLOOR_BASE), torch, Triton, the test runner and fa_lab's dependencies (read
+# from pyproject.toml, one a line, into pip's standard input), writes nothing in the
+# checkout, so make -j builds it beside make setup (make ci-venvs); $(FLOOR_STAMP), which
+# waits for make setup (both write fa_lab.egg-info here), then installs fa_lab itself
+# (editable) and finds its dependencies there. A python without tomllib (3.10) gives an
+# empty list: $(FLOOR_STAMP) installs them instead.
 FLOOR_BASE := $(FLOOR_VENV)/.torch-installed
+PROJECT_DEPS := import sys; sys.version_info < (3, 11) and sys.exit(); import tomllib; \
+	print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 $(FLOOR_BASE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" "triton==$(TRITON_FLOOR)" pytest \
-		pytest-xdist hypothesis
+	$(PYTHON) -c '$(PROJECT_DEPS)' | $(FLOOR_VENV)/bin/python -m pip install -q "torch==2.13.0" \
+		"triton==$(TRITON_FLOOR)" pytest pytest-xdist hypothesis -r /dev/stdin
 	touch $@
 
 $(FLOOR_STAMP): $(FLOOR_BASE) pyproject.toml Makefile
@@ -126,11 +131,11 @@ test-triton-floor: $(FLOOR_STAMP)
 	OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 $(FLOOR_VENV)/bin/python -m pytest -q \
 		$(XDIST) -p no:cacheprovider $(FLOOR_TESTS) $(FLOOR_DESELECT)
 
-# .ci/run's first step, make -j 3 ci-venvs: make setup's venv, and the torch (and Triton) of
-# the wheel's and the floor's venvs, installed at once. A pip install runs on one core, so
-# one after the other they leave the second core of the 2-core CI machine idle; of the
-# three only make setup writes in the checkout (fa_lab.egg-info), and make -j fails when any
-# of them fails.
+# .ci/run's first step, make -j 3 ci-venvs: make setup's venv, the wheel venv's torch, and
+# the floor venv's torch, Triton and fa_lab's dependencies, installed at once. A pip install
+# runs on one core, so one after the other they leave the second core of the 2-core CI
+# machine idle; of the three only make setup writes in the checkout (fa_lab.egg-info), and
+# make -j fails when any of them fails.
 ci-venvs: setup $(FLOOR_BASE) $(WHEEL_TORCH)
 
 # make test-gpu: every GPU-marked test on this machine's GPU, then the record of the run
