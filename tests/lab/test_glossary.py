@@ -42,6 +42,7 @@ FORMS = {
     "tile (online model)": None, "FA4's split": None, "upstream version": None,
     "binade": r"binades?", "hazard": r"hazards?", "partition": r"partitions?",
     "page, block table": r"block tables?",
+    "FlyDSL (the repository)": r"FlyDSL",
 }
 #: Words that must not follow a match (a longer term starts there): "tile" in "tile max".
 _LONGER = {"tile": r"(?!\s+(?:max|pair|level))", "block": r"(?!\s+tables?)", "record": r"(?!\s+key)",
