@@ -454,7 +454,7 @@ def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
     swept = [t for t in fig.data if t.name and t.name.startswith("dragged (base moved down)")][0]
     assert voted.name.endswith(f": {n_vote}") and swept.name.endswith(f": {n_drag}")
     assert all(x < 0 for x in swept.x) and all(x > 8 for x in voted.x)
-    assert f"{n_vote} voted, the wave fired, {n_drag} dragged (base moved down)" in fig.layout.title.text
+    assert f"{n_vote} voted, the wave fired<br>{n_drag} dragged (base moved down)" in fig.layout.title.text
     assert any("FIRE" in a.text for a in fig.layout.annotations)
 
 
@@ -550,7 +550,7 @@ def test_figures_name_a_sweep_by_policy(wave_traces):
         wave = viz.heatmap.wave_ballot(tr, step)
         legend = [t.name for t in wave.data if t.name and t.showlegend is not False]
         assert f"{shown}: {n}" in legend and not any(x.startswith(hidden) for x in legend)
-        assert f"the wave fired, {n} {shown}" in wave.layout.title.text
+        assert f"the wave fired<br>{n} {shown}" in wave.layout.title.text
         assert hidden not in wave.layout.title.text
         heat = viz.heatmap.running_max_heatmap(tr, "swept")
         assert heat.data[1].colorbar.ticktext == ("not swept", shown)

@@ -328,10 +328,12 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
                       if k == "dragged" and np.isfinite(up).all() else "")
                    for k, m in outcomes.items() if m.any()]
     layout = dict(
+        # the swept rows, named by outcome, on a line of their own: the names are long
         title=dict(text=title or (f"Rows {w0}-{w0 + 31} at step {step} ({phase}), {policy}: "
-                                  f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}, "
-                                  f"{'; '.join(swept_words) or '0 swept'}"), font=dict(size=14),
-                   x=0, xref="paper", xanchor="left"),
+                                  f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}"
+                                  + ("<br>" + "; ".join(swept_words) if swept_words else
+                                     ", 0 swept")), font=dict(size=14),
+                   x=0, xref="paper", xanchor="left", y=0.98, yanchor="top"),
         xaxis=dict(domain=[0, 0.12], range=[-0.8, 1.8], tickvals=[0, 1],
                    ticktext=["lanes<br>0-31", "lanes<br>32-63"], anchor="y", fixedrange=True),
         yaxis=dict(domain=[0.2, 1], range=[31.7, -0.7], title="query row", anchor="x",
