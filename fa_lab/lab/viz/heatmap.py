@@ -333,7 +333,7 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
                                   f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}"
                                   + ("<br>" + "; ".join(swept_words) if swept_words else
                                      ", 0 swept")), font=dict(size=14),
-                   x=0, xref="paper", xanchor="left", y=0.98, yanchor="top"),
+                   x=0, xref="paper", xanchor="left"),
         xaxis=dict(domain=[0, 0.12], range=[-0.8, 1.8], tickvals=[0, 1],
                    ticktext=["lanes<br>0-31", "lanes<br>32-63"], anchor="y", fixedrange=True),
         yaxis=dict(domain=[0.2, 1], range=[31.7, -0.7], title="query row", anchor="x",
