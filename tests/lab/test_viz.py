@@ -17,7 +17,7 @@ pytest.importorskip("plotly", reason="the lab's figures need plotly (pip install
 import plotly.graph_objects as go
 import torch
 
-from fa_lab import flash_attn_func, trace
+from fa_lab import Policy, flash_attn_func, trace
 from fa_lab.studies import experiments
 from fa_lab.lab import viz
 
@@ -90,7 +90,7 @@ def test_heatmap_marks_drags_fires_and_first_nonfinite(bf16_case):
     st = tr.steps
     fig = viz.heatmap.running_max_heatmap(tr)
     fired = by_name(fig, "wave fired (row not swept)")
-    swept = by_name(fig, "swept (wave fired, tile max < m)")
+    swept = by_name(fig, "dragged (base moved down)")            # unfixed: every sweep drags
     star = by_name(fig, "first non-finite O or l")
     d = st[st.swept]
     f = st[st.fire & ~st.swept]
@@ -137,7 +137,7 @@ def test_lane_lines_values_events_and_lse(bf16_case):
     fin = np.isfinite(log_l)
     np.testing.assert_array_equal(got[fin], log_l[fin])
     assert np.isnan(got[~fin]).all()
-    assert list(by_name(fig, "swept (fired, tile max < m)").x) == d.step[d.swept].tolist()
+    assert list(by_name(fig, "dragged (base moved down)").x) == d.step[d.swept].tolist()
     first = int(tr.lanes.loc[lane, "first_nonfinite_step"])
     vlines = [s for s in fig.layout.shapes if s.x0 == s.x1 == first]
     assert len(vlines) == 2  # both panels
@@ -427,12 +427,13 @@ def test_deficit_is_the_true_max_minus_m(wave_traces):
 
 def test_heatmap_flags_are_two_colours_and_ranges_stay_fixed(wave_traces):
     tr = wave_traces["lazy_unfixed"]
-    flags = viz.heatmap.running_max_heatmap(tr, "swept")
+    flags = viz.heatmap.running_max_heatmap(tr, "fire")
     heat = flags.data[1]
     assert heat.zmin == 0 and heat.zmax == 1
-    assert [c[1] for c in heat.colorscale] == ["#eeeeee", "#eeeeee", "#ff2d2d", "#ff2d2d"]
-    assert heat.colorbar.ticktext == ("no", "swept")
-    assert len(flags.data[2].x) == len(flags.data[3].x) == 0           # no markers over flags
+    assert [c[1] for c in heat.colorscale] == ["#eeeeee", "#eeeeee", "#555555", "#555555"]
+    assert heat.colorbar.ticktext == ("no", "fired")
+    markers = [t for t in flags.data if t.type == "scatter" and t.marker.symbol != "star"]
+    assert len(markers) == 5 and all(len(t.x) == 0 for t in markers)   # no markers over flags
     d1 = viz.heatmap.running_max_heatmap(tr, "deficit").data[1]
     d2 = viz.heatmap.running_max_heatmap(wave_traces["lazy"], "deficit").data[1]
     assert (d1.zmin, d1.zmax) == (d2.zmin, d2.zmax) == viz.style.FIXED_RANGES["deficit"]
@@ -450,10 +451,10 @@ def test_wave_ballot_counts_the_ballot(wave_traces, bf16_case):
     lanes_voted = fig.data[1]                                          # drawn on top
     assert len(lanes_voted.x) == 2 * n_vote                            # two lanes per row
     voted = [t for t in fig.data if t.name and t.name.startswith("voted")][0]
-    swept = [t for t in fig.data if t.name and t.name.startswith("swept")][0]
+    swept = [t for t in fig.data if t.name and t.name.startswith("dragged (base moved down)")][0]
     assert voted.name.endswith(f": {n_vote}") and swept.name.endswith(f": {n_drag}")
     assert all(x < 0 for x in swept.x) and all(x > 8 for x in voted.x)
-    assert f"{n_vote} voted, the wave fired, {n_drag} swept" in fig.layout.title.text
+    assert f"{n_vote} voted, the wave fired<br>{n_drag} dragged (base moved down)" in fig.layout.title.text
     assert any("FIRE" in a.text for a in fig.layout.annotations)
 
 
@@ -497,3 +498,70 @@ def test_one_colour_per_implementation():
     assert viz.style.impl_color("fast_lazy_unfixed") == viz.style.policy_color("lazy_unfixed")
     assert len(set(viz.style.IMPL_COLORS.values())) == len(viz.style.IMPL_COLORS)
     assert viz.style.impl_color("lazy_capped") == viz.style.policy_color("lazy_capped")
+
+
+# ---- a swept row, named by what its policy did to it -----------------------------------
+
+def _moved(tr):
+    """The trace's steps with the base before each step (NaN at a lane's first step)."""
+    st = tr.steps.copy()
+    st["m_before"] = st.groupby("lane").m.shift()
+    return st
+
+
+def test_sweep_outcomes_name_each_swept_row_by_its_base(wave_traces, bf16_case):
+    """Dragged is a swept row whose base moved down; under the fix every swept row keeps
+    its base and is left alone; a capped rule does both (drops within its bound are drags,
+    larger ones are skipped). Checked against the base itself, not the correction."""
+    c = bf16_case
+    w0 = c["bad"][0] // 32 * 32
+    capped = trace(c["q"], c["k"], c["v"], rows=range(w0, w0 + 32), causal=False,
+                   rescale="lazy_capped")
+    for tr, want in ((wave_traces["lazy_unfixed"], {"dragged"}), (wave_traces["lazy"], {"left_alone"}),
+                     (capped, {"dragged", "left_alone"})):
+        st = _moved(tr)
+        got = viz.tracedata.sweep_outcomes(st)
+        assert list(got) == list(viz.tracedata.SWEEP_OUTCOMES)
+        assert (sum(m.astype(int) for m in got.values()) == st.swept.to_numpy()).all()  # one each
+        assert {k for k, m in got.items() if m.any()} == want
+        down = (st.swept & (st.m < st.m_before)).to_numpy()
+        kept = (st.swept & (st.m == st.m_before)).to_numpy()
+        assert (got["dragged"] == down).all() and (got["left_alone"] == kept).all()
+    drops = (_moved(capped).eval("m_before - m") * capped.log2_per_unit)[
+        viz.tracedata.sweep_outcomes(capped.steps)["dragged"]]
+    assert drops.max() <= 16                                   # a drag within the cap only
+    assert viz.tracedata.sweep_words(wave_traces["eager"].steps) == "never swept"
+    n = int(viz.tracedata.sweep_outcomes(capped.steps)["dragged"].sum())
+    assert viz.tracedata.sweep_words(capped.steps).startswith(f"dragged (base moved down) {n} times, ")
+    # a rule of one's own that lifts a swept row's base above its max: rebased up
+    lift = Policy.from_rule(lambda m, mt, thr: torch.where(
+        (~(mt - m <= thr)).any(-1, keepdim=True), torch.maximum(m, mt) + 1, m), name="lift")
+    up = viz.tracedata.sweep_outcomes(trace(c["q"], c["k"], c["v"], rows=range(w0, w0 + 32),
+                                            causal=False, rescale=lift).steps)
+    assert up["rebased_up"].any() and not up["dragged"].any() and not up["left_alone"].any()
+
+
+def test_figures_name_a_sweep_by_policy(wave_traces):
+    u, f = wave_traces["lazy_unfixed"], wave_traces["lazy"]
+    step = int(u.steps[u.steps.swept].step.iloc[0])
+    for tr, shown, hidden in ((u, "dragged (base moved down)", "swept: left alone"),
+                              (f, "swept: left alone", "dragged (base moved down)")):
+        n = int(tr.steps[tr.steps.step == step].swept.sum())
+        wave = viz.heatmap.wave_ballot(tr, step)
+        legend = [t.name for t in wave.data if t.name and t.showlegend is not False]
+        assert f"{shown}: {n}" in legend and not any(x.startswith(hidden) for x in legend)
+        assert f"the wave fired<br>{n} {shown}" in wave.layout.title.text
+        assert hidden not in wave.layout.title.text
+        heat = viz.heatmap.running_max_heatmap(tr, "swept")
+        assert heat.data[1].colorbar.ticktext == ("not swept", shown)
+        lane, at = map(int, tr.steps[tr.steps.swept].iloc[0][["lane", "step"]])
+        assert heat.data[1].text[lane][at].endswith(f"<br>{shown}")
+        marks = viz.heatmap.running_max_heatmap(tr, "deficit")
+        assert by_name(marks, shown).showlegend and not by_name(marks, hidden).showlegend
+        assert len(by_name(marks, shown).x) == int(tr.steps.swept.sum())
+    # unfixed beside fixed: one legend entry each, from its own column
+    fig = viz.lanes.row_compare({"lazy_unfixed": u, "lazy": f}, 0)
+    sweeps = [(t.name, t.xaxis, len(t.x)) for t in fig.data if t.showlegend and t.marker.symbol == "x-thin"]
+    assert sweeps == [("dragged (base moved down)", "x", int(u.lane(0).swept.sum())),
+                      ("swept: left alone", "x2", int(f.lane(0).swept.sum()))]
+    assert len(viz.lanes.row_compare({"a": f, "b": u}, 0).data) == len(fig.data)   # a redraw keeps them

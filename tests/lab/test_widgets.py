@@ -665,3 +665,65 @@ def test_fp8_view_draws_its_figures_before_the_whole_output():
     assert torch.equal(torch.isnan(v["out"]), torch.isnan(
         flash_attn_func(*experiments.bf16_inputs(1, 256, 1, 128, 40), causal=False,
                         rescale="lazy_unfixed")))
+
+
+# ---- a swept row, named by what its policy did to it -----------------------------------
+
+HARM, HARMLESS = "dragged (base moved down)", "swept: left alone"
+
+
+def _base_moves(tr, lane):
+    """The lane's swept steps whose base moved down, and those whose base stayed, read off
+    the base m itself (not the correction the names are drawn from)."""
+    d = tr.lane(lane)
+    before = d.m.shift()
+    return d.step[d.swept & (d.m < before)].tolist(), d.step[d.swept & (d.m == before)].tolist()
+
+
+@pytest.mark.parametrize("policy", ["lazy_unfixed", "lazy"])
+def test_dashboard_names_a_swept_row_by_what_its_policy_did(views, policy):
+    """The unfixed rule's sweep moves the base down: the dashboard calls it dragged in the
+    legend, the hover text and the summary. The fix's sweep leaves the row alone, and the
+    dashboard says so, never "dragged"."""
+    v = views[64] if policy == "lazy_unfixed" else widgets.compute_rescale_view(
+        64, 8.0, "lazy", False, S, 0, 7, H=H)
+    down, kept = _base_moves(v["trace"], v["lane"])
+    name, other, steps = (HARM, HARMLESS, down) if policy == "lazy_unfixed" else (HARMLESS, HARM, kept)
+    assert steps and not (kept if policy == "lazy_unfixed" else down)
+    # the row's own column (x): the sweep's marker trace, its legend entry and hover
+    col = {t.name: t for t in v["figures"]["row"].data if t.xaxis == "x" and t.mode == "markers"}
+    assert list(col[name].x) == steps and col[name].showlegend
+    assert name in col[name].hovertemplate
+    assert len(col[other].x) == 0 and not col[other].showlegend
+    # the fix's column beside it names its own sweeps the other way
+    fix = {t.name: t for t in v["figures"]["row"].data if t.xaxis == "x2" and t.mode == "markers"}
+    assert len(fix[other].x) > 0 and len(fix[name].x) == 0
+    # the summary's sentence on the row
+    assert f"{name} {len(steps)} times" in v["summary"] and other not in v["summary"]
+    # the wave tab's legend and title, at a step where the row was swept
+    wave = v["make_figures"](("wave",))["wave"] if v["tile"] in steps else widgets.compute_rescale_view(
+        64, 8.0, policy, False, S, 0, 7, H=H, tile=steps[0], figures=("wave",))["figures"]["wave"]
+    legend = [t.name for t in wave.data if t.name and t.showlegend is not False]
+    assert any(n.startswith(f"{name}: ") for n in legend)
+    assert not any(n.startswith(other) for n in legend) and other not in wave.layout.title.text
+    assert any(name in (t.hovertemplate or "") for t in wave.data)
+    # the heatmap of the swept flag
+    heat = widgets.compute_rescale_view(64, 8.0, policy, False, S, 0, 7, H=H, heat_value="swept",
+                                        figures=("heatmap",))["figures"]["heatmap"]
+    assert heat.data[1].colorbar.ticktext == ("not swept", name)
+    assert dict(widgets.HEAT_VALUES)["swept: dragged or left alone"] == "swept"
+    # unfixed or fixed, the row figure has the same traces: a policy move redraws in place
+    assert [t.type for t in v["figures"]["row"].data] == [t.type for t in views[64]["figures"]["row"].data]
+
+
+def test_fp8_dashboard_names_the_caps_drags_and_skips_apart():
+    """Under the bug report's cap a sweep is a drag where the drop fits the bound and left
+    alone where it does not: the fp8 dashboard names each as it was."""
+    v = widgets.compute_fp8_view(5000.0, threshold=8.0, policy="lazy_capped", rebase_bound=16.0,
+                                 S=S, row=5, H=H, figures=("row",), all_policies=False)
+    tr, lane = v["trace"], v["lane"]
+    down, kept = _base_moves(tr, lane)
+    assert len(down) == len(kept) == 1             # row 5: one drop within 16, one past it
+    col = {t.name: t for t in v["figures"]["row"].data if t.xaxis == "x" and t.mode == "markers"}
+    assert list(col[HARM].x) == down and list(col[HARMLESS].x) == kept
+    assert f"{HARM} 1 time, {HARMLESS} 1 time." in v["summary"]

@@ -1,5 +1,6 @@
 """A wave's lanes step by step (``running_max_heatmap``) and the ballot of one wave at one
-step (``wave_ballot``)."""
+step (``wave_ballot``). A swept row is named in both by what its policy did to it
+(``tracedata.SWEEP_OUTCOMES``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .style import EVENT_COLORS, FIXED_RANGES, NONFINITE_COLOR, _FLAG_COLORS, TRACE_VALUES
-from .tracedata import (_check_trace, fmt_number, _grid, _is_fp8, _lane_labels, _policy_label,
-                        step_axis_title, trace_values, value_title)
+from .tracedata import (SWEEP_OUTCOMES, _check_trace, fmt_number, _grid, _is_fp8, _lane_labels,
+                        _policy_label, step_axis_title, sweep_outcomes, trace_values, value_title)
 
 
 def _labels_unchecked(layout: dict) -> dict:
@@ -49,16 +50,42 @@ def _flag_scale(value):
             dict(tickvals=[0.25, 0.75], ticktext=[t0, t1], len=0.5, y=0.75))
 
 
+def _sweep_cells(trace, z: pd.DataFrame):
+    """The swept flag's cells, each named by what the policy did to the row: codes over
+    ``z``'s lanes and steps (0: not swept; i + 1: the i-th of the outcomes the trace holds,
+    in ``SWEEP_OUTCOMES`` order), their names, and a colour scale and bar with a band per
+    code, so the bar lists only what happened (a drag under the unfixed rule, a row left
+    alone under the fix)."""
+    st = trace.steps
+    masks = sweep_outcomes(st)
+    held = [k for k, m in masks.items() if m.any()]
+    code = np.zeros(len(st))
+    for i, k in enumerate(held):
+        code[masks[k]] = i + 1
+    grid = (st.assign(code=code).pivot(index="lane", columns="step", values="code")
+            .reindex(index=z.index, columns=z.columns).to_numpy(float))
+    names = ["not swept"] + [SWEEP_OUTCOMES[k][0] for k in held]
+    colors = [_FLAG_COLORS["swept"][0]] + [SWEEP_OUTCOMES[k][1] for k in held]
+    n = max(len(names), 2)          # nothing swept: one band in use, the bar still drawn
+    scale = [x for i, c in enumerate(colors) for x in ([i / n, c], [(i + 1) / n, c])]
+    scale += [[1, colors[-1]]] if len(names) < n else []
+    bar = dict(tickvals=[(i + 0.5) * (n - 1) / n for i in range(len(names))], ticktext=names,
+               len=min(1.0, 0.25 * len(names)), y=1, yanchor="top")
+    return grid, names, scale, bar, float(n - 1)
+
+
 def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
                         zrange: tuple | None = None, markers: bool = True,
                         highlight: int | None = None) -> go.Figure:
     """Traced lanes (rows) x KV steps (columns) heatmap of one trace value.
 
-    0/1 values (vote, fire, swept, o_finite, l_finite) get two colours, not a colour
-    scale. The deficit, log2(l) and log2(corr) get fixed colour ranges (``FIXED_RANGES``)
+    0/1 values (vote, fire, o_finite, l_finite) get two colours, not a colour scale; the
+    swept flag a colour per outcome the trace holds (``tracedata.SWEEP_OUTCOMES``: dragged,
+    its base moved down, or left alone, ...). The deficit, log2(l) and log2(corr) get fixed colour ranges (``FIXED_RANGES``)
     so the colours mean the same thing whatever the data; m and the tile max follow the
     data unless ``zrange`` is given. With ``markers``: a small x where the row was swept
-    (its wave fired while its tile max sat below its running max), a small open circle
+    (its wave fired while its tile max sat below its running max), in the colour and under
+    the name of what the policy did to it, a small open circle
     where its wave fired otherwise, a black star at the first step where O or l stopped
     being finite. ``highlight`` (a lane) gets an arrow on the row axis.
     """
@@ -77,6 +104,13 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
     steps, lane_ids = np.asarray(steps), np.asarray(lane_ids)
     ctitle = value_title(trace, value).replace(" (", "<br>(")
     flag_value = value in _FLAG_COLORS
+    if value == "swept":        # each swept cell named by what the policy did to the row
+        codes, kinds, scale, bar, zmax = _sweep_cells(trace, z)
+        text = np.array([[f"{labels[lane]}<br>{cols.get(s, f'step {s}')}<br>"
+                          f"{kinds[int(c)] if np.isfinite(c) else 'no step'}"
+                          for s, c in zip(steps, row)] for lane, row in zip(lane_ids, codes)],
+                        dtype=object)
+        raw = codes
     data = []
     # Cells that cannot be coloured by value: black for +inf / NaN, grey for -inf. They sit
     # under the value layer, which leaves them as gaps.
@@ -85,7 +119,9 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
     data.append(go.Heatmap(
         z=_grid(flag), x=steps, y=lane_ids, zmin=0, zmax=1, showscale=False,
         colorscale=[[0, "#bdbdbd"], [1, "#111111"]], hoverinfo="skip", name="not finite"))
-    if flag_value:
+    if value == "swept":
+        zmin = 0.0
+    elif flag_value:
         scale, bar = _flag_scale(value)
         zmin, zmax = 0.0, 1.0
     else:
@@ -101,11 +137,14 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
     st = trace.steps
     show = markers and not flag_value
     fired = st[st.fire & ~st.swept] if show else st.iloc[:0]
-    swept = st[st.swept] if show else st.iloc[:0]
     data.append(_event_markers(labels, fired, "wave fired (row not swept)", "circle-open",
                                "#c8c8c8", 5, edge="#c8c8c8"))
-    data.append(_event_markers(labels, swept, "swept (wave fired, tile max < m)", "x-thin",
-                               EVENT_COLORS["swept"], 6))
+    # a marker trace per outcome, always (a redraw keeps the traces); the legend lists
+    # those that happen
+    for k, mask in sweep_outcomes(st).items():
+        rows = st[mask] if show else st.iloc[:0]
+        data.append(_event_markers(labels, rows, SWEEP_OUTCOMES[k][0], "x-thin",
+                                   SWEEP_OUTCOMES[k][1], 6, legend=len(rows) > 0))
     first = lanes["first_nonfinite_step"].dropna()
     data.append(go.Scatter(
         x=first.to_numpy(dtype=int), y=first.index.to_numpy(dtype=int), mode="markers",
@@ -144,11 +183,11 @@ def running_max_heatmap(trace, value: str = "m", title: str | None = None, *,
 
 
 def _event_markers(labels: dict, rows: pd.DataFrame, name, symbol, color, size,
-                   edge=None) -> go.Scatter:
+                   edge=None, legend=True) -> go.Scatter:
     text = [f"{labels[int(ln)]}<br>step {int(st)}: {name}"
             for ln, st in zip(rows["lane"], rows["step"])]
     return go.Scatter(x=rows["step"].to_numpy(dtype=int), y=rows["lane"].to_numpy(dtype=int),
-                      mode="markers", name=name, text=text,
+                      mode="markers", name=name, text=text, showlegend=legend,
                       hovertemplate="%{text}<extra></extra>",
                       marker=dict(symbol=symbol, size=size, color=color,
                                   line=dict(color=edge or color, width=1)))
@@ -166,8 +205,9 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
     Left: the 64 lanes (lanes r and r + 32 hold the two halves of row r), coloured by the
     row's vote, and the ballot, one decision for the whole wave. Right: each row's jump,
     tile max - m before the step (log2 units), against the vote line at the threshold. A
-    row beyond it voted; when the wave fires, a row below 0 is swept (unfixed: rebased
-    down to its own tile max, corr = 2^(m - mt) > 1; fixed: left alone, corr = 1).
+    row beyond it voted; when the wave fires, a row below 0 is swept, and named by what the
+    policy did to it (``tracedata.SWEEP_OUTCOMES``; unfixed: dragged, its base moved down to
+    its own tile max, corr = 2^(m - mt) > 1; fixed: left alone, corr = 1).
     ``wave``: the first query row of the wave (default: the wave of the first traced lane);
     ``highlight``: a lane to point at."""
     _check_trace(trace)
@@ -195,15 +235,22 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
     r_in = (sel["row"].to_numpy(int) - w0)
     vote = now["vote"].to_numpy(bool)
     fire = bool(now["fire"].any())
-    swept = now["swept"].to_numpy(bool)
     corr = now["corr"].to_numpy(float)
+    outcomes = sweep_outcomes(now)
     thr = float(trace.threshold_units) * per
     policy = _policy_label(trace)
     phase = str(now["phase"].iloc[0])
-    cats = np.where(vote, 0, np.where(swept, 1, np.where(fire, 2, 3)))
-    names = (f"voted: tile max > m + {fmt_number(thr, 3)}", "swept: wave fired, tile max < m",
+    # a category per swept outcome, between the voters and the rows that rose
+    n_out = len(outcomes)
+    cats = np.where(vote, 0, np.where(fire, n_out + 1, n_out + 2))
+    for i, mask in enumerate(outcomes.values()):
+        cats = np.where(~vote & mask, i + 1, cats)
+    names = (f"voted: tile max > m + {fmt_number(thr, 3)}",
+             *(SWEEP_OUTCOMES[k][0] for k in outcomes),
              "rebased up (rose, at most the threshold)", "kept m (wave did not fire)")
-    colors = (EVENT_COLORS["vote"], EVENT_COLORS["swept"], "#7f7f7f", "#c7c7c7")
+    colors = (EVENT_COLORS["vote"], *(SWEEP_OUTCOMES[k][1] for k in outcomes), "#7f7f7f",
+              "#c7c7c7")
+    is_swept = [False, *([True] * n_out), False, False]
     data = []
     # left panel: 64 lanes as two columns of 32
     # the rows that did not vote first, so that a voter's squares are drawn on top
@@ -242,8 +289,9 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
             type="scatter",
             x=shown[mask], y=r_in[mask], mode="markers", name=f"{nm}: {int(mask.sum())}",
             legendgroup=nm, xaxis="x2", yaxis="y2", text=text,
-            hovertemplate="%{text}<extra></extra>",
-            marker=dict(size=9, color=col, symbol="x-thin" if c == 1 else "circle",
+            hovertemplate=f"{nm}<br>%{{text}}<extra></extra>",
+            showlegend=not is_swept[c] or bool(mask.any()),
+            marker=dict(size=9, color=col, symbol="x-thin" if is_swept[c] else "circle",
                         line=dict(color=col, width=2))))
     shapes = [dict(type="line", xref="x2", yref="y2 domain", x0=0, x1=0, y0=0, y1=1,
                    line=dict(color="#000000", width=1))]
@@ -273,14 +321,18 @@ def wave_ballot(trace, step: int, *, wave: int | None = None, highlight: int | N
         shapes.append(dict(type="rect", xref="x2 domain", yref="y2", x0=0, x1=1, y0=r - 0.5,
                            y1=r + 0.5, line=dict(width=0), fillcolor="rgba(0,0,0,0.08)",
                            layer="below"))
-    n_vote, n_drag = int(vote.sum()), int(swept.sum())
-    up = corr[swept]
-    drag_note = (f", corr up to 2^{fmt_number(float(np.log2(up.max())), 3)}" if n_drag and
-                 np.isfinite(up).all() and up.max() > 1 else "")
+    n_vote = int(vote.sum())
+    up = corr[outcomes["dragged"]]
+    swept_words = [f"{int(m.sum())} {SWEEP_OUTCOMES[k][0]}"
+                   + (f", corr up to 2^{fmt_number(float(np.log2(up.max())), 3)}"
+                      if k == "dragged" and np.isfinite(up).all() else "")
+                   for k, m in outcomes.items() if m.any()]
     layout = dict(
+        # the swept rows, named by outcome, on a line of their own: the names are long
         title=dict(text=title or (f"Rows {w0}-{w0 + 31} at step {step} ({phase}), {policy}: "
-                                  f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}, "
-                                  f"{n_drag} swept{drag_note}"), font=dict(size=14),
+                                  f"{n_vote} voted, the wave {'fired' if fire else 'did not fire'}"
+                                  + ("<br>" + "; ".join(swept_words) if swept_words else
+                                     ", 0 swept")), font=dict(size=14),
                    x=0, xref="paper", xanchor="left"),
         xaxis=dict(domain=[0, 0.12], range=[-0.8, 1.8], tickvals=[0, 1],
                    ticktext=["lanes<br>0-31", "lanes<br>32-63"], anchor="y", fixedrange=True),

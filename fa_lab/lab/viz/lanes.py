@@ -1,5 +1,6 @@
-"""One lane over the steps: its running max, tile max, l and the vote, fire and drag
-events (``lane_lines``), and one lane under several policies (``row_compare``)."""
+"""One lane over the steps: its running max, tile max, l and the vote, fire and sweep
+events, a sweep named by what the policy did to the row (``lane_lines``), and one lane
+under several policies (``row_compare``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import plotly.graph_objects as go
 
 from .style import EVENT_COLORS, NONFINITE_COLOR, policy_color
 from .heatmap import FP32_LOG2_MAX, _labels_unchecked
-from .tracedata import (_check_index, _check_trace, _finite_or_none, fmt_number, _is_fp8, _lane_label,
-                        _policy_label, step_axis_title)
+from .tracedata import (SWEEP_OUTCOMES, _check_index, _check_trace, _finite_or_none, fmt_number,
+                        _is_fp8, _lane_label, _policy_label, step_axis_title, sweep_outcomes)
 
 
 def _edges(*series, pad_frac=0.08):
@@ -85,7 +86,9 @@ def _window_buttons(window, n_steps, axes, y=1.0):
 def lane_lines(trace, lane: int, title: str | None = None, *, window="auto") -> go.Figure:
     """One traced lane step by step. Top: the base m, the row's true running max (its
     largest tile max so far), each tile max and the vote line (m before the step plus the
-    threshold), with wave fires and drags marked on m. Bottom: the deficit (true running
+    threshold), with wave fires and sweeps marked on m, each sweep named by what the policy
+    did to the row (``tracedata.SWEEP_OUTCOMES``: dragged, its base moved down, or left
+    alone). Bottom: the deficit (true running
     max - m), log2(l) and log2(corr), with fp32's overflow at 2^128 when it is near.
 
     Failures sit at a panel's edge: +inf or NaN at the top, -inf at the bottom (m only).
@@ -133,13 +136,16 @@ def lane_lines(trace, lane: int, title: str | None = None, *, window="auto") -> 
                            mode="lines", line=dict(color=color, dash="dot", width=1),
                            hovertemplate="step %{x}: a tile max above %{y:.4g} votes"
                                          "<extra></extra>", **panel[1]))
-    fired = (d["fire"] & ~d["swept"]).to_numpy()
-    swept = d["swept"].to_numpy()
-    for mask, name, sym, col in ((fired, "wave fired", "circle-open", EVENT_COLORS["fire"]),
-                                 (swept, "swept (fired, tile max < m)", "x-thin",
-                                  EVENT_COLORS["swept"])):
+    # A swept row is named by what its policy did to it (tracedata.SWEEP_OUTCOMES): a marker
+    # trace per outcome, always, so a redraw keeps the traces; the legend lists those seen.
+    events = [((d["fire"] & ~d["swept"]).to_numpy(), "wave fired", "circle-open",
+               EVENT_COLORS["fire"])]
+    events += [(mask, SWEEP_OUTCOMES[k][0], "x-thin", SWEEP_OUTCOMES[k][1])
+               for k, mask in sweep_outcomes(d).items()]
+    for mask, name, sym, col in events:
         xs = [s for s, k in zip(x, mask) if k]
         data.append(go.Scatter(x=xs, y=_finite_or_none(m[mask]), name=name, mode="markers",
+                               showlegend=sym != "x-thin" or bool(mask.any()),
                                marker=dict(symbol=sym, size=12, color=col,
                                            line=dict(color=col, width=2)),
                                hovertemplate=f"step %{{x}}: {name}<extra></extra>", **panel[1]))
@@ -215,8 +221,9 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
                 height: int = 560) -> go.Figure:
     """One traced lane under several policies, side by side (a column each, e.g.
     ``{"lazy_unfixed": tr_u, "lazy": tr_f}``, traces of the same rows). Top row: the base m
-    and the row's true running max (its largest tile max so far) with fires and drags;
-    bottom row: the deficit (true max - m) and log2(l), on one fixed scale up to fp32's
+    and the row's true running max (its largest tile max so far) with fires and sweeps,
+    each sweep named by what that column's policy did to the row (dragged under the unfixed
+    rule, left alone under the fix: ``tracedata.SWEEP_OUTCOMES``); bottom row: the deficit (true max - m) and log2(l), on one fixed scale up to fp32's
     2^128, so the two columns compare at a glance. ``window`` as in ``lane_lines``: "auto"
     opens zoomed to where the lane breaks, with buttons to widen it to every step."""
     if not isinstance(traces, dict) or not traces:
@@ -243,7 +250,7 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
     if isinstance(window, str) and window == "auto":
         window = break_window(list(traces.values()), lane)
     xrange = [-0.5, n_steps - 0.5] if window is None else [window[0] - 0.5, window[1] + 0.5]
-    axes = []
+    axes, swept_shown = [], set()
     for i, name in enumerate(names):
         tr, s = traces[name], series[name]
         xa, ya = ("x", "y") if i == 0 else (f"x{i + 1}", f"y{i + 1}")
@@ -284,14 +291,22 @@ def row_compare(traces: dict, lane: int, *, window="auto", title: str | None = N
         add(s["m"], "m, the base", xa, ya, mode="lines+markers",
             line=dict(color=color, width=2.5), marker=dict(size=4))
         d = s["d"]
-        for mask, nm, sym, col in (((d["fire"] & ~d["swept"]).to_numpy(), "wave fired",
-                                    "circle-open", EVENT_COLORS["fire"]),
-                                   (d["swept"].to_numpy(), "swept", "x-thin",
-                                    EVENT_COLORS["swept"])):
+        # One event, named in each column by what that column's policy did to the row
+        # (tracedata.SWEEP_OUTCOMES): a trace per outcome in every column, in the legend
+        # once, from the first column where it happens.
+        events = [((d["fire"] & ~d["swept"]).to_numpy(), "wave fired", "circle-open",
+                   EVENT_COLORS["fire"], legend)]
+        for k, mask in sweep_outcomes(d).items():
+            seen = bool(mask.any())
+            events.append((mask, SWEEP_OUTCOMES[k][0], "x-thin", SWEEP_OUTCOMES[k][1],
+                           seen and k not in swept_shown))
+            if seen:
+                swept_shown.add(k)
+        for mask, nm, sym, col, shown in events:
             data.append(dict(
                 type="scatter",
                 x=[st for st, k in zip(x, mask) if k], y=_finite_or_none(s["m"][mask]),
-                name=nm, legendgroup=nm, showlegend=legend, mode="markers", xaxis=xa, yaxis=ya,
+                name=nm, legendgroup=nm, showlegend=shown, mode="markers", xaxis=xa, yaxis=ya,
                 marker=dict(symbol=sym, size=11, color=col, line=dict(color=col, width=2)),
                 hovertemplate=f"step %{{x}}: {nm}<extra></extra>"))
         add(s["deficit"], "deficit = true max - m", xb, yb, mode="lines+markers",

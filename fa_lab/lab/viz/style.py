@@ -93,8 +93,11 @@ _FLAG_COLORS = {
 FIXED_RANGES = {"deficit": (0.0, 128.0), "l": (0.0, 128.0), "corr": (-128.0, 128.0)}
 
 
-#: Colours of the mechanism's events, the same in every figure.
+#: Colours of the mechanism's events, the same in every figure. A swept row is drawn by
+#: what its policy did to it (``tracedata.SWEEP_OUTCOMES``): a drag in the colour of the
+#: sweep itself, the fix's harmless sweep in grey.
 EVENT_COLORS = {"vote": "#ff7f0e", "fire": "#555555", "swept": "#ff2d2d",
+                "dragged": "#ff2d2d", "left_alone": "#7f7f7f", "rebased_up": "#9467bd",
                 "true_max": "#000000", "deficit": "#8c564b", "l": "#2ca02c", "corr": "#ff7f0e"}
 
 

@@ -1,5 +1,6 @@
 """A trace's values as tables, for the figures: checks of their arguments, lane labels,
-the true row max and the deficit, and per-step values with their titles."""
+the names of what a wave's vote did to a swept row, the true row max and the deficit, and
+per-step values with their titles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,42 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .style import TRACE_VALUES
+from .style import EVENT_COLORS, NONFINITE_COLOR, TRACE_VALUES
+
+
+#: What the rescale body did to a swept row (its wave fired while its tile max sat below
+#: its base: ``Trace.steps.swept``), by the correction it got, as every figure names it:
+#: key -> (name, colour). Only a base moved down, a correction above 1 that scales ``l``
+#: and ``O`` up (the unfixed rule's rebase to the tile max), is a drag; the fix leaves the
+#: row alone (corr = 1); a rule of one's own may move it up (corr < 1). The glossary's
+#: "swept" and "drag" entries and ``count_rescales``'s ``rows_scaled_up`` say the same.
+SWEEP_OUTCOMES = {
+    "dragged": ("dragged (base moved down)", EVENT_COLORS["dragged"]),
+    "left_alone": ("swept: left alone", EVENT_COLORS["left_alone"]),
+    "rebased_up": ("swept: rebased up", EVENT_COLORS["rebased_up"]),
+    "corr_nan": ("swept: correction NaN", NONFINITE_COLOR),
+}
+
+
+def sweep_outcomes(steps: pd.DataFrame) -> dict:
+    """Each ``SWEEP_OUTCOMES`` key -> a bool array over the rows of ``steps`` (a Trace's
+    ``steps``, or some of its rows): the swept row-steps with that outcome. Every swept
+    row-step is in exactly one; a row-step not swept is in none."""
+    swept = steps["swept"].to_numpy(bool)
+    corr = steps["corr"].to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        return {"dragged": swept & (corr > 1), "left_alone": swept & (corr == 1),
+                "rebased_up": swept & (corr < 1), "corr_nan": swept & np.isnan(corr)}
+
+
+def sweep_words(steps: pd.DataFrame) -> str:
+    """What the swept row-steps among ``steps`` went through, in words, each outcome that
+    happened with its count ("dragged (base moved down) 12 times"); "never swept" when
+    none was."""
+    counts = {k: int(m.sum()) for k, m in sweep_outcomes(steps).items()}
+    said = [f"{SWEEP_OUTCOMES[k][0]} {n} time{'s' if n != 1 else ''}"
+            for k, n in counts.items() if n]
+    return ", ".join(said) if said else "never swept"
 
 
 def _check_trace(trace):

@@ -59,9 +59,10 @@ MAIN_HEIGHT = 430
 TAB_HEIGHT = 370
 
 
-#: The heatmap's choices, by label.
+#: The heatmap's choices, by label. The swept flag's cells are named by what the policy
+#: did to the row (``viz.tracedata.SWEEP_OUTCOMES``): dragged, or left alone.
 HEAT_VALUES = (("deficit", "deficit"), ("running max m", "m"), ("tile max", "mt"),
-               ("log2(l)", "l"), ("log2(corr)", "corr"), ("swept", "swept"),
+               ("log2(l)", "l"), ("log2(corr)", "corr"), ("swept: dragged or left alone", "swept"),
                ("voted", "vote"), ("wave fired", "fire"))
 
 
@@ -199,8 +200,8 @@ def block_trace(q, k, v, rows: range, *, head: int = 0, causal: bool = False, **
 
 
 def _auto_tile(tr, lane: int) -> int:
-    """The step a wave figure opens on: where the lane first went non-finite, else its
-    first drag, else the first loop step."""
+    """The step a wave figure opens on: where the lane first went non-finite, else the
+    first step its wave swept it (dragged or left alone), else the first loop step."""
     first = tr.lanes.loc[lane, "first_nonfinite_step"]
     if not pd.isna(first):
         return int(first)
@@ -420,7 +421,8 @@ def _row_sentence(view) -> str:
              f"goes non-finite at KV step {int(first)}")
     return (f"<div style='margin-top:4px'>Row <b>{p['row']}</b> (head {p['head']}) under "
             f"<b>{html.escape(view['label'])}</b> {where}; LSE = "
-            f"{viz.tracedata.fmt_number(float(lane['lse']), 6)}; swept {int(lane['n_swept'])} times. "
+            f"{viz.tracedata.fmt_number(float(lane['lse']), 6)}; "
+            f"{viz.tracedata.sweep_words(view['trace'].lane(view['lane']))}. "
             f"The wave tab shows step {view.get('tile', 0)}.</div>")
 
 
