@@ -200,3 +200,32 @@ def test_02_the_featured_row_dies_at_its_rule_tile_through_a_finite_factor(unfix
     assert round(log2_corr) == 66 and round(log2_l_before) == 65 and round(row.deficit[s]) == 131
     assert abs(log2_l_before - row.deficit[s - 1]) < 1
     assert abs(log2_corr + log2_l_before - row.deficit[s]) < 1 and row.deficit[s] > 128
+
+
+def test_02_one_block_alone_is_the_full_run():
+    """Section 2's first line: rows 256-511 run alone give exactly the rows of the full run
+    (NaN where it has NaN), and that block has NaN at K x48; a block is a faithful sample."""
+    q, k, v = experiments.bf16_inputs(1, 1024, 2, 128, 48)
+    full = fa_lab.flash_attn_func(q, k, v, causal=False, rescale="lazy_unfixed")
+    part = fa_lab.flash_attn_func(q[:, 256:512].contiguous(), k, v, causal=False, rescale="lazy_unfixed")
+    assert torch.equal(full[:, 256:512].nan_to_num(7.0), part.nan_to_num(7.0))
+    assert part.isnan().any()
+
+
+def test_02_the_fixed_columns_dip_is_the_bases_rise(unfixed_block):
+    """Section 2's compare figure, fixed column: at the deepest dip of log2(l) the base rose
+    by as much as log2(l) fell, and one step later log2(l) is back near 0."""
+    import numpy as np
+
+    tr, U = unfixed_block
+    lanes = tr.lanes
+    bad = lanes[~lanes.out_finite].sort_values(["first_nonfinite_step", "row"])
+    corr_at = U.set_index(["lane", "step"])["corr"]
+    common = [ln for ln, s in bad.first_nonfinite_step.astype(int).items() if np.isfinite(corr_at[ln, s])]
+    lane = int(common[len(common) // 2])
+    q, k, v = experiments.bf16_inputs(1, 8192, 1, 128, 32)
+    fixed = fa_lab.trace(q[:, :256].contiguous(), k, v, rows=range(256), causal=False, rescale="lazy")
+    dip = lessons.l_lag_dip(fixed, lane)
+    assert dip["rise"] > 1
+    assert abs(dip["log2_l"] - (dip["log2_l_before"] - dip["rise"])) < 1
+    assert abs(dip["log2_l_next"]) < 1
