@@ -310,7 +310,7 @@ def test_safe_threshold_check_names_each_plausible_mistake():
     rejects(ex.check_safe_threshold, lambda h=0.0: math.log(464) - h, "ln 464: thresholds are log2")
     rejects(ex.check_safe_threshold, lambda h=0.0: 464 - h, "an exponent .log2 units., not a value of P")
     rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(480) - h, "480, e4m3's next code")
-    rejects(ex.check_safe_threshold, lambda h=0.0: 9.0 - h, "at 512.0: the largest P that still rounds to 448 is 464")
+    rejects(ex.check_safe_threshold, lambda h=0.0: 9.0 - h, "at 512: which P is the largest that still rounds to 448")
     rejects(ex.check_safe_threshold, lambda h=0.0: math.log2(464) - 2 * h, "largest_safe_threshold.1.")
     rejects(ex.check_safe_threshold, lambda h=0.0: None, "return a number")
     rejects(ex.check_safe_threshold, lambda h=0.0: math.inf, "finite")
@@ -427,6 +427,14 @@ def test_best_case_check_names_the_mistake_without_the_formula():
         with pytest.raises(AssertionError, match=named) as e:
             ex.check_best_case(answer)
         assert "bound + " not in str(e.value) and "eager / (" not in str(e.value)
+    # a mistake the check has no name for is not named as another one
+    def twice_never(ms):
+        m = {k: statistics.median(x) for k, x in ms.items()}
+        return m["eager"] / (2 * m["lazy_never"] - m["eager"])
+
+    with pytest.raises(AssertionError, match="the best case is 1.0526") as e:
+        ex.check_best_case(twice_never)
+    assert "lazy_at_b7e066d" not in str(e.value)
 
 
 # ---- lesson 06 ---------------------------------------------------------------------------
