@@ -12,6 +12,7 @@ for _extra in ("plotly", "ipywidgets", "anywidget"):  # fa_lab.lab needs the [la
     pytest.importorskip(_extra, reason="fa_lab.lab needs the [lab] extra")
 
 from fa_lab.lab import exercises as ex  # noqa: E402
+from fa_lab.lab import online  # noqa: E402
 from fa_lab.lab import solutions as sol  # noqa: E402
 
 
@@ -93,7 +94,7 @@ def _lazy(row, thr, ge=False, down=False):
 
 @pytest.fixture(scope="module")
 def problem():
-    return ex.online_problem()
+    return online.online_problem()
 
 
 def test_update_check(problem):
@@ -156,9 +157,9 @@ def test_lesson_01_loop_is_the_update_and_its_lazy_rule(problem):
 
     q, k, v, ref_out, _ = problem
     q, k, v = q[:32], k[:512], v[:512]
-    ref, _ = ex.reference_one_head(q, k, v)
+    ref, _ = online.reference_one_head(q, k, v)
     out, steps = lessons.flash_forward(q, k, v)
-    mine, _ = ex.finish(ex.run_tiles(sol.update, q, k, v))
+    mine, _ = online.finish(online.run_tiles(sol.update, q, k, v))
     assert torch.equal(out, mine) and (out - ref).abs().max() < 1e-12
     m, mt = lessons.stacked(steps, "m"), lessons.stacked(steps, "mt")
     assert torch.equal(m, torch.cummax(mt, 0).values)              # eager: the running max

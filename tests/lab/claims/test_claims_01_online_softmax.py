@@ -13,6 +13,7 @@ for _extra in ("plotly", "ipywidgets", "anywidget"):  # fa_lab.lab needs the [la
 
 import fa_lab  # noqa: E402
 from fa_lab.lab import lessons  # noqa: E402
+from fa_lab.lab import online  # noqa: E402
 from fa_lab.lab import solutions as sol  # noqa: E402
 from fa_lab.studies import experiments  # noqa: E402
 
@@ -51,13 +52,12 @@ def test_01_the_finished_form_merge_is_exact():
     finished output and LSE, weighted by exp(LSE_i - LSE)) gives the fp64 reference's output
     within 1.1e-14 and its LSE within 7.1e-15 (as printed, one digit) on the check's three
     parts from the update; from the reference on each part alone, within fp64's rounding too."""
-    from fa_lab.lab import exercises
 
-    q, k, v, ref_out, ref_lse = exercises.online_problem()
+    q, k, v, ref_out, ref_lse = online.online_problem()
     cuts = [0, 640, 1408, k.shape[0]]
-    from_update = [exercises.finish(exercises.run_tiles(sol.update, q, k[a:b], v[a:b]))
+    from_update = [online.finish(online.run_tiles(sol.update, q, k[a:b], v[a:b]))
                    for a, b in zip(cuts, cuts[1:])]
-    from_reference = [exercises.reference_one_head(q, k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    from_reference = [online.reference_one_head(q, k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
     for finished, tol in ((from_update, (1.15e-14, 7.15e-15)), (from_reference, (1e-13, 1e-13))):
         lse = torch.logsumexp(torch.stack([x for _, x in finished]), 0)
         out = sum(torch.exp(x - lse)[:, None] * o for o, x in finished)
@@ -83,9 +83,8 @@ def test_01_eager_rescales_often_lazy_rarely_and_p_stays_under_2_to_thr():
     keeps P <= 1 (exactly 1 at the max) with m non-decreasing; the lazy one at THR = 8
     rebases far less often, its max within THR of the true running max, P above 1 but never
     256, and its output the reference's to 1e-12."""
-    from fa_lab.lab import exercises
 
-    q, k, v, ref_out, _ = exercises.online_problem()
+    q, k, v, ref_out, _ = online.online_problem()
     out_e, steps_e = lessons.flash_forward(q, k, v)
     out_l, steps_l = lessons.flash_forward(q, k, v, threshold=8.0)
     corr_e, m_e = lessons.stacked(steps_e, "corr")[1:], lessons.stacked(steps_e, "m")
@@ -107,9 +106,8 @@ def test_01_try_this_the_threshold(thr):
     fewer the rebases, never more than eager's 791 (THR 0: exactly eager's loop, THR 32: none,
     the first tile's max kept to the end); P never past 2**THR; the output the reference's to
     fp64 rounding. At the cell's THR 2: 385 rebases, the largest P 3.979."""
-    from fa_lab.lab import exercises
 
-    q, k, v, ref_out, _ = exercises.online_problem()
+    q, k, v, ref_out, _ = online.online_problem()
     out_e, steps_e = lessons.flash_forward(q, k, v)
     out, steps = lessons.flash_forward(q, k, v, threshold=thr)
     moved_e = int((lessons.stacked(steps_e, "corr")[1:] < 1).sum())
@@ -132,7 +130,6 @@ def test_01_what_a_stale_max_costs_in_bf16():
     eager's is 4.0e-03, 8 times the loop's, and lazy's 1.019 times eager's; the report at K x8:
     5.404e-03 against 5.298e-03, 2.0 % more."""
     from fa_lab import metrics, reference
-    from fa_lab.lab import exercises
     from fa_lab.numerics import bf16
 
     g2 = torch.Generator().manual_seed(2)
@@ -140,7 +137,7 @@ def test_01_what_a_stale_max_costs_in_bf16():
     for x in (near_one, near_256):
         rel = ((bf16(x) - x).abs() / x).max().item()
         assert 2 ** -9 < rel <= 2 ** -8 and round(rel, 4) == 0.0039
-    q, k, v, ref_out, _ = exercises.online_problem()
+    q, k, v, ref_out, _ = online.online_problem()
     q32, k32, v32 = q.float(), k.float(), v.float()
     s32 = (q32 @ k32.T) * (math.log2(math.e) / math.sqrt(q.shape[1]))
     largest = s32 == s32.amax(-1, keepdim=True)
